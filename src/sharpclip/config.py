@@ -1,0 +1,154 @@
+"""Typed configuration: one dataclass per part, filled from YAML plus dotted command-line overrides.
+
+OmegaConf structured configs do the merging and type checking; this module only turns their errors into messages
+that name the source (file or override) and the full key, and validates choices that a type cannot express.
+`run_*` entry points are the only places that see the whole `Config`; every builder takes its own sub-config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+
+class ConfigError(ValueError):
+    """A configuration value is unknown, mistyped or out of range; the message names the key and its source."""
+
+
+def _check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{key}: {value!r} is not one of {', '.join(choices)}")
+
+
+@dataclass
+class ModelConfig:
+    """Which dual encoder to build (models.create_model)."""
+
+    name: str = "tiny-clip"  # a tiny preset, a local folder, or a hub id already in the local HF cache
+    kind: str = "auto"  # auto | clip | siglip | open_clip; auto reads the folder's config.json
+    context_length: int | None = None  # stretch text positions to this length (Long-CLIP rule) when set
+    keep_positions: int = 20  # Long-CLIP: rows kept verbatim and frozen when stretching
+    logit_scale_learnable: bool = True
+    logit_scale_init: float | None = None  # log space; None keeps the checkpoint's value
+
+    def __post_init__(self) -> None:
+        _check_choice("model.kind", self.kind, ("auto", "clip", "siglip", "open_clip"))
+
+
+@dataclass
+class DataConfig:
+    """Where the samples come from and how they are batched (data.build_loader)."""
+
+    format: str = "synthdense"  # synthdense | generic | docci | dci | long_dci | urban1k | sharegpt4v | vg | ...
+    root: str = ""
+    train_split: str = "train"
+    eval_split: str = "test"
+    num_workers: int = 0
+    on_bad_sample: str = "error"  # error | skip
+
+    def __post_init__(self) -> None:
+        _check_choice("data.on_bad_sample", self.on_bad_sample, ("error", "skip"))
+
+
+@dataclass
+class TermConfig:
+    """One weighted term of the objective: a registered loss, its hyperparameters and where its inputs come from."""
+
+    loss: str = "infonce"  # a name in losses.registry
+    weight: float = 1.0
+    params: dict[str, Any] = field(default_factory=dict)  # keyword hyperparameters of the loss (gamma, ...)
+    inputs: dict[str, str] = field(default_factory=dict)  # loss argument -> feature key (text -> text_long)
+
+
+@dataclass
+class LossConfig:
+    """The objective as named weighted terms (losses.build_objective), e.g. HN-CLIP eq. 3 or CLIP-IN eq. 8."""
+
+    terms: dict[str, TermConfig] = field(default_factory=lambda: {"contrastive": TermConfig()})
+
+
+@dataclass
+class TrainConfig:
+    """The optimisation loop (train.Trainer)."""
+
+    output_dir: str = "runs/default"
+    seed: int = 0
+    epochs: int = 1
+    batch_size: int = 128  # effective (global) batch: the size of the contrastive matrix under `exact`
+    micro_batch_size: int = 16
+    accumulation: str = "exact"  # exact (cached gradients) | per_micro_batch (each micro-batch its own loss)
+    lr: float = 1e-5
+    weight_decay: float = 0.1
+    warmup_steps: int = 0
+    grad_clip: float = 1.0
+    precision: str = "fp32"  # fp32 | bf16
+
+    def __post_init__(self) -> None:
+        _check_choice("train.accumulation", self.accumulation, ("exact", "per_micro_batch"))
+        _check_choice("train.precision", self.precision, ("fp32", "bf16"))
+        if self.batch_size % self.micro_batch_size:
+            raise ConfigError(
+                f"train.batch_size ({self.batch_size}) must be a multiple of train.micro_batch_size "
+                f"({self.micro_batch_size})"
+            )
+
+
+@dataclass
+class EvalConfig:
+    """What to evaluate (eval.run_suite)."""
+
+    suites: list[str] = field(default_factory=lambda: ["retrieval"])
+    recall_k: list[int] = field(default_factory=lambda: [1, 5, 10, 25, 50])
+    chunk_size: int = 1024
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+def _merge(base: Any, layer: Any, source: str) -> Any:
+    try:
+        return OmegaConf.merge(base, layer)
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", None) or "?"
+        reason = str(err).splitlines()[0]
+        raise ConfigError(f"{source}: key '{key}': {reason}") from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Build a validated `Config`: defaults, then the YAML file at `path`, then `key=value` overrides in order.
+
+    An unknown key or a value of the wrong type raises `ConfigError` naming the file or override and the key.
+    """
+    merged = OmegaConf.structured(Config)
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"{path}: config file not found")
+        try:
+            layer = OmegaConf.load(path)
+        except Exception as err:  # yaml errors carry line numbers in their message
+            raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        merged = _merge(merged, layer, str(path))
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected key=value (e.g. train.lr=1e-4)")
+        merged = _merge(merged, OmegaConf.from_dotlist([item]), f"override {item!r}")
+    try:
+        return OmegaConf.to_object(merged)
+    except OmegaConfBaseException as err:
+        raise ConfigError(str(err).splitlines()[0]) from None
+
+
+def to_yaml(cfg: Config) -> str:
+    """The resolved config as YAML, as written into every run directory."""
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))

@@ -1,0 +1,36 @@
+"""Loss terms of both papers, each a pure function of embeddings and a scale, registered by name.
+
+| name             | paper                   | module            |
+|------------------|-------------------------|-------------------|
+| `infonce`        | HN-CLIP eq. 1           | infonce.py        |
+| `hn_clip`        | HN-CLIP eq. 2           | margins.py        |
+| `filip`          | HN-CLIP §2.3 (FILIP)    | token.py          |
+| `edit_negatives` | CLIP-IN eqs. 3-6        | edit_negatives.py |
+| `distill_cosine` | CLIP-IN eq. 7           | distill.py        |
+| `sigmoid`        | SigLIP (+ HN margin)    | sigmoid.py        |
+"""
+
+from sharpclip.losses import registry
+from sharpclip.losses.distill import distill_cosine
+from sharpclip.losses.edit_negatives import edit_negatives
+from sharpclip.losses.infonce import infonce
+from sharpclip.losses.margins import boosted_similarity, hn_clip, margin_matrix
+from sharpclip.losses.objective import Objective, Term, build_objective
+from sharpclip.losses.sigmoid import sigmoid
+from sharpclip.losses.token import filip, token_similarities
+
+__all__ = [
+    "Objective",
+    "Term",
+    "boosted_similarity",
+    "build_objective",
+    "distill_cosine",
+    "edit_negatives",
+    "filip",
+    "hn_clip",
+    "infonce",
+    "margin_matrix",
+    "registry",
+    "sigmoid",
+    "token_similarities",
+]

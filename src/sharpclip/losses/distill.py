@@ -1,0 +1,23 @@
+"""Cosine distillation of a text tower (CLIP-IN eq. 7; TULIP's stage 1).
+
+    L_distill = 1 − mean_b cos(g_T(y_b), g_S(y_b))
+
+The teacher's embeddings come from the frozen original tower on captions truncated to its context; the student
+(the RoPE tower) sees the same tokens. Inputs need not be normalised: the cosine normalises them.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor
+
+from sharpclip.losses.registry import register
+
+
+@register("distill_cosine")
+def distill_cosine(teacher: Tensor, student: Tensor) -> Tensor:
+    """1 − cosine between teacher and student embeddings, averaged over the batch (CLIP-IN eq. 7).
+
+    teacher, student: (B, D); the teacher is expected to carry no gradient (a frozen tower).
+    """
+    return 1.0 - F.cosine_similarity(teacher, student, dim=-1).mean()

@@ -1,0 +1,52 @@
+"""CLIP-IN's symmetric hard-negative loss over instruction-edit pairs (CLIP-IN eqs. 3-6).
+
+An edit sample is (source image Iˢ, target image Iᵗ, source caption Tˢ, target caption Tᵗ). With X the anchors,
+Y their positives and Y' the hard negatives of the whole batch (eq. 3):
+
+    NegCL(X; Y, Y') = −(1/N) Σ_i log exp(s⟨x_i,y_i⟩) / [Σ_k exp(s⟨x_i,y_k⟩) + Σ_m exp(s⟨x_i,y'_m⟩)]
+
+so each anchor's softmax runs over 2N columns: the batch's N positives-of-others plus the N edited counterparts.
+
+    L_HN^I = NegCL(Iˢ; Tˢ, Tᵗ) + NegCL(Iᵗ; Tᵗ, Tˢ)      (eq. 4, image → text)
+    L_HN^T = NegCL(Tˢ; Iˢ, Iᵗ) + NegCL(Tᵗ; Iᵗ, Iˢ)      (eq. 5, text → image)
+    L_HN   = L_HN^I + L_HN^T                             (eq. 6; a sum of four cross-entropies, as in the paper)
+
+The four image-caption products are computed once; the text-anchored terms read them transposed.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from sharpclip.losses._common import scale_from_log
+from sharpclip.losses.registry import register
+
+
+def _neg_cl(positives: Tensor, negatives: Tensor) -> Tensor:
+    """Eq. 3 from logits: positives (N, N) anchor-vs-positives, negatives (N, N) anchor-vs-hard-negatives."""
+    labels = torch.arange(positives.shape[0], device=positives.device)
+    return F.cross_entropy(torch.cat([positives, negatives], dim=1), labels)
+
+
+@register("edit_negatives")
+def edit_negatives(
+    source_image: Tensor,
+    target_image: Tensor,
+    source_text: Tensor,
+    target_text: Tensor,
+    logit_scale: Tensor,
+) -> Tensor:
+    """Symmetric image and text hard negatives from instruction-edit pairs (CLIP-IN eq. 6).
+
+    source_image, target_image, source_text, target_text: (N, D) L2-normalised; row i of each is one edit sample.
+    """
+    s = scale_from_log(logit_scale)
+    ss = s * source_image @ source_text.t()  # [i, j] = ⟨Iˢ_i, Tˢ_j⟩
+    st = s * source_image @ target_text.t()
+    ts = s * target_image @ source_text.t()
+    tt = s * target_image @ target_text.t()
+    image_to_text = _neg_cl(ss, st) + _neg_cl(tt, ts)
+    text_to_image = _neg_cl(ss.t(), ts.t()) + _neg_cl(tt.t(), st.t())
+    return image_to_text + text_to_image

@@ -1,0 +1,72 @@
+"""Registry of loss terms by name, with the inputs and hyperparameters read off each function's signature.
+
+Convention for a registered loss: positional parameters are tensor inputs (features of the batch, or the model's
+logit scale and bias), those defaulting to None are optional; keyword-only parameters are hyperparameters set from
+config. `objective.py` binds inputs by name (remappable per term) and checks hyperparameters against this record.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor
+
+LossFn = Callable[..., Tensor]
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    name: str
+    fn: LossFn
+    inputs: tuple[str, ...]  # required tensor inputs
+    optional_inputs: tuple[str, ...]  # tensor inputs that may be absent (None)
+    params: dict[str, Any]  # hyperparameters and their defaults
+
+    @property
+    def summary(self) -> str:
+        doc = inspect.getdoc(self.fn) or ""
+        return doc.splitlines()[0] if doc else ""
+
+
+_REGISTRY: dict[str, LossSpec] = {}
+
+
+def _spec(name: str, fn: LossFn) -> LossSpec:
+    inputs, optional, params = [], [], {}
+    for p in inspect.signature(fn).parameters.values():
+        if p.kind is p.KEYWORD_ONLY:
+            params[p.name] = p.default
+        elif p.default is p.empty:
+            inputs.append(p.name)
+        else:
+            optional.append(p.name)
+    return LossSpec(name, fn, tuple(inputs), tuple(optional), params)
+
+
+def register(name: str) -> Callable[[LossFn], LossFn]:
+    """Decorator: make `fn` available to configs as `loss: <name>`."""
+
+    def deco(fn: LossFn) -> LossFn:
+        if name in _REGISTRY:
+            raise ValueError(f"loss {name!r} is already registered (by {_REGISTRY[name].fn.__module__})")
+        _REGISTRY[name] = _spec(name, fn)
+        return fn
+
+    return deco
+
+
+def get(name: str) -> LossSpec:
+    if name not in _REGISTRY:
+        raise KeyError(f"unknown loss {name!r}; registered: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name]
+
+
+def names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def specs() -> list[LossSpec]:
+    return [_REGISTRY[n] for n in names()]
