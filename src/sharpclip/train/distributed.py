@@ -1,0 +1,104 @@
+"""Everything that talks to torch.distributed; the only module that imports it.
+
+Losses need the global batch: every rank gathers every rank's features (with gradient) and computes the same global
+loss. The autograd all-gather's backward sums the incoming gradients over ranks, so each rank's local features
+receive W · ∂L/∂f_local; DDP's gradient averaging divides by W again, so the parameters end with exactly ∂L/∂θ of
+the global loss, as on one process with the whole batch. Anything built from the batch, such as HN-CLIP's Ḡ, is then
+built over the gathered texts and matches the global logits by construction.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import torch
+import torch.distributed as dist
+import torch.distributed.nn.functional as dist_fn
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank() -> int:
+    return dist.get_rank() if is_distributed() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def init_from_env(backend: str | None = None) -> bool:
+    """Join the process group that torchrun describes in the environment; False when not launched by torchrun."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ or is_distributed():
+        return is_distributed()
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    dist.init_process_group(backend=backend)
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    return True
+
+
+def shutdown() -> None:
+    if is_distributed():
+        dist.destroy_process_group()
+
+
+def _pad_to(tensor: Tensor, shape: tuple[int, ...]) -> Tensor:
+    pad: list[int] = []
+    for have, want in zip(reversed(tensor.shape), reversed(shape), strict=True):
+        pad += [0, want - have]
+    return F.pad(tensor, pad) if any(pad) else tensor
+
+
+def _max_shape(tensor: Tensor) -> tuple[int, ...]:
+    shape = torch.tensor(tensor.shape, device=tensor.device)
+    dist.all_reduce(shape, op=dist.ReduceOp.MAX)
+    return tuple(int(s) for s in shape.tolist())
+
+
+def _gather_one(tensor: Tensor) -> Tensor:
+    """Concatenate every rank's `tensor` along dim 0; ranks may differ in batch size and token length."""
+    rows = torch.tensor([tensor.shape[0]], device=tensor.device)
+    all_rows = [torch.zeros_like(rows) for _ in range(world_size())]
+    dist.all_gather(all_rows, rows)
+    is_mask = tensor.dtype == torch.bool  # gloo cannot pad or gather bool; masks carry no gradient
+    padded = _pad_to(tensor.to(torch.uint8) if is_mask else tensor, _max_shape(tensor))
+    if is_mask:
+        parts = [torch.zeros_like(padded) for _ in range(world_size())]
+        dist.all_gather(parts, padded)
+        parts = [p.bool() for p in parts]
+    elif tensor.requires_grad:
+        parts = list(dist_fn.all_gather(padded))
+    else:
+        parts = [torch.zeros_like(padded) for _ in range(world_size())]
+        dist.all_gather(parts, padded)
+    return torch.cat([p[: int(n)] for p, n in zip(parts, all_rows, strict=True)])
+
+
+def gather_features(features: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """Every rank's per-sample features, concatenated in rank order along dim 0, differentiable.
+
+    Token tensors of different lengths are zero-padded (masks with False) to the longest before gathering. On one
+    process this returns the features unchanged.
+    """
+    if world_size() == 1:
+        return dict(features)
+    return {key: _gather_one(value) for key, value in features.items()}
+
+
+def all_reduce_mean(tensor: Tensor) -> Tensor:
+    """Mean over ranks (in place on a copy); the identity on one process."""
+    if world_size() == 1:
+        return tensor
+    out = tensor.detach().clone()
+    dist.all_reduce(out)
+    return out / world_size()
+
+
+def barrier() -> None:
+    if is_distributed():
+        dist.barrier()

@@ -1,0 +1,99 @@
+"""Exact cached-gradient accumulation: 8 micro-batches of 16 give the gradients of one batch of 128."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from _support.tiny_towers import OBJECTIVES, TinyTowers, make_batch, objective, split_batch
+from sharpclip.train.accumulate import cached_gradient_step, concat_features, per_micro_batch_step
+
+
+def _full_batch_grads(model, objective_fn, batch, seed):
+    model.zero_grad()
+    torch.manual_seed(seed)
+    terms = objective_fn({**model.encode(batch), **model.model_inputs()})
+    terms["loss"].backward()
+    return terms["loss"].detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _cached_grads(model, objective_fn, batch, seed, micro=16):
+    model.zero_grad()
+    torch.manual_seed(seed)
+    terms = cached_gradient_step(
+        model.encode, split_batch(batch, micro), lambda f: objective_fn({**f, **model.model_inputs()})
+    )
+    return terms["loss"], {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("name", list(OBJECTIVES))
+def test_cached_accumulation_equals_full_batch(name):
+    model = TinyTowers(dropout=0.0)
+    batch = make_batch(128, seed=1)
+    loss_full, grads_full = _full_batch_grads(model, objective(name), batch, seed=0)
+    loss_acc, grads_acc = _cached_grads(model, objective(name), batch, seed=0)
+    assert torch.allclose(loss_full, loss_acc, atol=1e-10)
+    assert grads_full.keys() == grads_acc.keys()
+    for key in grads_full:
+        assert torch.allclose(grads_full[key], grads_acc[key], atol=1e-6, rtol=0), key
+
+
+def test_logit_scale_gradient_is_counted_once():
+    model = TinyTowers(dropout=0.0)
+    batch = make_batch(128, seed=2)
+    _, full = _full_batch_grads(model, objective("hn_clip"), batch, seed=0)
+    _, acc = _cached_grads(model, objective("hn_clip"), batch, seed=0)
+    assert full["logit_scale"].abs() > 1e-3  # a real gradient, so a k-fold error could not hide
+    assert torch.allclose(full["logit_scale"], acc["logit_scale"], atol=1e-9)
+
+
+def test_dropout_model_matches_with_rng_replay():
+    """With dropout on, the full-batch reference uses the masks the micro-batches drew: replay makes them agree."""
+    model = TinyTowers(dropout=0.3)
+    batch = make_batch(128, seed=3)
+    micro = split_batch(batch, 16)
+    obj = objective("hnclip_eq3")
+    # reference: the same micro-batch encodes (same RNG sequence), one loss over the concatenation, one backward
+    model.zero_grad()
+    torch.manual_seed(5)
+    feats = concat_features([model.encode(mb) for mb in micro])
+    ref_loss = obj({**feats, **model.model_inputs()})["loss"]
+    ref_loss.backward()
+    ref = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    loss, acc = _cached_grads(model, obj, batch, seed=5)
+    assert torch.allclose(ref_loss.detach(), loss, atol=1e-10)
+    for key in ref:
+        assert torch.allclose(ref[key], acc[key], atol=1e-6, rtol=0), key
+
+
+def test_without_replay_dropout_would_not_match():
+    """The RNG replay is load-bearing: re-drawing dropout in the replay gives different gradients."""
+    model = TinyTowers(dropout=0.3)
+    batch = make_batch(64, seed=4)
+    _, with_replay = _cached_grads(model, objective("infonce"), batch, seed=7)
+
+    from sharpclip.train import accumulate
+
+    original = accumulate.RngState.replay
+    try:
+        accumulate.RngState.replay = lambda self: torch.random.fork_rng(devices=[])  # no state restored
+        _, without = _cached_grads(model, objective("infonce"), batch, seed=7)
+    finally:
+        accumulate.RngState.replay = original
+    assert not torch.allclose(with_replay["patch.weight"], without["patch.weight"], atol=1e-6)
+
+
+def test_per_micro_batch_is_the_mean_of_small_losses():
+    model = TinyTowers(dropout=0.0)
+    batch = make_batch(64, seed=6)
+    obj = objective("infonce")
+    micro = split_batch(batch, 16)
+    model.zero_grad()
+    terms = per_micro_batch_step(model.encode, micro, lambda f: obj({**f, **model.model_inputs()}))
+    expected = sum(obj({**model.encode(mb), **model.model_inputs()})["loss"] for mb in micro) / 4
+    assert torch.allclose(terms["loss"], expected.detach(), atol=1e-12)
+    _, full = _full_batch_grads(model, obj, batch, seed=0)
+    model.zero_grad()
+    per_micro_batch_step(model.encode, micro, lambda f: obj({**f, **model.model_inputs()}))
+    # a different objective (16 negatives, not 64), so the gradients must differ from the full batch's
+    assert not torch.allclose(model.patch.weight.grad, full["patch.weight"], atol=1e-6)
