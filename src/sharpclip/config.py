@@ -40,18 +40,63 @@ class ModelConfig:
 
 
 @dataclass
-class DataConfig:
-    """Where the samples come from and how they are batched (data.build_loader)."""
+class SynthDenseConfig:
+    """Sizes of the generated SynthDense corpus (data.synthetic); the corpus is a pure function of these values."""
 
-    format: str = "synthdense"  # synthdense | generic | docci | dci | long_dci | urban1k | sharegpt4v | vg | ...
-    root: str = ""
+    seed: int = 0
+    resolution: int = 64  # rendered image side in pixels
+    min_objects: int = 3
+    max_objects: int = 5
+    train_families: int = 9000  # the prototype's v1: independent scenes (train_family_size 1) train as well
+    train_family_size: int = 1
+    test_families: int = 150
+    test_family_size: int = 6  # a base scene and 5 near-duplicates, each 1 or 2 attributes of one object apart
+    pretrain_scenes: int = 20000  # independent scenes with coarse captions (stage A)
+    edits: int = 2000  # instruction-edit pairs
+    mmvp_pairs: int = 15  # image pairs per visual pattern
+    workers: int = 2  # rendering processes
+
+
+@dataclass
+class DataConfig:
+    """Where the samples come from, how they are preprocessed and batched (data.build_loader)."""
+
+    format: str = "synthdense"  # see data.formats.FORMATS: synthdense | generic | docci | dci | long_dci | ...
+    root: str = ""  # the release folder, laid out as the README's Data section shows
     train_split: str = "train"
     eval_split: str = "test"
     num_workers: int = 0
-    on_bad_sample: str = "error"  # error | skip
+    on_bad_sample: str = "error"  # error | skip (skipped samples are counted and reported at the end of each epoch)
+    # preprocessing (CLIP's: shorter side resized bicubic, centre crop, normalise; tokens truncated, eos kept last)
+    image_size: int = 224
+    image_mean: list[float] = field(default_factory=lambda: [0.48145466, 0.4578275, 0.40821073])
+    image_std: list[float] = field(default_factory=lambda: [0.26862954, 0.26130258, 0.27577711])
+    context_length: int = 77  # 248 for Long-CLIP-stretched text towers
+    # batching (the batch size itself is the trainer's: train.batch_size / world size)
+    shuffle: bool = True  # for the train split; evaluation splits are never shuffled
+    group_batches: bool = True  # rows with the same group (an edit's halves, a family) share a batch
+    distinct_captions: bool = False  # keep exact-duplicate captions out of one batch
+    # format options
+    caption_choice: str = "random"  # several captions per image (COCO/Flickr): first | random (per epoch) | all
+    docci_test: str = "goal"  # goal: 5,100 = qual_test + test (GOAL) | test: the 5,000 `test` images (FineLIP)
+    dci_caption: str = "extra"  # extra: extra_caption only (GOAL, Long-DCI) | short | short_extra
+    list_file: str = ""  # a GOAL-style [{filename, caption}] JSON; images found by file name in the format's folder
+    annotation_file: str = ""  # overrides the format's default annotation file name (ShareGPT4V, Karpathy)
+    sharegpt4v_test_size: int = 1000  # Long-CLIP: the first 1,000 records are the test set
+    image_field: str = "image"  # generic JSONL/CSV column names
+    caption_field: str = "caption"
+    short_caption_field: str = "short_caption"
+    id_field: str = "id"
+    group_field: str = "group"
+    synthdense: SynthDenseConfig = field(default_factory=SynthDenseConfig)
 
     def __post_init__(self) -> None:
         _check_choice("data.on_bad_sample", self.on_bad_sample, ("error", "skip"))
+        _check_choice("data.caption_choice", self.caption_choice, ("first", "random", "all"))
+        _check_choice("data.docci_test", self.docci_test, ("goal", "test"))
+        _check_choice("data.dci_caption", self.dci_caption, ("extra", "short", "short_extra"))
+        if self.context_length < 3:
+            raise ConfigError(f"data.context_length: {self.context_length} leaves no room between bos and eos")
 
 
 @dataclass
@@ -68,7 +113,12 @@ class TermConfig:
 class LossConfig:
     """The objective as named weighted terms (losses.build_objective), e.g. HN-CLIP eq. 3 or CLIP-IN eq. 8."""
 
-    terms: dict[str, TermConfig] = field(default_factory=lambda: {"contrastive": TermConfig()})
+    # Empty in the schema so that a recipe's terms replace the default instead of merging into it (OmegaConf merges
+    # dict keys); `load_config` fills in DEFAULT_TERMS when no layer names any. A weight of 0 disables a term.
+    terms: dict[str, TermConfig] = field(default_factory=dict)
+
+
+DEFAULT_TERMS = {"contrastive": TermConfig("infonce")}
 
 
 @dataclass
@@ -144,9 +194,14 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
             raise ConfigError(f"override {item!r}: expected key=value (e.g. train.lr=1e-4)")
         merged = _merge(merged, OmegaConf.from_dotlist([item]), f"override {item!r}")
     try:
-        return OmegaConf.to_object(merged)
+        cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
         raise ConfigError(str(err).splitlines()[0]) from None
+    if not cfg.loss.terms:
+        cfg.loss.terms = {
+            name: TermConfig(t.loss, t.weight, dict(t.params), dict(t.inputs)) for name, t in DEFAULT_TERMS.items()
+        }
+    return cfg
 
 
 def to_yaml(cfg: Config) -> str:

@@ -45,7 +45,10 @@ class Term:
 
 
 class Objective:
-    """Σ weight·term over named terms; returns {"loss": total, <term>: value, ...} (values keep their graph)."""
+    """Σ weight·term over named terms; returns {"loss": total, <term>: value, ...} (values keep their graph).
+
+    Terms of weight 0 are skipped, neither computed nor returned.
+    """
 
     def __init__(self, terms: list[Term]):
         if not terms:
@@ -56,6 +59,8 @@ class Objective:
         out: dict[str, Tensor] = {}
         total: Tensor | float = 0.0
         for term in self.terms:
+            if term.weight == 0:  # disabled (e.g. `loss.terms.tok.weight=0` on the command line): not computed
+                continue
             value = term(features)
             out[term.name] = value
             total = total + term.weight * value

@@ -1,0 +1,83 @@
+"""Typed config: YAML plus dotted overrides; unknown keys and wrong types are errors naming the key and source."""
+
+from __future__ import annotations
+
+import pytest
+
+from sharpclip.cli import main
+from sharpclip.config import ConfigError, load_config, to_yaml
+
+
+def test_defaults_yaml_and_overrides_merge_in_order(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("train:\n  lr: 2.0e-6\n  epochs: 10\nloss:\n  terms:\n    contrastive: {loss: hn_clip}\n")
+    cfg = load_config(recipe, ["train.epochs=3", "loss.terms.contrastive.params.gamma=0.75"])
+    assert cfg.train.lr == 2e-6 and cfg.train.epochs == 3
+    assert cfg.loss.terms["contrastive"].loss == "hn_clip"
+    assert cfg.loss.terms["contrastive"].params == {"gamma": 0.75}
+    assert load_config(None, []).train.batch_size == 128  # untouched defaults stay
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("train.lrr=1", "train.lrr"),
+        ("train.lr=fast", "train.lr"),
+        ("model.context_length=long", "model.context_length"),
+        ("train.accumulation=sometimes", "train.accumulation"),
+        ("train.micro_batch_size=48", "train.batch_size"),
+        ("train.lr", "key=value"),
+    ],
+)
+def test_bad_overrides_name_the_key(override, message):
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        load_config(None, [override])
+
+
+def test_a_recipes_terms_replace_the_default_term(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("loss:\n  terms:\n    hn: {loss: hn_clip}\n    tok: {loss: filip, weight: 0.5}\n")
+    assert list(load_config(recipe).loss.terms) == ["hn", "tok"]
+    assert list(load_config().loss.terms) == ["contrastive"]
+    assert list(load_config(None, ["loss.terms.hn.loss=hn_clip"]).loss.terms) == ["hn"]
+
+
+def test_bad_yaml_names_file_and_key(tmp_path):
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text("train:\n  lr: 1.0\n  warmup: 5\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml.*train\.warmup"):
+        load_config(recipe)
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_resolved_yaml_round_trips(tmp_path):
+    cfg = load_config(None, ["loss.terms.contrastive.loss=sigmoid", "train.seed=7"])
+    path = tmp_path / "resolved.yaml"
+    path.write_text(to_yaml(cfg))
+    assert load_config(path) == cfg
+
+
+def test_cli_help_lists_subcommands_and_config_errors_exit_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "config" in out and "objectives" in out
+
+
+def test_cli_config_prints_resolved_and_rejects_unknown_keys(capsys, tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("train:\n  lr: 0.5\n")
+    assert main(["config", str(recipe), "train.seed=3"]) == 0
+    out = capsys.readouterr().out
+    assert "lr: 0.5" in out and "seed: 3" in out
+    assert main(["config", str(recipe), "train.nope=1"]) == 2
+    assert "train.nope" in capsys.readouterr().err
+
+
+def test_cli_objectives_lists_every_registered_loss(capsys):
+    assert main(["objectives"]) == 0
+    out = capsys.readouterr().out
+    for name in ("infonce", "hn_clip", "filip", "edit_negatives", "distill_cosine", "sigmoid"):
+        assert name in out
