@@ -32,7 +32,8 @@ def _feats(b=6, d=5, seed=0):
 
 
 def test_hnclip_eq3_is_the_weighted_sum_of_its_terms():
-    cfg = LossConfig(terms={"hn": TermConfig("hn_clip", params={"gamma": 0.25}), "tok": TermConfig("filip", weight=0.7)})
+    terms = {"hn": TermConfig("hn_clip", params={"gamma": 0.25}), "tok": TermConfig("filip", weight=0.7)}
+    cfg = LossConfig(terms=terms)
     f = _feats()
     out = build_objective(cfg)(f)
     hn = hn_clip(f["image"], f["text"], f["logit_scale"], gamma=0.25)
@@ -79,7 +80,7 @@ def test_missing_feature_names_the_term_and_the_key():
     objective = build_objective(LossConfig(terms={"long": TermConfig("infonce", inputs={"text": "text_long"})}))
     f = _feats()
     del f["text_long"]
-    with pytest.raises(KeyError, match="'long'.*text_long"):
+    with pytest.raises(KeyError, match=r"'long'.*text_long"):
         objective(f)
 
 
@@ -87,5 +88,6 @@ def test_optional_inputs_are_used_when_present():
     objective = build_objective(LossConfig(terms={"t": TermConfig("hn_clip")}))
     f = _feats(seed=2)
     frozen = {**f, "reference_text": f["text_short"]}
-    assert torch.allclose(objective(frozen)["loss"], hn_clip(f["image"], f["text"], 2.0, reference_text=f["text_short"]))
+    expected = hn_clip(f["image"], f["text"], 2.0, reference_text=f["text_short"])
+    assert torch.allclose(objective(frozen)["loss"], expected)
     assert not torch.allclose(objective(frozen)["loss"], objective(f)["loss"])
