@@ -25,18 +25,54 @@ def _check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
 
 
 @dataclass
+class AdapterConfig:
+    """Low-rank adapters via peft (models.adapters): LoRA (Hu et al. 2021) or DoRA (Liu et al. 2024)."""
+
+    method: str = "none"  # none | lora | dora
+    towers: str = "both"  # text | vision | both
+    modules: str = "attention_mlp"  # attention (q, k, v, out) | mlp (fc1, fc2) | attention_mlp
+    rank: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check_choice("model.adapter.method", self.method, ("none", "lora", "dora"))
+        _check_choice("model.adapter.towers", self.towers, ("text", "vision", "both"))
+        _check_choice("model.adapter.modules", self.modules, ("attention", "mlp", "attention_mlp"))
+        if self.rank < 1:
+            raise ConfigError(f"model.adapter.rank: must be >= 1, got {self.rank}")
+
+
+@dataclass
+class FreezeConfig:
+    """Lock a tower, optionally leaving its last N layers (and the norm + projection after them) trainable."""
+
+    vision: bool = False
+    text: bool = False
+    vision_unlocked_layers: int = 0
+    text_unlocked_layers: int = 0
+
+
+@dataclass
 class ModelConfig:
     """Which dual encoder to build (models.create_model)."""
 
-    name: str = "tiny-clip"  # a tiny preset, a local folder, or a hub id already in the local HF cache
-    kind: str = "auto"  # auto | clip | siglip | open_clip; auto reads the folder's config.json
+    name: str = "tiny-clip"  # a tiny preset, a local folder or OpenAI-format file, or a hub id in the local HF cache
+    kind: str = "auto"  # auto | clip | siglip | siglip2 | open_clip; auto reads the folder's config.json
+    processor: str = ""  # folder / cached hub id with the tokenizer + image processor when `name` has none
     context_length: int | None = None  # stretch text positions to this length (Long-CLIP rule) when set
     keep_positions: int = 20  # Long-CLIP: rows kept verbatim and frozen when stretching
+    text_encoder: str = "absolute"  # absolute | rope (CLIP-IN §3.3: rotary text tower, from `sharpclip distill`)
+    rope_theta: float = 10000.0
+    rope_ntk_factor: float = 0.0  # > 0: NTK-scale theta for context_length beyond the distilled length (TULIP: 8)
     logit_scale_learnable: bool = True
     logit_scale_init: float | None = None  # log space; None keeps the checkpoint's value
+    adapter: AdapterConfig = field(default_factory=AdapterConfig)
+    freeze: FreezeConfig = field(default_factory=FreezeConfig)
 
     def __post_init__(self) -> None:
-        _check_choice("model.kind", self.kind, ("auto", "clip", "siglip", "open_clip"))
+        _check_choice("model.kind", self.kind, ("auto", "clip", "siglip", "siglip2", "open_clip"))
+        _check_choice("model.text_encoder", self.text_encoder, ("absolute", "rope"))
 
 
 @dataclass
@@ -149,11 +185,30 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
-    """What to evaluate (eval.run_suite)."""
+    """What to evaluate (eval.run_suite): benchmark names of eval.suite.DATASETS, each read from its own root."""
 
-    suites: list[str] = field(default_factory=lambda: ["retrieval"])
+    suites: list[str] = field(default_factory=lambda: ["retrieval"])  # "retrieval" = data.format on data.eval_split
+    data_root: str = ""  # a suite's root is roots[name], else data_root/<name> if it exists, else data_root
+    roots: dict[str, str] = field(default_factory=dict)
+    split: str = "test"
     recall_k: list[int] = field(default_factory=lambda: [1, 5, 10, 25, 50])
-    chunk_size: int = 1024
+    chunk_size: int = 1024  # query rows scored at once: memory O(chunk_size × gallery)
+    batch_size: int = 64  # images / captions per forward pass
+    prompts: str = "photo"  # zero-shot prompt set: a name in eval.zeroshot.PROMPT_SETS or a file, one template a line
+    zeroshot_k: list[int] = field(default_factory=lambda: [1, 5])
+    hash_images: bool = False  # sha256 every image in the manifest (slow on large benchmarks)
+    output_dir: str = ""  # reports go here; default <train.output_dir>/eval
+    device: str = "cpu"
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.chunk_size < 1 or self.batch_size < 1:
+            raise ConfigError(
+                f"eval.chunk_size and eval.batch_size must be >= 1, got {self.chunk_size}, {self.batch_size}"
+            )
+        bad = [k for k in [*self.recall_k, *self.zeroshot_k] if k < 1]
+        if bad:
+            raise ConfigError(f"eval.recall_k / eval.zeroshot_k: values must be >= 1, got {bad}")
 
 
 @dataclass

@@ -1,0 +1,134 @@
+"""The data layer: read a release (or SynthDense), preprocess like CLIP, and batch group-aware.
+
+    samples = read_samples(cfg.data, "test")                     # list of PairSample / EditSample, release order
+    loader = build_loader(cfg.data, "train", tokenizer=tok, batch_size=128, rank=r, world_size=w, seed=s)
+    for batch in loader: ...                                     # Batch: pixels, tokens, groups, edit indices
+
+The README's Data section shows each format's folder layout; `sharpclip validate-data` checks a folder before a run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from sharpclip.config import DataConfig
+from sharpclip.data.dataset import Collator, SampleDataset, SampleLoader
+from sharpclip.data.formats import FORMATS
+from sharpclip.data.sampling import GroupBatchSampler
+from sharpclip.data.schema import (
+    BadSample,
+    BadSampleError,
+    BadSampleReport,
+    Batch,
+    EditSample,
+    PairSample,
+    Sample,
+)
+from sharpclip.data.transforms import ClipImageTransform, TextTokenizer
+
+__all__ = [
+    "BadSample",
+    "BadSampleError",
+    "BadSampleReport",
+    "Batch",
+    "EditSample",
+    "PairSample",
+    "Sample",
+    "build_dataset",
+    "build_loader",
+    "data_root",
+    "default_tokenizer",
+    "image_transform",
+    "read_samples",
+]
+
+
+def data_root(cfg: DataConfig) -> Path:
+    """`cfg.root`; for SynthDense without one, a cache folder named by the corpus config ($SHARPCLIP_CACHE)."""
+    if cfg.root:
+        return Path(cfg.root).expanduser()
+    if cfg.format != "synthdense":
+        raise ValueError(f"data.root is empty; set it to the {cfg.format} release folder (README, section Data)")
+    from dataclasses import asdict
+
+    key = hashlib.sha1(json.dumps(asdict(cfg.synthdense), sort_keys=True).encode()).hexdigest()[:12]
+    return Path(os.environ.get("SHARPCLIP_CACHE", "~/.cache/sharpclip")).expanduser() / f"synthdense-{key}"
+
+
+def read_samples(cfg: DataConfig, split: str, report: BadSampleReport | None = None) -> list[Sample]:
+    """The samples of `split` in release order; bad records go to `report` (raising under on_bad_sample: error)."""
+    if cfg.format not in FORMATS:
+        raise ValueError(f"data.format: unknown format {cfg.format!r}; known: {', '.join(FORMATS)}")
+    report = report if report is not None else BadSampleReport(cfg.on_bad_sample)
+    return FORMATS[cfg.format](data_root(cfg), split, cfg, report)
+
+
+def image_transform(cfg: DataConfig) -> ClipImageTransform:
+    return ClipImageTransform(cfg.image_size, cfg.image_mean, cfg.image_std)
+
+
+def default_tokenizer(cfg: DataConfig):
+    """SynthDense's word-level CLIP tokenizer; other formats need the model's tokenizer passed explicitly."""
+    if cfg.format != "synthdense":
+        raise ValueError(f"format {cfg.format!r} has no built-in tokenizer; pass the model's (tokenizer=...)")
+    from sharpclip.data.synthetic import vocabulary
+    from sharpclip.models.tokenizer import build_word_tokenizer
+
+    return build_word_tokenizer(vocabulary(), model_max_length=cfg.context_length)
+
+
+def build_dataset(cfg: DataConfig, split: str, transform=None, seed: int = 0) -> SampleDataset:
+    """Rows of `split`, decoded and preprocessed on access (`transform`: PIL → (3, H, W); CLIP's by default)."""
+    report = BadSampleReport(cfg.on_bad_sample)
+    samples = read_samples(cfg, split, report)
+    if not samples:
+        raise ValueError(f"{data_root(cfg)}: split {split!r} of format {cfg.format!r} has no usable samples")
+    return SampleDataset(
+        samples,
+        transform or image_transform(cfg),
+        on_bad_sample=cfg.on_bad_sample,
+        caption_choice=cfg.caption_choice,
+        group_batches=cfg.group_batches,
+        seed=seed,
+        report=report,
+    )
+
+
+def build_loader(
+    cfg: DataConfig,
+    split: str,
+    tokenizer=None,
+    *,
+    batch_size: int = 64,
+    image_transform=None,
+    rank: int = 0,
+    world_size: int = 1,
+    seed: int = 0,
+    train: bool | None = None,
+) -> SampleLoader:
+    """A DataLoader of `Batch`es for `split`; this rank's share of every epoch, deterministic per seed and epoch.
+
+    train: shuffle and drop the last partial batch (default: split == cfg.train_split); evaluation keeps release
+    order and every row. batch_size: rows per batch on this rank (an edit pair is two rows).
+    """
+    train = split == cfg.train_split if train is None else train
+    dataset = build_dataset(cfg, split, image_transform, seed)
+    sampler = GroupBatchSampler(
+        [r.unit for r in dataset.rows],
+        batch_size,
+        captions=[dataset.caption_of(i) for i in range(len(dataset))],
+        distinct_captions=cfg.distinct_captions,
+        shuffle=train and cfg.shuffle,
+        drop_last=train,
+        seed=seed,
+        rank=rank,
+        world_size=world_size,
+    )
+    tokenize = TextTokenizer(tokenizer if tokenizer is not None else default_tokenizer(cfg), cfg.context_length)
+    with_short = any(getattr(s, "short_caption", None) for s in dataset.samples)
+    return SampleLoader(
+        dataset, batch_sampler=sampler, collate_fn=Collator(tokenize, with_short), num_workers=cfg.num_workers
+    )

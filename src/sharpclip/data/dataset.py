@@ -1,0 +1,217 @@
+"""From samples to batches: the map-style dataset of rows, the collator, and the loader that reports bad samples.
+
+A row is what one line of the contrastive matrix needs: one image and its caption(s). A `PairSample` is one row
+(or one per caption with `caption_choice: all`); an `EditSample` is two rows, source then edited, in one unit so the
+sampler keeps them together. Image decoding and preprocessing run in the DataLoader workers; tokenisation runs once
+per batch in the collator (the fast tokenizer is batched).
+
+Bad samples: reading the annotation files reports malformed records and empty captions (`BadSampleReport`); a
+missing or corrupt image is found when the row is loaded, raises `BadSampleError` under `on_bad_sample: error`, and
+under `skip` is dropped from its batch and listed in `Batch.skipped`. `SampleLoader` gathers both kinds and logs
+the summary at the end of every epoch; `loader.report` holds them.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from PIL import Image
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+
+from sharpclip.data.images import ImageLoadError, describe, load_image
+from sharpclip.data.schema import (
+    BadSample,
+    BadSampleError,
+    BadSampleReport,
+    Batch,
+    EditSample,
+    ImageSource,
+    PairSample,
+    Sample,
+    log,
+)
+from sharpclip.data.transforms import TextTokenizer
+
+ImageTransform = Callable[[Image.Image], Tensor]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the batch before loading: which sample, which image and caption."""
+
+    sample: int  # index into the dataset's samples
+    id: str
+    image: ImageSource
+    caption: str | None  # None: drawn per epoch from the sample's captions (caption_choice: random)
+    short_caption: str | None
+    unit: int  # rows with equal units share a batch
+    edit_half: int = -1  # 0 = source, 1 = edited, -1 = not an edit
+
+
+@dataclass
+class Item:
+    """A loaded row (in a worker)."""
+
+    row: Row
+    pixels: Tensor  # (3, H, W)
+    caption: str
+
+
+def _pair_rows(i: int, s: PairSample, choice: str, unit: int) -> list[Row]:
+    if s.captions and choice == "all":
+        return [Row(i, f"{s.id}#{k}", s.image, c, s.short_caption, unit) for k, c in enumerate(s.captions)]
+    caption = None if s.captions and choice == "random" else s.caption
+    return [Row(i, s.id, s.image, caption, s.short_caption, unit)]
+
+
+def _edit_rows(i: int, s: EditSample, unit: int) -> list[Row]:
+    return [
+        Row(i, f"{s.id}/source", s.source_image, s.source_caption, None, unit, 0),
+        Row(i, f"{s.id}/edited", s.edited_image, s.target_caption, None, unit, 1),
+    ]
+
+
+def build_rows(samples: Sequence[Sample], caption_choice: str = "random", group_batches: bool = True) -> list[Row]:
+    """The rows of `samples`, with units: an edit's halves always; a pair group when `group_batches`;
+    the captions of one image under `caption_choice: all` (so they stay together for per-image retrieval)."""
+    units: dict[str, int] = {}
+    rows: list[Row] = []
+    for i, s in enumerate(samples):
+        key = f"sample:{i}"
+        if isinstance(s, PairSample) and s.group is not None and group_batches:
+            key = f"group:{s.group}"
+        unit = units.setdefault(key, len(units))
+        rows += _edit_rows(i, s, unit) if isinstance(s, EditSample) else _pair_rows(i, s, caption_choice, unit)
+    return rows
+
+
+class SampleDataset(Dataset):
+    """Rows of samples; `dataset[i]` is an `Item`, or a `BadSample` under `on_bad_sample: skip`."""
+
+    def __init__(
+        self,
+        samples: Sequence[Sample],
+        transform: ImageTransform,
+        *,
+        on_bad_sample: str = "error",
+        caption_choice: str = "random",
+        group_batches: bool = True,
+        seed: int = 0,
+        report: BadSampleReport | None = None,
+    ):
+        self.samples = list(samples)
+        self.rows = build_rows(self.samples, caption_choice, group_batches)
+        self.transform, self.on_bad_sample, self.seed, self.epoch = transform, on_bad_sample, seed, 0
+        self.report = report or BadSampleReport(on_bad_sample)  # bad records met while reading the files
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the per-epoch caption draw (caption_choice: random); workers are re-created per epoch."""
+        self.epoch = epoch
+
+    def caption_of(self, i: int) -> str:
+        row = self.rows[i]
+        if row.caption is not None:
+            return row.caption
+        captions = self.samples[row.sample].captions
+        return captions[random.Random(hash((self.seed, self.epoch, i))).randrange(len(captions))]
+
+    def __getitem__(self, i: int) -> Item | BadSample:
+        row = self.rows[i]
+        try:
+            pixels = self.transform(load_image(row.image))
+        except ImageLoadError as err:
+            bad = BadSample(self.samples[row.sample].source or describe(row.image), row.id, err.reason)
+            if self.on_bad_sample != "skip":
+                raise BadSampleError(bad) from None
+            return bad
+        return Item(row, pixels, self.caption_of(i))
+
+
+class Collator:
+    """Items → `Batch`: stack pixels, tokenise captions (and short captions), index the complete edit pairs."""
+
+    def __init__(self, tokenize: TextTokenizer, with_short: bool = False):
+        self.tokenize, self.with_short = tokenize, with_short
+
+    def __call__(self, items: list[Item | BadSample]) -> Batch:
+        good = [it for it in items if isinstance(it, Item)]
+        skipped = [it for it in items if isinstance(it, BadSample)]
+        if not good:
+            raise RuntimeError(f"every sample of a batch was bad: {'; '.join(map(str, skipped))}")
+        ids, mask = self.tokenize([it.caption for it in good])
+        batch = Batch(
+            ids=[it.row.id for it in good],
+            pixel_values=torch.stack([it.pixels for it in good]),
+            input_ids=ids,
+            attention_mask=mask,
+            groups=_groups(good),
+            skipped=skipped,
+        )
+        if self.with_short:
+            batch.short_input_ids, batch.short_attention_mask = self.tokenize(
+                [it.row.short_caption or it.caption for it in good]
+            )
+        batch.edit_source, batch.edit_target = _edit_index(good)
+        return batch
+
+
+def _groups(items: list[Item]) -> Tensor:
+    """(B,) small ints: equal for rows of one unit."""
+    ids: dict[int, int] = {}
+    return torch.tensor([ids.setdefault(it.row.unit, len(ids)) for it in items], dtype=torch.long)
+
+
+def _edit_index(items: list[Item]) -> tuple[Tensor, Tensor]:
+    """Row indices of the source and edited halves of each edit whose two halves are both in the batch."""
+    halves: dict[int, dict[int, int]] = {}
+    for pos, it in enumerate(items):
+        if it.row.edit_half >= 0:
+            halves.setdefault(it.row.sample, {})[it.row.edit_half] = pos
+    pairs = [(h[0], h[1]) for h in halves.values() if len(h) == 2]
+    src = torch.tensor([p[0] for p in pairs], dtype=torch.long)
+    tgt = torch.tensor([p[1] for p in pairs], dtype=torch.long)
+    return src, tgt
+
+
+class SampleLoader(DataLoader):
+    """A DataLoader of `Batch`es that gathers skipped samples into `report` and logs them at the end of each epoch.
+
+    `state_dict()` gives the position in batches actually consumed (prefetched ones excluded), for resuming.
+    """
+
+    def __init__(self, dataset: SampleDataset, **kwargs):
+        super().__init__(dataset, **kwargs)
+        self.report = BadSampleReport("skip", list(dataset.report.items))
+        self.consumed = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.dataset.set_epoch(epoch)
+        if hasattr(self.batch_sampler, "set_epoch"):
+            self.batch_sampler.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, int]:
+        state = self.batch_sampler.state_dict()
+        return {**state, "batches_done": self.consumed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.batch_sampler.load_state_dict(state)
+        self.dataset.set_epoch(state["epoch"])
+        self.consumed = state["batches_done"]
+
+    def __iter__(self) -> Iterator[Batch]:
+        self.dataset.set_epoch(self.batch_sampler.epoch)
+        self.consumed = self.batch_sampler.start
+        for batch in super().__iter__():
+            self.consumed += 1
+            self.report.items.extend(batch.skipped)
+            yield batch
+        self.consumed = 0  # the sampler has moved on to the next epoch
+        if self.report.items:
+            log.warning("data: %s", self.report.summary())

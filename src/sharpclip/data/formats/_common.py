@@ -1,0 +1,92 @@
+"""Helpers shared by the format readers: reading annotation files, checking records, naming where things are.
+
+A reader returns the samples of one split. A record it cannot use (malformed, empty caption) goes to the
+`BadSampleReport`, which raises or records it by policy; a missing annotation file is a setup error and always raises.
+Records a protocol leaves out on purpose (DCI's empty `extra_caption`, VG's duplicate ids) are logged, not reported.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from sharpclip.data.schema import BadSample, BadSampleReport, log
+
+
+def require_file(path: Path, what: str) -> Path:
+    """`path` if it is a file; otherwise a FileNotFoundError that says what was expected there."""
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path}: {what} not found; check data.root (the README's Data section shows the layout)"
+        )
+    return path
+
+
+def require_dir(path: Path, what: str) -> Path:
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path}: {what} folder not found; check data.root (see the README's Data section)")
+    return path
+
+
+def load_json(path: Path, what: str) -> Any:
+    """The parsed JSON file; a missing or invalid file raises with the path and the parser's line/column."""
+    require_file(path, what)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: line {err.lineno} column {err.colno}: not valid JSON ({err.msg})") from None
+
+
+def iter_jsonl(path: Path, report: BadSampleReport):
+    """(where, record) for each non-blank line of a JSON Lines file; a line that is not a JSON object is reported."""
+    require_file(path, "JSON Lines file")
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                report.add(BadSample(where, "?", f"malformed record: not valid JSON ({err.msg})"))
+                continue
+            if not isinstance(record, dict):
+                report.add(BadSample(where, "?", "malformed record: not a JSON object"))
+                continue
+            yield where, record
+
+
+def fields(record: Any, keys: tuple[str, ...], where: str, rid: str, report: BadSampleReport) -> tuple | None:
+    """The values of `keys` in `record`, or None after reporting which key is missing or of the wrong kind."""
+    if not isinstance(record, dict):
+        report.add(BadSample(where, rid, f"malformed record: expected a JSON object, got {type(record).__name__}"))
+        return None
+    missing = [k for k in keys if k not in record or record[k] is None]
+    if missing:
+        report.add(BadSample(where, rid, f"malformed record: missing field(s) {', '.join(missing)}"))
+        return None
+    return tuple(record[k] for k in keys)
+
+
+def caption_ok(text: Any, where: str, rid: str, report: BadSampleReport) -> bool:
+    """True for a non-blank string; otherwise reports an empty caption (or a malformed one) and returns False."""
+    if not isinstance(text, str):
+        report.add(BadSample(where, rid, f"malformed record: caption is {type(text).__name__}, not a string"))
+        return False
+    if not text.strip():
+        report.add(BadSample(where, rid, "empty caption"))
+        return False
+    return True
+
+
+def note_left_out(fmt: str, count: int, why: str) -> None:
+    """Log records that a protocol drops on purpose, so that nothing disappears silently."""
+    if count:
+        log.info("%s: left out %d records (%s)", fmt, count, why)
+
+
+def check_split(fmt: str, split: str, known: tuple[str, ...]) -> None:
+    if split not in known:
+        raise ValueError(f"{fmt}: unknown split {split!r}; this format has {', '.join(known)}")

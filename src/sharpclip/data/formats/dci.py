@@ -1,0 +1,96 @@
+"""DCI, Densely Captioned Images (Urbanek et al. 2024): one JSON per image under `densely_captioned_images/`.
+
+Layout: `photos/sa_N.jpg`, `annotations/*.json`, `complete/*.json` (adds summaries/negatives), `splits.json`
+(`{"train": [...], "valid": [...], "test": [...]}`, file names in `complete/`). Each JSON has `image` (relative to
+`photos/`), `short_caption`, `extra_caption` (may be "" and may contain newlines), `mask_data`, `mask_keys`.
+
+Splits: train | valid | test (the official `splits.json`) and `all` (every `annotations/*.json`, sorted by path, as
+TULIP builds Long-DCI). Caption (`data.dci_caption`): `extra` = `extra_caption` only, the GOAL / Long-DCI rule, where
+records with an empty `extra_caption` are left out (and logged); `short`; `short_extra` = short + "\\n" + extra.
+GOAL's DCI protocol (1,999 test images) is its `DCI_test.json` list: set `data.list_file`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sharpclip.config import DataConfig
+from sharpclip.data.formats._common import (
+    caption_ok,
+    check_split,
+    fields,
+    load_json,
+    note_left_out,
+    require_dir,
+)
+from sharpclip.data.formats.goal import read_goal_list
+from sharpclip.data.schema import BadSample, BadSampleReport, PairSample
+
+SPLITS = ("train", "valid", "test", "all")
+
+
+def dataset_dir(root: Path) -> Path:
+    """`root` itself or its `densely_captioned_images/` child, whichever holds `photos/`."""
+    nested = root / "densely_captioned_images"
+    return nested if (nested / "photos").is_dir() else root
+
+
+def _split_files(base: Path, split: str) -> list[Path]:
+    if split == "all":
+        return sorted(require_dir(base / "annotations", "DCI annotations/").glob("*.json"))
+    names = load_json(base / "splits.json", "DCI splits.json")
+    if not isinstance(names, dict) or split not in names:
+        raise ValueError(f"{base / 'splits.json'}: expected a JSON object with a {split!r} list")
+    # splits.json names files in complete/; fall back to annotations/ for releases that lack complete/
+    return [
+        base / "complete" / n if (base / "complete" / n).is_file() else base / "annotations" / n for n in names[split]
+    ]
+
+
+def _caption(short: str, extra: str, mode: str) -> str:
+    if mode == "short":
+        return short
+    if mode == "short_extra":
+        return f"{short}\n{extra}" if extra.strip() else short
+    return extra
+
+
+def _read_one(path: Path, mode: str, report: BadSampleReport) -> PairSample | str | None:
+    """The sample, None after reporting a bad record, or "left out" for an empty `extra_caption` under `extra`."""
+    where, rid = str(path), path.stem
+    if not path.is_file():
+        report.add(BadSample(where, rid, "missing file: annotation listed in splits.json does not exist"))
+        return None
+    try:
+        record = load_json(path, "DCI annotation")
+    except ValueError as err:
+        report.add(BadSample(where, rid, f"malformed record: {err}"))
+        return None
+    got = fields(record, ("image", "short_caption", "extra_caption"), where, rid, report)
+    if got is None:
+        return None
+    image, short, extra = got
+    if mode == "extra" and isinstance(extra, str) and not extra.strip():
+        return "left out"
+    caption = _caption(short, extra, mode) if isinstance(short, str) and isinstance(extra, str) else None
+    if not caption_ok(caption, where, rid, report):
+        return None
+    photos = path.parent.parent / "photos"
+    return PairSample(
+        id=Path(image).stem, image=photos / image, caption=caption, short_caption=short or None, source=where
+    )
+
+
+def read(root: Path, split: str, cfg: DataConfig, report: BadSampleReport) -> list[PairSample]:
+    base = dataset_dir(root)
+    if cfg.list_file:
+        return read_goal_list(root / cfg.list_file, require_dir(base / "photos", "DCI photos/"), report)
+    check_split("dci", split, SPLITS)
+    samples, left_out = [], 0
+    for path in _split_files(base, split):
+        got = _read_one(path, cfg.dci_caption, report)
+        left_out += got == "left out"
+        if isinstance(got, PairSample):
+            samples.append(got)
+    note_left_out("dci", left_out, "empty extra_caption under the extra_caption rule")
+    return samples

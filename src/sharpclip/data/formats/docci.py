@@ -1,0 +1,44 @@
+"""DOCCI (Onoe et al. 2024): `docci_descriptions.jsonlines` + a flat `images/` folder.
+
+Each line is `{example_id, split, image_file, description}`, split in train | test | qual_dev | qual_test.
+Test protocols (`data.docci_test`):
+- `goal` (default, HN-CLIP/GOAL): 5,100 images, the 100 `qual_test` first, then the 5,000 `test`, each by example id;
+- `test`: the 5,000 `test` images only (FineLIP).
+`data.list_file` reads GOAL's own `docci_test.json` list instead.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sharpclip.config import DataConfig
+from sharpclip.data.formats._common import caption_ok, check_split, fields, iter_jsonl, require_dir
+from sharpclip.data.formats.goal import read_goal_list
+from sharpclip.data.schema import BadSampleReport, PairSample
+
+DESCRIPTIONS = "docci_descriptions.jsonlines"
+SPLITS = ("train", "test", "qual_dev", "qual_test")
+
+
+def _read_all(root: Path, report: BadSampleReport) -> list[tuple[str, PairSample]]:
+    out = []
+    for where, record in iter_jsonl(root / DESCRIPTIONS, report):
+        rid = str(record.get("example_id", "?"))
+        got = fields(record, ("example_id", "split", "image_file", "description"), where, rid, report)
+        if got is None or not caption_ok(got[3], where, rid, report):
+            continue
+        example_id, split, image_file, description = got
+        out.append(
+            (split, PairSample(id=example_id, image=root / "images" / image_file, caption=description, source=where))
+        )
+    return out
+
+
+def read(root: Path, split: str, cfg: DataConfig, report: BadSampleReport) -> list[PairSample]:
+    if cfg.list_file:
+        return read_goal_list(root / cfg.list_file, require_dir(root / "images", "DOCCI images/"), report)
+    check_split("docci", split, SPLITS)
+    wanted = ("qual_test", "test") if split == "test" and cfg.docci_test == "goal" else (split,)
+    rows = _read_all(root, report)
+    picked = [(wanted.index(s), sample.id, sample) for s, sample in rows if s in wanted]
+    return [sample for *_, sample in sorted(picked, key=lambda t: t[:2])]

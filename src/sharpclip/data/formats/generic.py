@@ -1,0 +1,120 @@
+"""The generic format: your own pairs (and edits) as JSON Lines, CSV/TSV, or a folder of `x.jpg` + `x.txt`.
+
+`data.root` is either a file (`pairs.jsonl`, `pairs.csv`, `pairs.tsv`) or a folder holding `<split>.jsonl`,
+`<split>.csv` or `<split>.tsv`; failing those, the folder `<root>/<split>/` (or `<root>`) of images with a
+same-named `.txt` caption each. Image paths in files are relative to the file's folder.
+
+Columns (renamable in the config): `image`, `caption` (a string, or a list = several captions per image),
+optional `short_caption`, `id` (default: the line number) and `group` (rows of one group share a batch).
+A JSON Lines record with `source_image` and `edited_image` is an edit: `source_caption`, `target_caption`,
+`instruction`, `id`. SynthDense is written in this format.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterator
+from pathlib import Path
+
+from sharpclip.config import DataConfig
+from sharpclip.data.formats._common import caption_ok, fields, iter_jsonl, require_dir
+from sharpclip.data.schema import BadSample, BadSampleReport, EditSample, PairSample, Sample
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
+EDIT_KEYS = ("source_image", "edited_image", "source_caption", "target_caption")
+
+
+def _table_file(root: Path, split: str) -> Path | None:
+    if root.is_file():
+        return root
+    for suffix in (".jsonl", ".csv", ".tsv"):
+        if (root / f"{split}{suffix}").is_file():
+            return root / f"{split}{suffix}"
+    return None
+
+
+def _records(path: Path, report: BadSampleReport) -> Iterator[tuple[str, dict]]:
+    if path.suffix in (".jsonl", ".json"):
+        yield from iter_jsonl(path, report)
+        return
+    with open(path, encoding="utf-8", newline="") as f:
+        for i, row in enumerate(csv.DictReader(f, delimiter="\t" if path.suffix == ".tsv" else ",")):
+            yield f"{path}:row {i + 1}", {k: v for k, v in row.items() if v not in (None, "")}
+
+
+def _edit(record: dict, where: str, rid: str, base: Path, report: BadSampleReport) -> EditSample | None:
+    got = fields(record, EDIT_KEYS, where, rid, report)
+    if got is None or not all(caption_ok(c, where, rid, report) for c in got[2:]):
+        return None
+    src, edited, src_cap, tgt_cap = got
+    return EditSample(
+        id=rid,
+        source_image=base / src,
+        edited_image=base / edited,
+        source_caption=src_cap,
+        target_caption=tgt_cap,
+        instruction=str(record.get("instruction", "")),
+        source=where,
+    )
+
+
+def _pair(record: dict, where: str, rid: str, base: Path, cfg: DataConfig, report: BadSampleReport):
+    got = fields(record, (cfg.image_field, cfg.caption_field), where, rid, report)
+    if got is None:
+        return None
+    image, caption = got
+    captions = caption if isinstance(caption, list) else None
+    if captions is not None and not all(caption_ok(c, where, rid, report) for c in captions or [""]):
+        return None
+    if captions is None and not caption_ok(caption, where, rid, report):
+        return None
+    short = record.get(cfg.short_caption_field)
+    group = record.get(cfg.group_field)
+    return PairSample(
+        id=rid,
+        image=base / image,
+        caption=captions[0] if captions else caption,
+        short_caption=short if isinstance(short, str) and short.strip() else None,
+        captions=captions,
+        group=None if group is None else str(group),
+        source=where,
+    )
+
+
+def _read_table(path: Path, cfg: DataConfig, report: BadSampleReport) -> list[Sample]:
+    samples = []
+    for n, (where, record) in enumerate(_records(path, report)):
+        rid = str(record.get(cfg.id_field, n))
+        is_edit = "source_image" in record and "edited_image" in record
+        sample = (
+            _edit(record, where, rid, path.parent, report)
+            if is_edit
+            else _pair(record, where, rid, path.parent, cfg, report)
+        )
+        if sample is not None:
+            samples.append(sample)
+    return samples
+
+
+def _read_folder(folder: Path, report: BadSampleReport) -> list[PairSample]:
+    images = {p.stem: p for p in sorted(folder.iterdir()) if p.suffix.lower() in IMAGE_SUFFIXES}
+    texts = {p.stem: p for p in sorted(folder.glob("*.txt"))}
+    samples = []
+    for stem in sorted(images.keys() | texts.keys()):
+        if stem not in texts:
+            report.add(BadSample(str(images[stem]), stem, f"empty caption: no {stem}.txt beside the image"))
+        elif stem not in images:
+            report.add(BadSample(str(texts[stem]), stem, f"missing file: no image {stem}.jpg/.png for the caption"))
+        else:
+            caption = texts[stem].read_text(encoding="utf-8").strip()
+            if caption_ok(caption, str(texts[stem]), stem, report):
+                samples.append(PairSample(id=stem, image=images[stem], caption=caption, source=str(texts[stem])))
+    return samples
+
+
+def read(root: Path, split: str, cfg: DataConfig, report: BadSampleReport) -> list[Sample]:
+    table = _table_file(root, split)
+    if table is not None:
+        return _read_table(table, cfg, report)
+    folder = root / split if (root / split).is_dir() else require_dir(root, "generic data")
+    return _read_folder(folder, report)

@@ -1,0 +1,150 @@
+"""Group-aware batch sampling: which rows share a contrastive batch, identically on every rank, per seed and epoch.
+
+Rows come in units: the two halves of an edit pair (CLIP-IN's hard negatives need both in the batch), the members of a
+group (a SynthDense family) when grouping is on, or single rows. Each epoch the units are shuffled with a generator
+seeded by (seed, epoch) and packed first-fit into batches of `batch_size` rows; with `distinct_captions`, a unit
+does not go into a batch that already holds one of its captions (an exact duplicate would be a false negative of
+InfoNCE and a zero-margin pair of HN-CLIP). Batch k goes to rank k mod world_size, so ranks see disjoint rows and the
+same number of batches; every rank computes the same packing, so no communication is needed.
+
+The sampler is resumable: `state_dict()` records (epoch, batches already yielded on this rank).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+MAX_OPEN = 16  # batches kept open while packing: enough to place groups, few enough to keep the shuffle's order
+
+
+@dataclass
+class _Open:
+    rows: list[int] = field(default_factory=list)
+    captions: set[str] = field(default_factory=set)
+
+
+class GroupBatchSampler:
+    """Yields lists of row indices (this rank's batches) for `DataLoader(batch_sampler=...)`.
+
+    units: (N,) unit id per row; rows with equal ids always share a batch.
+    captions: (N,) caption per row, needed only for `distinct_captions`.
+    batch_size: rows per batch on this rank; a unit larger than it is an error.
+    """
+
+    def __init__(
+        self,
+        units: Sequence[int],
+        batch_size: int,
+        *,
+        captions: Sequence[str] | None = None,
+        distinct_captions: bool = False,
+        shuffle: bool = True,
+        drop_last: bool = True,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+    ):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside 0..{world_size - 1}")
+        if distinct_captions and captions is None:
+            raise ValueError("distinct_captions needs the caption of every row")
+        self.members = _members(units)
+        largest = max((len(m) for m in self.members), default=0)
+        if largest > batch_size:
+            raise ValueError(f"a group has {largest} rows but a batch holds {batch_size}; raise the batch size")
+        self.batch_size, self.captions, self.distinct = batch_size, captions, distinct_captions
+        self.shuffle, self.drop_last, self.seed = shuffle, drop_last, seed
+        self.rank, self.world_size = rank, world_size
+        self.epoch, self.start = 0, 0
+        self._cache: tuple[int, list[list[int]]] | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch's shuffle (call before each epoch, as with DistributedSampler)."""
+        if epoch != self.epoch:
+            self.epoch, self.start = epoch, 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "batches_done": self.start, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Resume: the next iteration continues the recorded epoch after the batches already done."""
+        self.epoch, self.start, self.seed = state["epoch"], state["batches_done"], state.get("seed", self.seed)
+
+    def __len__(self) -> int:
+        return len(self._rank_batches()) - self.start
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batches = self._rank_batches()
+        while self.start < len(batches):
+            self.start += 1
+            yield batches[self.start - 1]
+        self.epoch, self.start = self.epoch + 1, 0  # a finished epoch moves on even without set_epoch
+
+    def _order(self) -> list[int]:
+        if not self.shuffle:
+            return list(range(len(self.members)))
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        return torch.randperm(len(self.members), generator=g).tolist()
+
+    def _rank_batches(self) -> list[list[int]]:
+        if self._cache is None or self._cache[0] != self.epoch:
+            batches = _pack(self._order(), self.members, self.batch_size, self._unit_captions(), self.drop_last)
+            self._cache = (self.epoch, _for_rank(batches, self.rank, self.world_size, self.drop_last))
+        return self._cache[1]
+
+    def _unit_captions(self) -> list[set[str]] | None:
+        if not self.distinct:
+            return None
+        return [{self.captions[r] for r in rows} for rows in self.members]
+
+
+def _members(units: Sequence[int]) -> list[list[int]]:
+    """Rows of each unit, units in order of first appearance."""
+    index: dict[int, list[int]] = {}
+    for row, unit in enumerate(units):
+        index.setdefault(unit, []).append(row)
+    return list(index.values())
+
+
+def _fits(batch: _Open, rows: list[int], caps: set[str] | None, size: int) -> bool:
+    return len(batch.rows) + len(rows) <= size and (caps is None or not (caps & batch.captions))
+
+
+def _pack(
+    order: list[int], members: list[list[int]], size: int, captions: list[set[str]] | None, drop_last: bool
+) -> list[list[int]]:
+    """First-fit packing of units (in `order`) into batches of exactly `size` rows (the remainder last, or dropped)."""
+    done: list[list[int]] = []
+    open_: list[_Open] = []
+    for u in order:
+        caps = captions[u] if captions is not None else None
+        target = next((b for b in open_ if _fits(b, members[u], caps, size)), None)
+        if target is None:
+            if len(open_) >= MAX_OPEN:  # flush the fullest open batch rather than grow without bound
+                open_.sort(key=lambda b: -len(b.rows))
+                done.append(open_.pop(0).rows)
+            target = _Open()
+            open_.append(target)
+        target.rows.extend(members[u])
+        target.captions |= caps or set()
+        if len(target.rows) == size:
+            done.append(target.rows)
+            open_.remove(target)
+    tail = [b.rows for b in open_ if b.rows]
+    full = [b for b in done if len(b) == size]
+    partial = [b for b in done if len(b) < size] + tail
+    return full if drop_last else full + partial
+
+
+def _for_rank(batches: list[list[int]], rank: int, world: int, drop_last: bool) -> list[list[int]]:
+    """Batch k to rank k mod world; all ranks get the same count (trim with drop_last, else wrap around)."""
+    if world == 1:
+        return batches
+    if drop_last:
+        batches = batches[: len(batches) - len(batches) % world]
+    elif batches and len(batches) % world:
+        batches = batches + batches[: world - len(batches) % world]
+    return batches[rank::world]

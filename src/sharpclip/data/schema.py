@@ -1,0 +1,153 @@
+"""What flows out of the data layer: samples as read from disk, bad-sample records, and the collated `Batch`.
+
+Two kinds of sample cover both papers:
+
+- `PairSample` — one image with its caption (HN-CLIP: DOCCI, DCI, Urban-1K, ShareGPT4V, ...), optionally a short
+  caption (CLIP-IN's short/long pair), several captions (COCO/Flickr, 5 per image) and a group key (a SynthDense
+  family, the two halves of an edit) that the batch sampler keeps together.
+- `EditSample` — an instruction-edit pair (CLIP-IN, UltraEdit): source image + caption, edited image + caption.
+
+In a batch an edit becomes two rows (source, edited) with the same group; `Batch.edit_source[k]` and
+`Batch.edit_target[k]` are the row indices of edit k, so `edit_negatives` reads `image[edit_source]` etc. without
+encoding anything twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from PIL import Image
+from torch import Tensor
+
+log = logging.getLogger("sharpclip.data")
+
+
+@dataclass(frozen=True)
+class ParquetCell:
+    """An image in a parquet file (HF Image struct `{bytes, path}`), read lazily: file, row group, row, column."""
+
+    file: str
+    row_group: int
+    row: int  # index within the row group
+    column: str
+
+
+ImageSource = str | Path | bytes | Image.Image | ParquetCell  # a path, encoded bytes, a decoded image, a cell
+
+
+@dataclass
+class PairSample:
+    """One image and its caption(s). `caption` is the one used for training; `captions` lists all when several."""
+
+    id: str
+    image: ImageSource
+    caption: str
+    short_caption: str | None = None
+    captions: list[str] | None = None  # every reference caption (COCO/Flickr: 5); `caption` is one of them
+    group: str | None = None  # samples with the same group go into the same batch
+    source: str = ""  # where it was read from, "file:line" or "file[record]", for error messages
+
+
+@dataclass
+class EditSample:
+    """An instruction-edit pair: (source image, source caption) and (edited image, target caption)."""
+
+    id: str
+    source_image: ImageSource
+    edited_image: ImageSource
+    source_caption: str
+    target_caption: str
+    instruction: str = ""
+    source: str = ""
+
+
+Sample = PairSample | EditSample
+
+
+@dataclass(frozen=True)
+class BadSample:
+    """A sample that could not be used: where it is, which record, and why."""
+
+    where: str  # file (and line or record index)
+    record: str  # sample id, or "?" when the record is too malformed to have one
+    reason: str  # missing file | unreadable image | empty caption | malformed record
+
+    def __str__(self) -> str:
+        return f"{self.where}: record {self.record}: {self.reason}"
+
+
+class BadSampleError(ValueError):
+    """A bad sample under `on_bad_sample: error`; the message names the file, the record and what to do."""
+
+    def __init__(self, bad: BadSample):
+        self.bad = bad
+        super().__init__(f"{bad}. Fix or remove the record, or set data.on_bad_sample=skip to skip and count it.")
+
+
+@dataclass
+class BadSampleReport:
+    """Bad samples met so far under a policy: `error` raises at the first, `skip` records and goes on."""
+
+    policy: str = "error"  # error | skip
+    items: list[BadSample] = field(default_factory=list)
+
+    def add(self, bad: BadSample) -> None:
+        if self.policy != "skip":
+            raise BadSampleError(bad)
+        self.items.append(bad)
+
+    def extend(self, bads: list[BadSample]) -> None:
+        for bad in bads:
+            self.add(bad)
+
+    def summary(self) -> str:
+        if not self.items:
+            return "no bad samples"
+        counts = Counter(b.reason.split(":")[0] for b in self.items)
+        kinds = ", ".join(f"{n} {reason}" for reason, n in sorted(counts.items()))
+        shown = "\n".join(f"  {b}" for b in self.items[:10])
+        more = f"\n  ... and {len(self.items) - 10} more" if len(self.items) > 10 else ""
+        return f"skipped {len(self.items)} bad samples ({kinds}):\n{shown}{more}"
+
+
+@dataclass
+class Batch:
+    """A collated, tokenised batch of B rows (a pair sample is one row, an edit sample two).
+
+    pixel_values: (B, 3, H, W) float32, normalised with the model's mean/std
+    input_ids, attention_mask: (B, L) long; L = the context length; eos is the last non-pad token of every row
+    short_input_ids, short_attention_mask: (B, L) or None; rows without a short caption repeat the long one
+    groups: (B,) long; equal values = the same group (family, edit pair), unique values otherwise
+    edit_source, edit_target: (E,) long row indices of the source and edited halves of each complete edit
+    ids: B sample ids ("<edit id>/source", "<edit id>/edited" for edit rows); instructions: E edit instructions
+    skipped: bad samples dropped from this batch under `on_bad_sample: skip`
+    """
+
+    ids: list[str]
+    pixel_values: Tensor
+    input_ids: Tensor
+    attention_mask: Tensor
+    groups: Tensor
+    short_input_ids: Tensor | None = None
+    short_attention_mask: Tensor | None = None
+    edit_source: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    edit_target: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    instructions: list[str] = field(default_factory=list)
+    skipped: list[BadSample] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def to(self, device: torch.device | str) -> Batch:
+        """A copy with every tensor on `device` (non-blocking where the source is pinned)."""
+        moved = {k: v.to(device, non_blocking=True) if isinstance(v, Tensor) else v for k, v in vars(self).items()}
+        return Batch(**moved)
+
+    def pin_memory(self) -> Batch:
+        """Called by DataLoader(pin_memory=True) on custom batch types."""
+        pinned = {k: v.pin_memory() if isinstance(v, Tensor) else v for k, v in vars(self).items()}
+        return Batch(**pinned)

@@ -1,0 +1,76 @@
+"""CLIP's preprocessing: images (resize, centre crop, normalise) and text (tokenise, truncate with eos kept last).
+
+Images follow OpenAI CLIP / Long-CLIP `_transform(n_px)` and HF `CLIPImageProcessor`: the shorter side is resized to
+`size` with PIL bicubic (the longer side to floor(size·long/short)), a centre crop of size×size is taken with the
+offset rounded down (HF; torchvision rounds to nearest, which can shift odd margins by one pixel), values are scaled
+to [0, 1] and normalised per channel. tests/data check parity with `CLIPImageProcessorPil` on the same images.
+
+Text follows Long-CLIP `tokenize(truncate=True)` and HF `truncation=True`: bos + the first L−2 tokens + eos, padded to
+L = the model's context length (77, or 248 for Long-CLIP towers). The attention mask marks real tokens, since the pad
+id of OpenAI's tokenizer equals eos.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import Tensor
+
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+class ClipImageTransform:
+    """PIL image → (3, size, size) float32 tensor, exactly CLIP's eval preprocessing."""
+
+    def __init__(self, size: int = 224, mean: Sequence[float] = CLIP_MEAN, std: Sequence[float] = CLIP_STD):
+        self.size = size
+        self.mean = np.asarray(mean, dtype=np.float32).reshape(3, 1, 1)
+        self.std = np.asarray(std, dtype=np.float32).reshape(3, 1, 1)
+
+    def resize(self, image: Image.Image) -> Image.Image:
+        """Shorter side to `size`, bicubic; the longer side scaled and rounded down (torchvision / HF rule)."""
+        w, h = image.size
+        short, long = (w, h) if w <= h else (h, w)
+        new_long = int(self.size * long / short)
+        new_size = (self.size, new_long) if w <= h else (new_long, self.size)
+        return image if new_size == (w, h) else image.resize(new_size, Image.BICUBIC)
+
+    def center_crop(self, image: Image.Image) -> Image.Image:
+        w, h = image.size
+        top, left = (h - self.size) // 2, (w - self.size) // 2
+        return image.crop((left, top, left + self.size, top + self.size))
+
+    def __call__(self, image: Image.Image) -> Tensor:
+        pixels = np.asarray(self.center_crop(self.resize(image.convert("RGB"))), dtype=np.float32)
+        chw = pixels.transpose(2, 0, 1) / 255.0
+        return torch.from_numpy((chw - self.mean) / self.std)
+
+
+class TextTokenizer:
+    """Captions → (input_ids, attention_mask), each (B, L) long, truncated to L with eos kept as the last token.
+
+    tokenizer: any HF tokenizer with bos/eos added by its post-processor (CLIPTokenizer, the word tokenizer of
+    models.tokenizer); L = context_length.
+    """
+
+    def __init__(self, tokenizer, context_length: int):
+        self.tokenizer = tokenizer
+        self.context_length = context_length
+        self.eos = tokenizer.eos_token_id
+
+    def __call__(self, texts: Sequence[str]) -> tuple[Tensor, Tensor]:
+        enc = self.tokenizer(
+            list(texts), padding="max_length", truncation=True, max_length=self.context_length, return_tensors="pt"
+        )
+        ids, mask = enc["input_ids"].long(), enc["attention_mask"].long()
+        full = mask.sum(1) == self.context_length
+        ids[full, -1] = torch.where(ids[full, -1] == self.eos, ids[full, -1], self.eos)  # a tokenizer that cut eos
+        return ids, mask
+
+    def lengths(self, texts: Sequence[str]) -> list[int]:
+        """Untruncated token counts, bos and eos included (for validation reports)."""
+        return [len(ids) for ids in self.tokenizer(list(texts), truncation=False, verbose=False)["input_ids"]]
