@@ -1,0 +1,147 @@
+"""Export a trained model as a plain transformers folder, and prove the export computes the same embeddings.
+
+`sharpclip export SRC --to DIR` where SRC is a sharpclip checkpoint (models.factory), a run directory (its newest
+checkpoint under `checkpoints/`, by name) or a transformers folder. The export
+
+1. merges LoRA/DoRA into the weights (peft `merge_and_unload`) and folds a stretched position table with frozen rows
+   into one plain table (models.long_context);
+2. writes `save_pretrained` weights + config, the tokenizer and the image processor, so that
+   `transformers.AutoModel.from_pretrained(DIR)` loads it offline, anywhere, without sharpclip;
+3. reloads DIR with `AutoModel` and compares image and text embeddings on fixed inputs: the largest absolute
+   difference must be ≤ 1e-5 in float32, else `ExportError` (the folder is left for inspection).
+
+`vision_only=True` writes the vision tower alone as a `CLIPVisionModel` / `SiglipVisionModel` folder (what LLaVA-style
+models load) and compares its hidden states and pooled output.
+
+A RoPE text tower has no stock transformers class (AutoModel would silently rebuild absolute positions), so a full
+export of such a model is refused with an `ExportError`; export its vision tower, or keep the sharpclip checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+from transformers import AutoModel
+
+from sharpclip.models import adapters, long_context, rope
+from sharpclip.models.factory import CHECKPOINT_CONFIG, load_checkpoint, save_processors
+from sharpclip.models.hf import HFDualEncoder, wrap
+
+TOLERANCE = 1e-5
+
+
+class ExportError(RuntimeError):
+    """The export cannot be written faithfully, or its reload does not reproduce the model's embeddings."""
+
+
+@dataclass
+class ExportReport:
+    directory: Path
+    max_abs_diff: dict[str, float]  # per compared output (image, text or hidden states / pooled)
+
+    def __str__(self) -> str:
+        diffs = ", ".join(f"{k} {v:.2e}" for k, v in self.max_abs_diff.items())
+        return f"exported to {self.directory}; reload max |Δ|: {diffs} (tolerance {TOLERANCE:g})"
+
+
+def resolve_source(source: str | Path) -> Path:
+    """A checkpoint folder, a run directory's newest checkpoint, or a transformers folder."""
+    source = Path(source)
+    if (source / CHECKPOINT_CONFIG).is_file() or (source / "config.json").is_file():
+        return source
+    found = sorted(p.parent for p in (source / "checkpoints").glob(f"*/{CHECKPOINT_CONFIG}"))
+    if not found:
+        raise ExportError(
+            f"{source}: neither a sharpclip checkpoint ({CHECKPOINT_CONFIG} + model.safetensors), a run directory "
+            "with checkpoints/*/ inside, nor a transformers folder (config.json)"
+        )
+    return found[-1]
+
+
+def load_for_export(source: str | Path) -> HFDualEncoder:
+    path = resolve_source(source)
+    if (path / CHECKPOINT_CONFIG).is_file():
+        return load_checkpoint(path)
+    from sharpclip.config import ModelConfig
+    from sharpclip.models.factory import create_model
+
+    return create_model(ModelConfig(name=str(path)))
+
+
+def make_plain(model: HFDualEncoder) -> HFDualEncoder:
+    """Merge adapters and fold kept positions in place (the backbone becomes a stock transformers model)."""
+    adapters.merge_adapters(model)
+    long_context.fold_kept_positions(model.text_model)
+    return model
+
+
+def export_model(source: str | Path | HFDualEncoder, directory: str | Path, vision_only: bool = False) -> ExportReport:
+    """Write DIR (see the module docstring) and return the reload check; raises ExportError above tolerance.
+
+    The reference embeddings come from the model as loaded (adapters unmerged), so the check covers the merge too.
+    """
+    model = source if isinstance(source, HFDualEncoder) else load_for_export(source)
+    model = model.float().eval()
+    directory = Path(directory)
+    if not vision_only and rope.is_rope(model.text_model):
+        raise ExportError(
+            "this model's text tower uses RoPE, which stock transformers cannot rebuild from config.json; "
+            "export the vision tower (--vision-only) or use the sharpclip checkpoint with sharpclip.models"
+        )
+    if vision_only and type(model.hf_model).__name__ == "Siglip2Model":
+        raise ExportError("vision-only export supports CLIP and SigLIP (fixed resolution) towers, not SigLIP 2 NaFlex")
+    outputs = _vision_outputs if vision_only else _dual_outputs
+    pixels, ids = fixed_inputs(model)
+    reference = outputs(model, pixels, ids)
+    make_plain(model)
+    if vision_only:
+        model.vision_model.save_pretrained(directory)
+    else:
+        model.hf_model.save_pretrained(directory)
+        save_processors(model, directory)
+    if vision_only and model.image_processor is not None:
+        model.image_processor.save_pretrained(directory)
+    reloaded = AutoModel.from_pretrained(directory, local_files_only=True).float().eval()
+    got = outputs(reloaded if vision_only else wrap(reloaded), pixels, ids)
+    return _check(ExportReport(directory, {k: _maxdiff(reference[k], got[k]) for k in reference}))
+
+
+@torch.no_grad()
+def _dual_outputs(model: HFDualEncoder, pixels: Tensor, ids: Tensor) -> dict[str, Tensor]:
+    return {"image": model.encode_image(pixels).embedding, "text": model.encode_text(ids).embedding}
+
+
+@torch.no_grad()
+def _vision_outputs(model: HFDualEncoder | torch.nn.Module, pixels: Tensor, ids: Tensor) -> dict[str, Tensor]:
+    vision = model.vision_model if isinstance(model, HFDualEncoder) else model
+    out = vision(pixel_values=pixels)
+    return {"last_hidden_state": out.last_hidden_state, "pooler_output": out.pooler_output}
+
+
+def fixed_inputs(model: HFDualEncoder, batch: int = 4, seed: int = 0) -> tuple[Tensor, Tensor]:
+    """Deterministic test inputs: standard-normal images (B, 3, S, S) and random captions ending in eos (B, L)."""
+    gen = torch.Generator().manual_seed(seed)
+    vcfg = model.vision_model.config
+    size = getattr(vcfg, "image_size", None) or vcfg.patch_size * round(vcfg.num_patches**0.5)
+    pixels = torch.randn(batch, 3, size, size, generator=gen)
+    tcfg = model.text_model.config
+    length = min(16, tcfg.max_position_embeddings)
+    ids = torch.randint(0, tcfg.vocab_size - 2, (batch, length), generator=gen)
+    if tcfg.eos_token_id is not None and 0 <= tcfg.eos_token_id < tcfg.vocab_size:
+        ids[ids == tcfg.eos_token_id] = 0
+        ids[:, -1] = tcfg.eos_token_id
+    return pixels, ids
+
+
+def _maxdiff(a: Tensor, b: Tensor) -> float:
+    return (a.float() - b.float()).abs().max().item()
+
+
+def _check(report: ExportReport) -> ExportReport:
+    worst = max(report.max_abs_diff.values())
+    if not worst <= TOLERANCE:  # also catches NaN
+        raise ExportError(f"reloaded export differs from the model: {report}")
+    return report

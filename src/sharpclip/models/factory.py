@@ -1,0 +1,226 @@
+"""Build a `DualEncoder` from a `ModelConfig`, and save / reload sharpclip checkpoints. Never touches the network.
+
+`model.name` may be
+- a tiny preset: `tiny-clip`, `tiny-siglip`, `tiny-siglip2` (random weights; tests and the demo);
+- a sharpclip checkpoint folder (layout below), e.g. the output of `sharpclip distill` or a training run's checkpoint;
+- a transformers folder (`config.json` + weights: CLIP, SigLIP, SigLIP 2), or a hub id already in the local HF cache;
+- an OpenAI-format state dict file (`.pt` / `.pth` / `.bin` / `.safetensors`, e.g. Long-CLIP's `longclip-L.pt`);
+  its tokenizer and image processor come from `model.processor` (e.g. `openai/clip-vit-large-patch14`).
+
+Then, in order: the Long-CLIP stretch (`model.context_length`), the RoPE text tower (`model.text_encoder=rope`),
+adapters (`model.adapter`), the logit scale settings and freezing (`model.freeze`). Each structural step is
+idempotent, so loading a checkpoint that already has it changes nothing.
+
+Checkpoint layout (written by `save_checkpoint`, read by `load_checkpoint`; the trainer writes one per save, e.g.
+`RUN/checkpoints/step_000100/`):
+
+    config.json            the transformers config of the backbone, including what sharpclip changed: stretched
+                           `max_position_embeddings`, `sharpclip_keep_positions`, `sharpclip_rope`
+    sharpclip_model.yaml   the ModelConfig that built the model (adapters are rebuilt from it)
+    model.safetensors      `DualEncoder.state_dict()` (adapters unmerged, frozen position rows included)
+    tokenizer files, preprocessor_config.json   (when the model has them)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+from safetensors.torch import load_file, save_file
+from transformers import (
+    AutoConfig,
+    AutoImageProcessor,
+    AutoTokenizer,
+    CLIPModel,
+    PretrainedConfig,
+    PreTrainedModel,
+    Siglip2Model,
+    SiglipModel,
+)
+
+from sharpclip.config import ModelConfig
+from sharpclip.models import adapters, freezing, long_context, rope
+from sharpclip.models.hf import HFDualEncoder, wrap
+from sharpclip.models.openai_format import clip_from_openai, read_state_dict
+from sharpclip.models.tiny import tiny_model
+
+CHECKPOINT_CONFIG = "sharpclip_model.yaml"
+WEIGHTS = "model.safetensors"
+MODEL_CLASSES: dict[str, type[PreTrainedModel]] = {"clip": CLIPModel, "siglip": SiglipModel, "siglip2": Siglip2Model}
+OPENAI_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors")
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """`model.name` is not a preset, not on disk and not in the local HF cache."""
+
+
+def create_model(cfg: ModelConfig) -> HFDualEncoder:
+    """The dual encoder `cfg` describes, ready to train (see the module docstring for what `cfg.name` may be)."""
+    model = _load_base(cfg)
+    apply_structure(model, cfg)
+    apply_training_setup(model, cfg)
+    return model
+
+
+def _load_base(cfg: ModelConfig) -> HFDualEncoder:
+    if cfg.name.startswith("tiny-"):
+        return tiny_model(cfg.name.removeprefix("tiny-"))
+    path = Path(cfg.name).expanduser()
+    if (path / CHECKPOINT_CONFIG).is_file():
+        return load_checkpoint(path)
+    if path.is_file() and path.suffix in OPENAI_SUFFIXES:
+        return _from_openai(path, cfg)
+    if path.is_dir() or not path.is_absolute():
+        return _from_transformers(cfg)
+    raise ModelNotFoundError(f"model.name={cfg.name!r}: no such file or folder")
+
+
+def _from_openai(path: Path, cfg: ModelConfig) -> HFDualEncoder:
+    backbone = clip_from_openai(read_state_dict(path))
+    tokenizer, processor = _processors(cfg.processor) if cfg.processor else (None, None)
+    if tokenizer is not None:
+        tokenizer.model_max_length = backbone.config.text_config.max_position_embeddings
+    return wrap(backbone, tokenizer, processor)
+
+
+def _from_transformers(cfg: ModelConfig) -> HFDualEncoder:
+    """A transformers folder or cached hub id, with `local_files_only` (an error says what to download)."""
+    try:
+        config = AutoConfig.from_pretrained(cfg.name, local_files_only=True)
+    except OSError:
+        raise ModelNotFoundError(_not_found(cfg.name)) from None
+    model_cls = MODEL_CLASSES.get(cfg.kind if cfg.kind != "auto" else config.model_type)
+    if model_cls is None:
+        kinds = ", ".join(MODEL_CLASSES)
+        raise ValueError(f"{cfg.name}: model_type {config.model_type!r} is not supported (model.kind: {kinds})")
+    backbone = model_cls.from_pretrained(cfg.name, local_files_only=True).eval()
+    _restore(backbone)
+    tokenizer, processor = _processors(cfg.processor or cfg.name)
+    return wrap(backbone, tokenizer, processor)
+
+
+def _not_found(name: str) -> str:
+    cache = os.environ.get("HF_HUB_CACHE") or os.environ.get("HF_HOME") or "~/.cache/huggingface"
+    return (
+        f"model.name={name!r} is not a tiny preset, a local folder or file, nor a hub id in the local HF cache "
+        f"({cache}). sharpclip never downloads. On a machine with internet run `hf download {name} --local-dir DIR`, "
+        f"copy DIR here and set model.name=DIR (or fill the HF cache and keep the hub id)."
+    )
+
+
+def _processors(source: str) -> tuple[Any, Any]:
+    """Tokenizer and image processor from a folder / cached hub id; None for what it does not have."""
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+    except (OSError, ValueError):
+        tokenizer = None
+    try:
+        processor = AutoImageProcessor.from_pretrained(source, local_files_only=True)
+    except (OSError, ValueError):
+        processor = None
+    return tokenizer, processor
+
+
+def _restore(backbone: PreTrainedModel) -> None:
+    """Re-apply what sharpclip recorded in a saved config: frozen kept positions, the RoPE text tower."""
+    text = backbone.text_model
+    if getattr(text.config, rope.ROPE_KEY, None):
+        rope.to_rope(text, **getattr(text.config, rope.ROPE_KEY))
+    else:
+        long_context.restore_kept_positions(text)
+
+
+def apply_structure(model: HFDualEncoder, cfg: ModelConfig) -> None:
+    """Stretch, RoPE and adapters as `cfg` asks; each is skipped when the model already has it."""
+    text = model.text_model
+    if cfg.text_encoder == "rope" and not rope.is_rope(text):
+        rope.to_rope(text, cfg.rope_theta, cfg.rope_ntk_factor)
+    if rope.is_rope(text):
+        if cfg.context_length and cfg.context_length != model.context_length:
+            rope.set_rope_context(text, cfg.context_length)
+            sync_text_config(model)
+    elif cfg.context_length and cfg.context_length != model.context_length:
+        long_context.stretch_text_positions(text, cfg.context_length, cfg.keep_positions, model.hf_model)
+    if model.tokenizer is not None:
+        model.tokenizer.model_max_length = model.context_length
+    adapters.add_adapters(model, cfg.adapter)
+
+
+def sync_text_config(model: HFDualEncoder) -> None:
+    """Copy the text tower's sharpclip settings into the dual config (what save_pretrained writes)."""
+    text_cfg, dual = model.text_model.config, model.hf_model.config.text_config
+    dual.max_position_embeddings = text_cfg.max_position_embeddings
+    for key in (rope.ROPE_KEY, long_context.KEEP_KEY):
+        if hasattr(text_cfg, key):
+            setattr(dual, key, getattr(text_cfg, key))
+
+
+def apply_training_setup(model: HFDualEncoder, cfg: ModelConfig, init_scale: bool = True) -> None:
+    """Logit scale (init unless `init_scale` is False, learnable) and freezing; adapters keep their extras trainable."""
+    if init_scale and cfg.logit_scale_init is not None:
+        with torch.no_grad():
+            model.logit_scale.fill_(cfg.logit_scale_init)
+    if adapters.is_adapted(model):
+        adapters.unfreeze_extras(model, cfg.logit_scale_learnable)
+    else:
+        model.logit_scale.requires_grad_(cfg.logit_scale_learnable)
+    freezing.apply_freezing(model, cfg.freeze)
+
+
+def save_checkpoint(model: HFDualEncoder, directory: str | Path, cfg: ModelConfig) -> Path:
+    """Write the checkpoint layout of the module docstring; `cfg` is the ModelConfig that built `model`."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    sync_text_config(model)
+    model.hf_model.config.save_pretrained(directory)
+    (directory / CHECKPOINT_CONFIG).write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(directory / WEIGHTS), metadata={"format": "pt", "producer": "sharpclip"})
+    save_processors(model, directory)
+    return directory
+
+
+def save_processors(model: HFDualEncoder, directory: Path) -> None:
+    if model.tokenizer is not None:
+        model.tokenizer.save_pretrained(directory)
+    if model.image_processor is not None:
+        model.image_processor.save_pretrained(directory)
+
+
+def load_checkpoint(directory: str | Path) -> HFDualEncoder:
+    """Rebuild exactly what `save_checkpoint` wrote: skeleton from config.json, structure, then the weights."""
+    directory = Path(directory)
+    stored = OmegaConf.to_object(
+        OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(directory / CHECKPOINT_CONFIG))
+    )
+    config = AutoConfig.from_pretrained(directory, local_files_only=True)
+    backbone = _skeleton(config)
+    _restore(backbone)
+    tokenizer, processor = _processors(str(directory))
+    model = wrap(backbone, tokenizer, processor)
+    adapters.add_adapters(model, stored.adapter)
+    missing, unexpected = model.load_state_dict(load_file(str(directory / WEIGHTS)), strict=False)
+    if missing or unexpected:
+        raise ValueError(
+            f"{directory / WEIGHTS}: does not match the model rebuilt from {directory}/config.json and "
+            f"{CHECKPOINT_CONFIG} (missing {missing[:5]}, unexpected {unexpected[:5]}); was it written by "
+            "save_checkpoint with the same sharpclip version?"
+        )
+    apply_training_setup(model, stored, init_scale=False)  # the trained scale is in the weights
+    return model.eval()
+
+
+def _skeleton(config: PretrainedConfig) -> PreTrainedModel:
+    model_cls = MODEL_CLASSES.get(config.model_type)
+    if model_cls is None:
+        raise ValueError(f"checkpoint model_type {config.model_type!r} is not one of {', '.join(MODEL_CLASSES)}")
+    return model_cls(config)
+
+
+def read_checkpoint_config(directory: str | Path) -> dict[str, Any]:
+    """The backbone config.json of a checkpoint or transformers folder, as a dict."""
+    return json.loads((Path(directory) / "config.json").read_text())
