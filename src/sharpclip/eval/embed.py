@@ -1,0 +1,150 @@
+"""Embedding images and captions in batches for evaluation: the only place in eval/ that touches a model.
+
+Evaluators depend on the small `Embedder` protocol (two callables returning L2-normalised (N, D) tensors), never on
+a model class. `ModelEmbedder` adapts any dual encoder with `encode_image(pixel_values)` / `encode_text(input_ids,
+attention_mask)` (sharpclip.models.DualEncoder) given its image preprocessing and tokenizer, and counts how many
+captions the tokenizer truncated (recorded in the eval manifest).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+from tqdm import tqdm
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    """An image on disk; `bbox` = (x, y, w, h) is cropped to (x, y, x + w, y + h) before preprocessing (ARO)."""
+
+    path: str
+    bbox: tuple[float, float, float, float] | None = None
+
+
+def load_image(ref: ImageRef | str | Path) -> Any:
+    """A PIL RGB image, cropped to the ref's bbox when it has one."""
+    from PIL import Image
+
+    ref = ref if isinstance(ref, ImageRef) else ImageRef(str(ref))
+    try:
+        with Image.open(ref.path) as im:
+            image = im.convert("RGB")
+    except OSError as err:
+        raise FileNotFoundError(f"cannot read image {ref.path}: {err}; check --data-root and the files") from None
+    if ref.bbox is not None:
+        x, y, w, h = ref.bbox
+        image = image.crop((x, y, x + w, y + h))
+    return image
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """What evaluators need: L2-normalised embeddings, (N, D), for images and for captions."""
+
+    def images(self, refs: Sequence[ImageRef | str | Path]) -> Tensor: ...
+
+    def texts(self, captions: Sequence[str]) -> Tensor: ...
+
+
+class DualEncoderLike(Protocol):
+    """The part of sharpclip.models.DualEncoder used here; both return an object with `.embedding` (B, D)."""
+
+    def encode_image(self, pixel_values: Tensor, tokens: bool = False) -> Any: ...
+
+    def encode_text(self, input_ids: Tensor, attention_mask: Tensor | None = None, tokens: bool = False) -> Any: ...
+
+
+class TokenizerLike(Protocol):
+    """sharpclip.data.transforms.TextTokenizer: captions -> (input_ids, attention_mask), each (B, L); `lengths` gives
+    untruncated token counts (bos and eos included) and `context_length` is L."""
+
+    context_length: int
+
+    def __call__(self, texts: Sequence[str]) -> tuple[Tensor, Tensor]: ...
+
+    def lengths(self, texts: Sequence[str]) -> list[int]: ...
+
+
+def _embedding(out: Any) -> Tensor:
+    emb = out.embedding if hasattr(out, "embedding") else out
+    return torch.nn.functional.normalize(emb.float(), dim=-1)
+
+
+def _load(ref: Any) -> Any:
+    if isinstance(ref, ImageRef | str | Path):
+        return load_image(ref)
+    from sharpclip.data.images import load_image as load_source  # bytes, PIL images, parquet cells
+
+    return load_source(ref)
+
+
+class ModelEmbedder:
+    """Batches images and captions through a dual encoder without gradients, with a progress bar.
+
+    preprocess: PIL image -> (3, H, W) tensor (data.transforms.ClipImageTransform). tokenizer: a `TokenizerLike`
+    (data.transforms.TextTokenizer). `num_truncated` counts captions longer than the context length.
+    """
+
+    def __init__(
+        self,
+        model: DualEncoderLike,
+        preprocess: Callable[[Any], Tensor],
+        tokenizer: TokenizerLike,
+        batch_size: int = 64,
+        device: str | torch.device = "cpu",
+        progress: bool = True,
+    ) -> None:
+        self.model, self.preprocess, self.tokenizer = model, preprocess, tokenizer
+        self.batch_size, self.device, self.progress = batch_size, torch.device(device), progress
+        self.num_captions = 0
+        self.num_truncated = 0
+
+    def _batches(self, items: Sequence[Any], what: str) -> Any:
+        starts = range(0, len(items), self.batch_size)
+        return tqdm(starts, desc=f"embed {what}", disable=not self.progress, unit="batch")
+
+    @torch.no_grad()
+    def images(self, refs: Sequence[Any]) -> Tensor:
+        out = []
+        for s in self._batches(refs, "images"):
+            pixels = torch.stack([self.preprocess(_load(r)) for r in refs[s : s + self.batch_size]])
+            out.append(_embedding(self.model.encode_image(pixels.to(self.device))).cpu())
+        return torch.cat(out)
+
+    @torch.no_grad()
+    def texts(self, captions: Sequence[str]) -> Tensor:
+        out = []
+        for s in self._batches(captions, "captions"):
+            batch = list(captions[s : s + self.batch_size])
+            self.num_captions += len(batch)
+            self.num_truncated += sum(n > self.tokenizer.context_length for n in self.tokenizer.lengths(batch))
+            ids, mask = self.tokenizer(batch)
+            out.append(_embedding(self.model.encode_text(ids.to(self.device), mask.to(self.device))).cpu())
+        return torch.cat(out)
+
+
+class CachedEmbedder:
+    """Wraps an Embedder so that each distinct image ref / caption is embedded once per evaluation run."""
+
+    def __init__(self, inner: Embedder) -> None:
+        self.inner = inner
+        self._img: dict[Any, Tensor] = {}
+        self._txt: dict[str, Tensor] = {}
+
+    def _lookup(self, keys: Sequence[Any], cache: dict, embed: Callable[[list], Tensor]) -> Tensor:
+        new = list(dict.fromkeys(k for k in keys if k not in cache))
+        if new:
+            for k, e in zip(new, embed(new), strict=True):
+                cache[k] = e
+        return torch.stack([cache[k] for k in keys])
+
+    def images(self, refs: Sequence[ImageRef | str | Path]) -> Tensor:
+        return self._lookup(list(refs), self._img, self.inner.images)
+
+    def texts(self, captions: Sequence[str]) -> Tensor:
+        return self._lookup(list(captions), self._txt, self.inner.texts)

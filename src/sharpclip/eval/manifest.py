@@ -1,0 +1,131 @@
+"""The eval manifest: everything known to move a score, written beside every eval report (`eval_manifest.json`).
+
+Two runs whose manifests agree (except timestamps) evaluated the same weights on the same bytes the same way:
+model identity and a hash of its weights, image size / interpolation / mean / std, text context length and how many
+captions were truncated, the prompt set, the ranking tie policy and metric definitions, and every dataset file read
+(annotation files with size and sha256; images counted with their total size, hashed only on request since a
+benchmark's images run to gigabytes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import platform
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sharpclip.eval.metrics import METRIC_DEFINITIONS, TIE_POLICY
+
+ANNOTATION_SUFFIXES = (".json", ".jsonl", ".jsonlines", ".csv", ".tsv", ".txt", ".parquet")
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif")
+
+
+def sha256_file(path: str | Path, block: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def weights_sha256(module: torch.nn.Module) -> str:
+    """sha256 over the state dict: every tensor's name, dtype, shape and bytes, in sorted name order."""
+    h = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        t = tensor.detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def file_record(path: Path) -> dict[str, Any]:
+    return {"path": str(path), "bytes": path.stat().st_size, "sha256": sha256_file(path)}
+
+
+def dataset_record(files: Iterable[Path], images: Sequence[Any] = (), hash_images: bool = False) -> dict[str, Any]:
+    """Annotation files with size and sha256; image paths counted with total bytes (and hashed when asked)."""
+    paths = [Path(p) for p in files]
+    record: dict[str, Any] = {"files": [file_record(p) for p in paths if p.is_file()]}
+    image_paths = [Path(getattr(r, "path", r)) for r in images if isinstance(getattr(r, "path", r), str | Path)]
+    existing = [p for p in dict.fromkeys(image_paths) if p.is_file()]
+    record["images"] = {"count": len(existing), "bytes": sum(p.stat().st_size for p in existing)}
+    if hash_images:
+        h = hashlib.sha256()
+        for p in existing:
+            h.update(f"{p.name}|{sha256_file(p)}\n".encode())
+        record["images"]["sha256_of_sorted_list"] = h.hexdigest()
+    return record
+
+
+def annotation_files(root: str | Path, limit: int = 10_000) -> list[Path]:
+    """The annotation files under a benchmark's root (what a retrieval reader reads besides images)."""
+    root = Path(root)
+    if root.is_file():
+        return [root]
+    found = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in ANNOTATION_SUFFIXES)
+    return found[:limit]
+
+
+def preprocessing_record(preprocess: Any) -> dict[str, Any]:
+    """Image size, interpolation, mean and std of a ClipImageTransform-like object (None where unknown)."""
+    mean, std = getattr(preprocess, "mean", None), getattr(preprocess, "std", None)
+    return {
+        "class": type(preprocess).__name__,
+        "image_size": getattr(preprocess, "size", None),
+        "interpolation": getattr(preprocess, "interpolation", "bicubic (PIL), shorter side, then centre crop"),
+        "mean": [float(x) for x in torch.as_tensor(mean).flatten()] if mean is not None else None,
+        "std": [float(x) for x in torch.as_tensor(std).flatten()] if std is not None else None,
+    }
+
+
+def model_record(model: torch.nn.Module, name: str = "") -> dict[str, Any]:
+    """Model identity: configured name, class, parameter count and a weight hash; safetensors files if `name` is a
+    local folder."""
+    record: dict[str, Any] = {
+        "name": name,
+        "class": f"{type(model).__module__}.{type(model).__qualname__}",
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "weights_sha256": weights_sha256(model),
+    }
+    folder = Path(name) if name else None
+    if folder is not None and folder.is_dir():
+        record["files"] = [file_record(p) for p in sorted(folder.glob("*.safetensors"))]
+    return record
+
+
+def environment_record() -> dict[str, Any]:
+    versions = {"python": platform.python_version(), "torch": torch.__version__}
+    for pkg in ("transformers", "sharpclip"):
+        try:
+            versions[pkg] = __import__(pkg).__version__
+        except (ImportError, AttributeError):
+            versions[pkg] = None
+    return versions
+
+
+def build_manifest(
+    *,
+    model: dict[str, Any],
+    image: dict[str, Any],
+    text: dict[str, Any],
+    prompts: dict[str, Any],
+    datasets: dict[str, Any],
+    settings: dict[str, Any],
+) -> dict[str, Any]:
+    """Assemble the manifest; each argument is a ready record (see the *_record helpers)."""
+    return {
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "model": model,
+        "image_preprocessing": image,
+        "text": text,
+        "prompts": prompts,
+        "tie_policy": TIE_POLICY,
+        "metric_definitions": METRIC_DEFINITIONS,
+        "datasets": datasets,
+        "settings": settings,
+        "environment": environment_record(),
+    }

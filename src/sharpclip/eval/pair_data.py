@@ -1,0 +1,141 @@
+"""Readers for the pair-choice benchmarks' released files, into one `ChoiceSet` shape (datasets.md §7-8).
+
+Each item has a few images and a few captions; the evaluator scores every caption against every image of its item,
+giving a (N, n_texts, n_images) tensor that eval/pairs.py scores. Layouts read here:
+
+- MMVP-VLM: `Questions.csv` (Question ID, Type, Statement), images `MLLM_VLM Images/<Type of row 1>/<qid>.jpg`;
+  consecutive rows form a pair; texts are "a photo of " + statement; the category is the CSV position (k // 15).
+- Winoground: `examples.jsonl` ({id, image_0, image_1, caption_0, caption_1, ...}) and `images/<stem>.<ext>`.
+- SugarCrepe: `<name>.json` files {id: {filename, caption, negative_caption}}; images in a COCO val2017 folder.
+- ARO: `visual_genome_relation.json` / `visual_genome_attribution.json` and `images/`; each item is cropped to its bbox.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sharpclip.eval.embed import ImageRef
+from sharpclip.eval.pairs import mmvp_categories_by_position
+
+SUGARCREPE_SUBSETS = ("add_att", "add_obj", "replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj")
+MMVP_PROMPT = "a photo of "
+
+
+@dataclass
+class ChoiceSet:
+    """Items of a pair-choice benchmark. kind picks the scorer: mmvp | winoground | sugarcrepe | aro_relation |
+    aro_attribution. groups: per item label (pattern, subset, relation, attribute pair), files: what was read."""
+
+    name: str
+    kind: str
+    images: list[list[ImageRef]]
+    texts: list[list[str]]
+    groups: list[Any]
+    files: list[Path] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+def _need(path: Path, what: str) -> Path:
+    if not path.exists():
+        raise FileNotFoundError(f"{what}: {path} not found; point --data-root at the benchmark's release folder")
+    return path
+
+
+def read_mmvp(root: str | Path) -> ChoiceSet:
+    """MMVP-VLM from its release folder (Questions.csv + 'MLLM_VLM Images/')."""
+    root = Path(root)
+    csv_path = _need(root / "Questions.csv", "MMVP-VLM")
+    image_dir = _need(root / "MLLM_VLM Images", "MMVP-VLM images")
+    with csv_path.open(newline="") as f:
+        rows = list(csv.reader(f))[1:]
+    if len(rows) % 2:
+        raise ValueError(f"{csv_path}: {len(rows)} question rows, expected an even number (consecutive pairs)")
+    images, texts, qids = [], [], []
+    for r1, r2 in zip(rows[0::2], rows[1::2], strict=True):
+        (q1, type1, st1), (q2, _, st2) = r1[:3], r2[:3]
+        images.append([ImageRef(str(image_dir / type1 / f"{int(q)}.jpg")) for q in (q1, q2)])
+        texts.append([MMVP_PROMPT + st1, MMVP_PROMPT + st2])
+        qids.append((int(q1), int(q2)))
+    groups = mmvp_categories_by_position(len(texts))
+    return ChoiceSet("mmvp", "mmvp", images, texts, groups, [csv_path], {"qids": qids})
+
+
+def mmvp_set_from_pairs(name: str, pairs: Sequence[tuple[Any, Any, str, str, str]]) -> ChoiceSet:
+    """MMVP-style pairs from any source (SynthDense): (image_a, image_b, caption_a, caption_b, pattern) with caption_a
+    describing image_a. Scored like MMVP-VLM, per pattern."""
+    images = [
+        [a if isinstance(a, ImageRef) else ImageRef(str(a)), b if isinstance(b, ImageRef) else ImageRef(str(b))]
+        for a, b, *_ in pairs
+    ]
+    return ChoiceSet(name, "mmvp", images, [[ca, cb] for _, _, ca, cb, _ in pairs], [p[4] for p in pairs])
+
+
+def _find_image(folder: Path, stem: str) -> ImageRef:
+    for ext in (".png", ".jpg", ".jpeg"):  # the raw release's extension is unconfirmed (datasets.md §10)
+        if (folder / f"{stem}{ext}").exists():
+            return ImageRef(str(folder / f"{stem}{ext}"))
+    raise FileNotFoundError(f"Winoground: no image {stem}.png/.jpg in {folder}")
+
+
+def read_winoground(root: str | Path) -> ChoiceSet:
+    """Winoground from `examples.jsonl` + `images/`."""
+    root = Path(root)
+    path = _need(root / "examples.jsonl", "Winoground")
+    images, texts = [], []
+    with path.open() as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                ex = json.loads(line)
+                images.append([_find_image(root / "images", ex[k]) for k in ("image_0", "image_1")])
+                texts.append([ex["caption_0"], ex["caption_1"]])
+            except (KeyError, json.JSONDecodeError) as err:
+                raise ValueError(f"{path}:{line_no}: not a Winoground example ({err})") from None
+    return ChoiceSet("winoground", "winoground", images, texts, [""] * len(texts), [path])
+
+
+def read_sugarcrepe(root: str | Path, image_dir: str | Path | None = None) -> ChoiceSet:
+    """SugarCrepe: the subset files present under `root` (or `root/data`), images in `image_dir` (default
+    `root/val2017`)."""
+    root = Path(root)
+    data = root / "data" if (root / "data").is_dir() else root
+    files = [data / f"{s}.json" for s in SUGARCREPE_SUBSETS if (data / f"{s}.json").exists()]
+    if not files:
+        raise FileNotFoundError(f"SugarCrepe: none of {', '.join(SUGARCREPE_SUBSETS)}.json under {data}")
+    img_dir = Path(image_dir) if image_dir else root / "val2017"
+    images, texts, groups = [], [], []
+    for path in files:
+        for key, item in json.loads(path.read_text()).items():
+            if not {"filename", "caption", "negative_caption"} <= item.keys():
+                raise ValueError(f"{path}: item {key!r} lacks filename/caption/negative_caption")
+            images.append([ImageRef(str(img_dir / item["filename"]))])
+            texts.append([item["caption"], item["negative_caption"]])
+            groups.append(path.stem)
+    return ChoiceSet("sugarcrepe", "sugarcrepe", images, texts, groups, files)
+
+
+def read_aro(root: str | Path, which: str) -> ChoiceSet:
+    """ARO VG-Relation (`which="relation"`) or VG-Attribution (`"attribution"`); captions are [false, true]."""
+    if which not in ("relation", "attribution"):
+        raise ValueError(f"ARO: which must be 'relation' or 'attribution', got {which!r}")
+    root = Path(root)
+    path = _need(root / f"visual_genome_{which}.json", f"ARO VG-{which}")
+    images, texts, groups = [], [], []
+    for i, item in enumerate(json.loads(path.read_text())):
+        try:
+            bbox = (item["bbox_x"], item["bbox_y"], item["bbox_w"], item["bbox_h"])
+            images.append([ImageRef(str(root / "images" / item["image_path"]), bbox)])
+            texts.append([item["false_caption"], item["true_caption"]])
+            groups.append(item["relation_name"] if which == "relation" else tuple(item["attributes"][:2]))
+        except (KeyError, TypeError) as err:
+            raise ValueError(f"{path}: item {i} lacks field {err}") from None
+    return ChoiceSet(f"aro_{which}", f"aro_{which}", images, texts, groups, [path])

@@ -1,0 +1,267 @@
+"""The evaluation suite: named benchmarks → one JSON report, a markdown table and the eval manifest.
+
+    run_suite(model, cfg.eval, cfg.data) -> SuiteResult      (model: a DualEncoder or any eval.embed.Embedder)
+    write_report(result, manifest, out_dir)                   -> eval_report.json, eval_report.md, eval_manifest.json
+
+Benchmark names (`DATASETS`): the retrieval formats of sharpclip.data.formats (docci, dci, long_dci, urban1k,
+sharegpt4v, karpathy = COCO/Flickr 5-caption, generic, vg), the pair-choice suites (mmvp, winoground, sugarcrepe,
+aro_relation, aro_attribution), zeroshot (an image folder per class, or a CSV), and "retrieval" (the run's own
+data.format on data.eval_split). Other modules add theirs with `register_dataset` (e.g. SynthDense's MMVP-style
+pairs as a ChoiceSet built by eval.pair_data.mmvp_set_from_pairs).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sharpclip.config import DataConfig, EvalConfig
+from sharpclip.eval import pair_data, pairs
+from sharpclip.eval.embed import CachedEmbedder, Embedder, ModelEmbedder
+from sharpclip.eval.manifest import annotation_files, dataset_record
+from sharpclip.eval.pair_data import ChoiceSet
+from sharpclip.eval.retrieval import RetrievalSet, evaluate_retrieval, from_samples
+from sharpclip.eval.zeroshot import PROMPT_SETS, ClassificationSet, evaluate_zeroshot, read_csv, read_image_folder
+
+EvalSet = RetrievalSet | ChoiceSet | ClassificationSet
+Reader = Callable[[Path, EvalConfig, "DataConfig | None"], EvalSet]
+RETRIEVAL_FORMATS = ("docci", "dci", "long_dci", "urban1k", "sharegpt4v", "karpathy", "generic", "vg")
+
+
+def _data_reader(fmt: str) -> Reader:
+    def read(root: Path, cfg: EvalConfig, data: DataConfig | None) -> RetrievalSet:
+        from sharpclip.data.formats import FORMATS
+        from sharpclip.data.schema import BadSampleReport
+
+        data_cfg = DataConfig(format=fmt, root=str(root), eval_split=cfg.split)
+        samples = FORMATS[fmt](root, cfg.split, data_cfg, BadSampleReport("error"))
+        return from_samples(fmt, samples, annotation_files(root))
+
+    return read
+
+
+def _run_data(root: Path, cfg: EvalConfig, data: DataConfig | None) -> RetrievalSet:
+    if data is None or not data.root:
+        raise ValueError("suite 'retrieval' evaluates the run's data (data.format, data.root): set data.root")
+    return _data_reader(data.format)(Path(data.root), EvalConfig(split=data.eval_split), data)
+
+
+def _zeroshot(root: Path, cfg: EvalConfig, data: DataConfig | None) -> ClassificationSet:
+    return read_csv(root) if root.suffix.lower() == ".csv" else read_image_folder(root, "zeroshot")
+
+
+DATASETS: dict[str, Reader] = {
+    **{fmt: _data_reader(fmt) for fmt in RETRIEVAL_FORMATS},
+    "retrieval": _run_data,
+    "mmvp": lambda root, cfg, data: pair_data.read_mmvp(root),
+    "winoground": lambda root, cfg, data: pair_data.read_winoground(root),
+    "sugarcrepe": lambda root, cfg, data: pair_data.read_sugarcrepe(root),
+    "aro_relation": lambda root, cfg, data: pair_data.read_aro(root, "relation"),
+    "aro_attribution": lambda root, cfg, data: pair_data.read_aro(root, "attribution"),
+    "zeroshot": _zeroshot,
+}
+
+
+def register_dataset(name: str, reader: Reader) -> None:
+    """Add a benchmark: `reader(root, eval_cfg, data_cfg)` returns a RetrievalSet, ChoiceSet or ClassificationSet."""
+    if name in DATASETS:
+        raise ValueError(f"eval dataset {name!r} is already registered")
+    DATASETS[name] = reader
+
+
+def suite_root(name: str, cfg: EvalConfig) -> Path:
+    if name in cfg.roots:
+        return Path(cfg.roots[name])
+    base = Path(cfg.data_root)
+    return base / name if (base / name).exists() else base
+
+
+def load_eval_set(name: str, cfg: EvalConfig, data: DataConfig | None = None) -> EvalSet:
+    if name not in DATASETS:
+        raise ValueError(f"eval suite {name!r} is unknown; choose from {', '.join(sorted(DATASETS))}")
+    return DATASETS[name](suite_root(name, cfg), cfg, data)
+
+
+def choice_scores(embedder: Embedder, cs: ChoiceSet) -> torch.Tensor:
+    """(N, n_texts, n_images): every caption of an item against every image of the same item."""
+    flat_images = [ref for item in cs.images for ref in item]
+    flat_texts = [t for item in cs.texts for t in item]
+    img = embedder.images(flat_images).reshape(len(cs), len(cs.images[0]), -1)
+    txt = embedder.texts(flat_texts).reshape(len(cs), len(cs.texts[0]), -1)
+    return torch.einsum("ntd,nid->nti", txt.float(), img.float())
+
+
+def score_choice_set(embedder: Embedder, cs: ChoiceSet) -> dict[str, Any]:
+    s = choice_scores(embedder, cs)
+    if cs.kind == "mmvp":
+        qids = cs.extra.get("qids")
+        return pairs.mmvp_scores(s, cs.groups, pairs.mmvp_ground_truth(qids) if qids else None)
+    if cs.kind == "winoground":
+        return pairs.winoground_scores(s)
+    if cs.kind == "sugarcrepe":
+        per = pairs.sugarcrepe_scores(s[:, 0, 0], s[:, 1, 0], cs.groups)
+        return {"per_subset": per, "mean": sum(per.values()) / len(per)}
+    if cs.kind == "aro_relation":
+        return pairs.aro_relation_scores(s[:, :, 0], cs.groups)
+    if cs.kind == "aro_attribution":
+        return pairs.aro_attribution_scores(s[:, :, 0], cs.groups)
+    raise ValueError(f"{cs.name}: no scorer for pair-choice kind {cs.kind!r}")
+
+
+def load_prompts(spec: str) -> tuple[str, ...]:
+    """A named prompt set or a file with one template (containing '{}') per line."""
+    if spec in PROMPT_SETS:
+        return PROMPT_SETS[spec]
+    path = Path(spec)
+    if not path.is_file():
+        raise ValueError(f"eval.prompts: {spec!r} is neither a prompt set ({', '.join(PROMPT_SETS)}) nor a file")
+    return tuple(line.strip() for line in path.read_text().splitlines() if line.strip())
+
+
+def evaluate_set(embedder: Embedder, es: EvalSet, cfg: EvalConfig) -> dict[str, Any]:
+    if isinstance(es, RetrievalSet):
+        return {"task": "retrieval", **evaluate_retrieval(embedder, es, cfg.recall_k, cfg.chunk_size)}
+    if isinstance(es, ChoiceSet):
+        return {"task": es.kind, "items": len(es), **score_choice_set(embedder, es)}
+    return {"task": "zeroshot", **evaluate_zeroshot(embedder, es, load_prompts(cfg.prompts), cfg.zeroshot_k)}
+
+
+@dataclass
+class SuiteResult:
+    """results: suite name -> metrics; datasets: suite name -> manifest record; embedder: what embedded them."""
+
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    datasets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    embedder: Any = None
+
+
+def _eval_images(es: EvalSet) -> list[Any]:
+    if isinstance(es, ChoiceSet):
+        return [r for item in es.images for r in item]
+    return list(es.images)
+
+
+def as_embedder(model: Any, cfg: EvalConfig) -> Embedder:
+    """An Embedder as is; a DualEncoder wrapped with CLIP preprocessing at its image size and its own tokenizer."""
+    if isinstance(model, Embedder):
+        return model
+    from sharpclip.data.transforms import CLIP_MEAN, CLIP_STD, ClipImageTransform, TextTokenizer
+
+    proc = getattr(model, "image_processor", None)
+    preprocess = ClipImageTransform(
+        size=int(model.vision_model.config.image_size),
+        mean=getattr(proc, "image_mean", None) or CLIP_MEAN,
+        std=getattr(proc, "image_std", None) or CLIP_STD,
+    )
+    tokenizer = TextTokenizer(model.tokenizer, model.context_length)
+    return ModelEmbedder(model, preprocess, tokenizer, cfg.batch_size, cfg.device, cfg.progress)
+
+
+def run_suite(model: Any, cfg: EvalConfig, data: DataConfig | None = None) -> SuiteResult:
+    """Evaluate every suite of `cfg.suites`; each distinct image and caption is embedded once across suites."""
+    inner = as_embedder(model, cfg)
+    embedder = CachedEmbedder(inner)
+    was_training = getattr(model, "training", False)
+    if hasattr(model, "eval"):
+        model.eval()
+    out = SuiteResult(embedder=inner)
+    try:
+        for name in cfg.suites:
+            es = load_eval_set(name, cfg, data)
+            out.results[name] = evaluate_set(embedder, es, cfg)
+            out.datasets[name] = {
+                "root": str(suite_root(name, cfg)),
+                **dataset_record(es.files, _eval_images(es), cfg.hash_images),
+            }
+    finally:
+        if was_training:
+            model.train()
+    return out
+
+
+def _fmt(x: Any) -> str:
+    return f"{x:.2f}" if isinstance(x, float) else str(x)
+
+
+def markdown_report(results: dict[str, dict[str, Any]], ks: list[int]) -> str:
+    """Retrieval rows (T→I and I→T R@K) in one table, every other suite's headline numbers in a second."""
+    lines = []
+    retrieval = {k: v for k, v in results.items() if v.get("task") == "retrieval"}
+    if retrieval:
+        cols = [f"T→I R@{k}" for k in ks] + [f"I→T R@{k}" for k in ks]
+        lines += ["| suite | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+        for name, r in retrieval.items():
+            vals = [r["t2i"][f"R@{k}"] for k in ks] + [r["i2t"][f"R@{k}"] for k in ks]
+            lines.append(f"| {name} | " + " | ".join(_fmt(v) for v in vals) + " |")
+        lines.append("")
+    others = {k: v for k, v in results.items() if v.get("task") != "retrieval"}
+    if others:
+        lines += ["| suite | metric | value |", "|---|---|---|"]
+        for name, r in others.items():
+            for key, value in r.items():
+                if isinstance(value, float):
+                    lines.append(f"| {name} | {key} | {_fmt(value)} |")
+                elif isinstance(value, dict):
+                    lines += [f"| {name} | {key}: {k} | {_fmt(v)} |" for k, v in value.items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_report(result: SuiteResult, manifest: dict[str, Any], out_dir: str | Path, ks: list[int]) -> list[Path]:
+    """eval_report.json (metrics), eval_report.md (tables) and eval_manifest.json, side by side in `out_dir`."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "eval_report.json", out / "eval_report.md", out / "eval_manifest.json"]
+    paths[0].write_text(json.dumps(result.results, indent=2) + "\n")
+    paths[1].write_text(markdown_report(result.results, ks))
+    paths[2].write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+    return paths
+
+
+def suite_manifest(result: SuiteResult, model: Any, cfg: EvalConfig, model_name: str = "") -> dict[str, Any]:
+    """The eval manifest of a finished suite run (see eval/manifest.py)."""
+    from dataclasses import asdict
+
+    from sharpclip.eval.manifest import build_manifest, model_record, preprocessing_record
+
+    emb = result.embedder
+    tok = getattr(emb, "tokenizer", None)
+    text = {
+        "tokenizer": type(getattr(tok, "tokenizer", tok)).__name__ if tok is not None else None,
+        "context_length": getattr(tok, "context_length", None),
+        "captions_embedded": getattr(emb, "num_captions", None),
+        "captions_truncated": getattr(emb, "num_truncated", None),
+    }
+    uses_prompts = any(r.get("task") == "zeroshot" for r in result.results.values())
+    prompts = {
+        "set": cfg.prompts,
+        "templates": list(load_prompts(cfg.prompts)) if uses_prompts else None,
+        "mmvp_prefix": pair_data.MMVP_PROMPT,
+    }
+    is_module = isinstance(model, torch.nn.Module)
+    return build_manifest(
+        model=model_record(model, model_name) if is_module else {"name": model_name, "class": type(model).__name__},
+        image=preprocessing_record(getattr(emb, "preprocess", None)),
+        text=text,
+        prompts=prompts,
+        datasets=result.datasets,
+        settings=asdict(cfg),
+    )
+
+
+def run_eval(cfg: Any, model: Any = None) -> list[Path]:
+    """Entry point for `sharpclip eval`: build the model (models.create_model) unless given, run the suite, write the
+    report, the markdown table and the manifest into eval.output_dir (default <train.output_dir>/eval)."""
+    if model is None:
+        from sharpclip.models.factory import create_model
+
+        model = create_model(cfg.model)
+    result = run_suite(model, cfg.eval, cfg.data)
+    manifest = suite_manifest(result, model, cfg.eval, cfg.model.name)
+    out_dir = cfg.eval.output_dir or str(Path(cfg.train.output_dir) / "eval")
+    return write_report(result, manifest, out_dir, list(cfg.eval.recall_k))

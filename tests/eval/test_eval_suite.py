@@ -1,0 +1,212 @@
+"""The suite end to end over fixture files in the real release layouts (MMVP, Winoground, SugarCrepe, ARO, Urban-1K,
+an image folder per class), with a colour stand-in encoder whose answers can be worked out by hand; and the
+ModelEmbedder + manifest over a tiny real dual encoder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from sharpclip.config import EvalConfig, load_config
+from sharpclip.eval.embed import ImageRef, load_image
+from sharpclip.eval.pair_data import mmvp_set_from_pairs
+from sharpclip.eval.suite import markdown_report, run_eval, run_suite, score_choice_set, suite_manifest, write_report
+
+COLOURS = {"red": (255, 0, 0), "green": (0, 255, 0), "blue": (0, 0, 255)}
+
+
+class ColourEmbedder:
+    """Images -> their mean RGB; captions -> the sum of the colour words they name. Both L2-normalised."""
+
+    def images(self, refs):
+        rgb = [torch.tensor(np_mean(load_image(r))) for r in refs]
+        return torch.nn.functional.normalize(torch.stack(rgb) + 1e-3, dim=1)
+
+    def texts(self, captions):
+        vecs = [
+            sum(
+                (torch.tensor(COLOURS[w], dtype=torch.float) for w in c.replace(".", " ").split() if w in COLOURS),
+                torch.full((3,), 1e-3),
+            )
+            for c in captions
+        ]
+        return torch.nn.functional.normalize(torch.stack(vecs), dim=1)
+
+
+def np_mean(image) -> list[float]:
+    import numpy as np
+
+    return np.asarray(image, dtype=np.float32).reshape(-1, 3).mean(0).tolist()
+
+
+def _img(path: Path, colour: str | tuple, size=(16, 16)) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", size, COLOURS.get(colour, colour) if isinstance(colour, str) else colour).save(path)
+    return path
+
+
+def _mmvp(root: Path) -> None:
+    d = root / "MLLM_VLM Images" / "Orientation"
+    for q, c in [(1, "red"), (2, "blue"), (3, "green"), (4, "red")]:
+        _img(d / f"{q}.jpg", c)
+    (root / "Questions.csv").write_text(
+        "Question ID,Type,Statement\n1,Orientation,a red thing\n2,Orientation,a blue thing\n"
+        "3,Orientation,a green thing\n4,Orientation,a red thing\n"
+    )
+
+
+def _winoground(root: Path) -> None:
+    for stem, c in [("ex0_0", "red"), ("ex0_1", "blue"), ("ex1_0", "red"), ("ex1_1", "green")]:
+        _img(root / "images" / f"{stem}.png", c)
+    rows = [
+        {"id": 0, "image_0": "ex0_0", "image_1": "ex0_1", "caption_0": "red", "caption_1": "blue"},
+        {"id": 1, "image_0": "ex1_0", "image_1": "ex1_1", "caption_0": "green", "caption_1": "red"},
+    ]
+    (root / "examples.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+
+def _sugarcrepe(root: Path) -> None:
+    _img(root / "val2017" / "000000000001.jpg", "red")
+    _img(root / "val2017" / "000000000002.jpg", "blue")
+    (root / "data").mkdir(parents=True)
+    (root / "data" / "add_att.json").write_text(
+        json.dumps(
+            {
+                "0": {"filename": "000000000001.jpg", "caption": "a red cube", "negative_caption": "a blue cube"},
+                "1": {"filename": "000000000002.jpg", "caption": "a red cube", "negative_caption": "a blue cube"},
+            }
+        )
+    )
+    (root / "data" / "swap_obj.json").write_text(
+        json.dumps(
+            {
+                "0": {"filename": "000000000002.jpg", "caption": "blue", "negative_caption": "green"},
+            }
+        )
+    )
+
+
+def _aro(root: Path) -> None:
+    # Left half red, right half blue: only the bbox crop of the left half makes "red" the right answer.
+    im = Image.new("RGB", (20, 10), COLOURS["blue"])
+    im.paste(COLOURS["red"], (0, 0, 10, 10))
+    (root / "images").mkdir(parents=True)
+    im.save(root / "images" / "1.jpg")
+    item = {
+        "image_path": "1.jpg",
+        "bbox_x": 0,
+        "bbox_y": 0,
+        "bbox_w": 9,
+        "bbox_h": 10,
+        "true_caption": "the red horse is on the grass",
+        "false_caption": "the blue horse is on the grass",
+        "relation_name": "on",
+    }
+    (root / "visual_genome_relation.json").write_text(json.dumps([item, {**item, "relation_name": "next to"}]))
+
+
+def _urban(root: Path) -> None:
+    for n, c in [(1, "red"), (2, "green"), (3, "blue")]:
+        _img(root / "Urban1k" / "image" / f"{n}.jpg", c)
+        (root / "Urban1k" / "caption").mkdir(parents=True, exist_ok=True)
+    (root / "Urban1k" / "caption" / "1.txt").write_text("a red car\n")
+    (root / "Urban1k" / "caption" / "2.txt").write_text("a green tree\n")
+    (root / "Urban1k" / "caption" / "3.txt").write_text("a red and blue sign\n")  # equally near images 1 and 3
+
+
+def _classes(root: Path) -> None:
+    for c in ("red", "green", "blue"):
+        _img(root / c / "a.jpg", c)
+    _img(root / "red" / "b.jpg", (200, 0, 220))  # purple: closer to blue than to red -> top-1 miss, top-2 hit
+
+
+@pytest.fixture
+def data_root(tmp_path: Path) -> Path:
+    for name, make in [
+        ("mmvp", _mmvp),
+        ("winoground", _winoground),
+        ("sugarcrepe", _sugarcrepe),
+        ("aro_relation", _aro),
+        ("urban1k", _urban),
+        ("zeroshot", _classes),
+    ]:
+        make(tmp_path / name)
+    return tmp_path
+
+
+def test_suite_over_fixtures(data_root: Path, tmp_path: Path) -> None:
+    suites = ["mmvp", "winoground", "sugarcrepe", "aro_relation", "urban1k", "zeroshot"]
+    cfg = EvalConfig(suites=suites, data_root=str(data_root), recall_k=[1, 2], zeroshot_k=[1, 2], progress=False)
+    res = run_suite(ColourEmbedder(), cfg)
+    r = res.results
+    # MMVP: both statements of both pairs pick their own image (qid parity: odd -> first image).
+    assert r["mmvp"]["per_pattern"] == {"Orientation and Direction": 100.0} and r["mmvp"]["pairs"] == 2
+    # Winoground ex0 all right; ex1: captions green/red, images red/green -> all wrong.
+    assert (r["winoground"]["text"], r["winoground"]["image"], r["winoground"]["group"]) == (50.0, 50.0, 50.0)
+    assert r["sugarcrepe"]["per_subset"] == {"add_att": 50.0, "swap_obj": 100.0}
+    assert r["aro_relation"]["per_relation"] == {"on": 100.0}  # "next to" excluded; crop makes "red" right
+    # Urban-1K: caption 3 (red + blue) ties between images 1 and 3; the lower index (image 1) wins: a miss at R@1.
+    assert r["urban1k"]["t2i"]["R@1"] == pytest.approx(200 / 3) and r["urban1k"]["t2i"]["R@2"] == 100.0
+    assert r["zeroshot"]["top1"] == 75.0 and r["zeroshot"]["top2"] == 100.0
+    assert res.datasets["mmvp"]["files"][0]["bytes"] > 0 and len(res.datasets["mmvp"]["files"][0]["sha256"]) == 64
+    assert res.datasets["urban1k"]["images"]["count"] == 3
+
+    paths = write_report(res, suite_manifest(res, ColourEmbedder(), cfg, "colour"), tmp_path / "out", [1, 2])
+    assert [p.name for p in paths] == ["eval_report.json", "eval_report.md", "eval_manifest.json"]
+    md = paths[1].read_text()
+    assert "| urban1k | 66.67 | 100.00 |" in md and "| winoground | group | 50.00 |" in md
+    manifest = json.loads(paths[2].read_text())
+    assert "lower gallery index" in manifest["tie_policy"] and manifest["prompts"]["templates"] == ["a photo of a {}."]
+    assert set(manifest["datasets"]) == set(suites)
+
+
+def test_synthdense_style_pairs_scored_like_mmvp(tmp_path: Path) -> None:
+    a, b = _img(tmp_path / "a.png", "red"), _img(tmp_path / "b.png", "blue")
+    c, d = _img(tmp_path / "c.png", "green"), _img(tmp_path / "d.png", "green")
+    cs = mmvp_set_from_pairs("synth", [(a, b, "red", "blue", "colour"), (c, d, "green", "green", "count")])
+    out = score_choice_set(ColourEmbedder(), cs)
+    # Identical images tie: both statements choose image 2, so statement 1 is wrong and the pair fails.
+    assert out["per_pattern"] == {"colour": 100.0, "count": 0.0} and out["mean"] == 50.0
+
+
+def test_unknown_suite_and_missing_files(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown"):
+        run_suite(ColourEmbedder(), EvalConfig(suites=["nope"]))
+    with pytest.raises(FileNotFoundError, match=r"Questions\.csv"):
+        run_suite(ColourEmbedder(), EvalConfig(suites=["mmvp"], data_root=str(tmp_path)))
+
+
+def test_markdown_table_layout() -> None:
+    md = markdown_report({"docci": {"task": "retrieval", "t2i": {"R@1": 50.0}, "i2t": {"R@1": 25.0}}}, [1])
+    assert md.splitlines()[:3] == ["| suite | T→I R@1 | I→T R@1 |", "|---|---|---|", "| docci | 50.00 | 25.00 |"]
+
+
+def test_run_eval_with_tiny_model_writes_manifest(data_root: Path, tmp_path: Path) -> None:
+    from sharpclip.models.tiny import tiny_model
+
+    model = tiny_model("clip")
+    long = " ".join(["red"] * 100)  # over the 77-token context: counted as truncated
+    (data_root / "urban1k" / "Urban1k" / "caption" / "2.txt").write_text(long + "\n")
+    cfg = load_config(
+        overrides=[
+            "eval.suites=[urban1k,aro_relation]",
+            f"eval.data_root={data_root}",
+            f"eval.output_dir={tmp_path / 'ev'}",
+            "eval.progress=false",
+            "eval.batch_size=2",
+        ]
+    )
+    paths = run_eval(cfg, model=model)
+    report = json.loads(paths[0].read_text())
+    assert 0.0 <= report["urban1k"]["t2i"]["R@1"] <= 100.0 and report["urban1k"]["captions"] == 3
+    m = json.loads(paths[2].read_text())
+    assert m["text"]["context_length"] == 77 and m["text"]["captions_truncated"] == 1
+    assert m["text"]["captions_embedded"] == 5  # 3 Urban-1K captions + 2 distinct ARO captions
+    assert m["image_preprocessing"]["image_size"] == model.vision_model.config.image_size
+    assert len(m["model"]["weights_sha256"]) == 64 and m["model"]["parameters"] > 0
+    assert m["image_preprocessing"]["mean"][0] == pytest.approx(0.48145466)
+    assert isinstance(ImageRef("x").bbox, type(None))
