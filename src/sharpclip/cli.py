@@ -40,13 +40,46 @@ def _add_objectives(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
+def _add_validate_data(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("validate-data", help="check a dataset: counts, bad samples, duplicates, token lengths")
+    p.add_argument("target", metavar="CONFIG_OR_PATH", help="a YAML recipe (its data section) or a data folder/file")
+    p.add_argument("overrides", nargs="*", help="dotted overrides for a recipe, e.g. data.root=/data/docci")
+    p.add_argument("--format", help="the data format (default: the recipe's, or detected from the folder)")
+    p.add_argument("--split", help="the split to check (default: the train split; test for test-only formats)")
+    p.add_argument("--tokenizer", help="a local HF tokenizer folder for exact token counts")
+    p.add_argument("--json", metavar="FILE", help="write the JSON report here instead of printing it")
+
+    def run(args: argparse.Namespace) -> int:
+        import json
+
+        from sharpclip.data import validate as v
+
+        try:
+            cfg = v.config_for(args.target, args.overrides, args.format)
+            counter, name = v.tokenizer_counter(cfg, args.tokenizer)
+            report = v.validate(cfg, args.split or v.default_split(cfg), counter, name)
+        except (OSError, ValueError) as err:  # no such folder, unknown split, unreadable annotation file
+            print(f"sharpclip validate-data: {err}", file=sys.stderr)
+            return 2
+        print(report.summary())
+        text = json.dumps(report.to_json(), indent=2)
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as f:
+                f.write(text + "\n")
+        else:
+            print(text)
+        return 0 if report.ok else 1
+
+    p.set_defaults(handler=run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sharpclip",
         description="Fine-tune CLIP-style image-text models to tell near-duplicate images and captions apart.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for add in (_add_config, _add_objectives):
+    for add in (_add_config, _add_objectives, _add_validate_data):
         add(sub)
     return parser
 

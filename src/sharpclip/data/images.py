@@ -48,6 +48,17 @@ def _cell_bytes(cell: ParquetCell) -> bytes:
     return data
 
 
+def image_bytes(source: ImageSource) -> bytes | None:
+    """The encoded bytes behind a source (None for an already decoded image); for duplicate detection."""
+    if isinstance(source, ParquetCell):
+        return _cell_bytes(source)
+    if isinstance(source, bytes):
+        return source
+    if isinstance(source, (str, Path)):
+        return Path(source).read_bytes()
+    return None
+
+
 def _decode(data: bytes | Path | str, name: str) -> Image.Image:
     try:
         with Image.open(io.BytesIO(data) if isinstance(data, bytes) else data) as img:
