@@ -40,6 +40,51 @@ def _add_objectives(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="write a transformers folder (AutoModel-loadable) and check it reloads exactly")
+    p.add_argument("source", metavar="RUN_OR_CHECKPOINT", help="run directory, sharpclip checkpoint or HF folder")
+    p.add_argument("--to", required=True, metavar="DIR", help="output folder")
+    p.add_argument("--vision-only", action="store_true", help="export the vision tower alone (CLIPVisionModel)")
+
+    def run(args: argparse.Namespace) -> int:
+        from sharpclip.models.export import ExportError, export_model
+
+        try:
+            print(export_model(args.source, args.to, vision_only=args.vision_only))
+        except ExportError as err:
+            print(f"sharpclip export: {err}", file=sys.stderr)
+            return 1
+        return 0
+
+    p.set_defaults(handler=run)
+
+
+def _add_distill(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("distill", help="distil the text tower into a RoPE text tower (CLIP-IN eq. 7 / TULIP)")
+    p.add_argument("config", nargs="?", help="YAML recipe; its `model` section names the teacher")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. model.name=/models/clip-vit-large-patch14")
+    p.add_argument("--captions", required=True, metavar="FILE", help="text file, one (long) caption per line")
+    p.add_argument("--to", required=True, metavar="DIR", help="where to write the student's sharpclip checkpoint")
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=5e-4)
+
+    def run(args: argparse.Namespace) -> int:
+        from sharpclip.config import load_config
+        from sharpclip.models.distill import DistillSettings, run_distill
+
+        path, overrides = args.config, list(args.overrides)
+        if path is not None and "=" in path:  # no YAML given: the first positional is already an override
+            path, overrides = None, [path, *overrides]
+        cfg = load_config(path, overrides)
+        settings = DistillSettings(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=cfg.train.seed)
+        report = run_distill(cfg.model, args.captions, args.to, settings, log=print)
+        print(report)
+        return 0
+
+    p.set_defaults(handler=run)
+
+
 def _add_validate_data(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("validate-data", help="check a dataset: counts, bad samples, duplicates, token lengths")
     p.add_argument("target", metavar="CONFIG_OR_PATH", help="a YAML recipe (its data section) or a data folder/file")
@@ -79,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Fine-tune CLIP-style image-text models to tell near-duplicate images and captions apart.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for add in (_add_config, _add_objectives, _add_validate_data):
+    for add in (_add_config, _add_objectives, _add_export, _add_distill, _add_validate_data):
         add(sub)
     return parser
 

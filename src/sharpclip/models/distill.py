@@ -15,15 +15,18 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from sharpclip.config import AdapterConfig, ModelConfig
 from sharpclip.losses import distill_cosine
 from sharpclip.models import rope
-from sharpclip.models.factory import sync_text_config
+from sharpclip.models.factory import create_model, save_checkpoint, sync_text_config
 from sharpclip.models.hf import HFDualEncoder
+from sharpclip.models.long_context import stretched_length
 
 
 @dataclass
@@ -127,3 +130,42 @@ def agreement(teacher: HFDualEncoder, student: HFDualEncoder, captions: Sequence
     t = teacher.eval().encode_text(ids, mask).embedding
     s = student.eval().encode_text(ids, mask).embedding
     return 1.0 - distill_cosine(t, s).item()
+
+
+def read_captions(path: str | Path) -> list[str]:
+    """Non-empty lines of a UTF-8 text file, one caption per line."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: captions file not found (expected one caption per line)")
+    captions = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if len(captions) < 2:
+        raise ValueError(f"{path}: needs at least 2 captions, found {len(captions)}")
+    return captions
+
+
+def run_distill(
+    cfg: ModelConfig,
+    captions_file: str | Path,
+    out_dir: str | Path,
+    settings: DistillSettings,
+    log: Callable[[str], None] = print,
+) -> str:
+    """`sharpclip distill`: teacher from `cfg` (absolute positions, no adapters), student saved to `out_dir`.
+
+    The student's context is `cfg.context_length`, or the Long-CLIP length of the teacher (77 → 248) when unset;
+    RoPE θ and the NTK factor come from `cfg`. 5% of the captions (at least one) are held out for the report.
+    """
+    teacher_cfg = replace(cfg, text_encoder="absolute", context_length=None, adapter=AdapterConfig())
+    teacher = create_model(teacher_cfg)
+    length = cfg.context_length or stretched_length(teacher.context_length, cfg.keep_positions, 4)
+    settings = replace(settings, context_length=length, rope_theta=cfg.rope_theta, rope_ntk_factor=cfg.rope_ntk_factor)
+    captions = read_captions(captions_file)
+    held = max(1, len(captions) // 20)
+    every = max(1, settings.steps // 20)
+    student = distill(
+        teacher, captions[:-held], settings, log=lambda i, v: log(f"step {i} loss {v:.4f}") if i % every == 0 else None
+    )
+    student_cfg = replace(teacher_cfg, text_encoder="rope", context_length=length)
+    save_checkpoint(student, out_dir, student_cfg)
+    cos = agreement(teacher, student, captions[-held:])
+    return f"student saved to {out_dir}; held-out cosine to the teacher {cos:.4f} ({held} captions); context {length}"

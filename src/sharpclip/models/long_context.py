@@ -112,13 +112,13 @@ def _set_keep(text_model: nn.Module, config_owner: nn.Module | None, keep: int) 
 def restore_kept_positions(text_model: nn.Module) -> None:
     """After loading a saved stretched model: read the first rows from a frozen buffer again (no-op otherwise)."""
     keep = getattr(text_model.config, KEEP_KEY, None)
-    emb = text_model.embeddings.position_embedding
-    if keep and not isinstance(emb, KeptPositionEmbedding):
+    emb = getattr(text_model.embeddings, "position_embedding", None)
+    if keep and emb is not None and not isinstance(emb, KeptPositionEmbedding):
         text_model.embeddings.position_embedding = KeptPositionEmbedding(emb.weight.detach(), keep)
 
 
 def fold_kept_positions(text_model: nn.Module) -> None:
     """Replace a `KeptPositionEmbedding` by the plain `nn.Embedding` it computes (for HF export)."""
-    emb = text_model.embeddings.position_embedding
+    emb = getattr(text_model.embeddings, "position_embedding", None)  # a RoPE tower has none
     if isinstance(emb, KeptPositionEmbedding):
         text_model.embeddings.position_embedding = emb.folded().to(emb.weight.device)
