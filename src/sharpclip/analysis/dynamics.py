@@ -1,0 +1,133 @@
+"""Training dynamics read back from a run directory: gradient analysis (HN-CLIP §2.4, Fig. 4) and convergence.
+
+`diagnostics.jsonl` — one JSON object per measurement (the trainer measures every k optimizer steps). Fields read:
+
+| field            | type         | meaning                                                                      |
+|------------------|--------------|------------------------------------------------------------------------------|
+| step             | int          | optimizer step                                                               |
+| epoch            | int | float  | epoch of the step (0-based; a float is floored)                              |
+| loss_clip        | float        | standard InfoNCE, HN-CLIP eq. 1, on the measured batch                       |
+| loss_hn          | float        | the boosted loss, eq. 2, on the same batch                                   |
+| grad_norm_clip   | float        | ‖∇θ L_CLIP‖ over all trainable parameters (fp32)                             |
+| grad_norm_hn     | float        | ‖∇θ L_HN‖, same parameters                                                   |
+| grad_cosine      | float | null | cos(∇θ L_CLIP, ∇θ L_HN); null when either gradient is exactly zero          |
+| grad_zero_clip   | bool         | optional: ∇θ L_CLIP is exactly zero in fp32 (default: grad_norm_clip == 0)   |
+
+Any other fields (Ḡ mean/max, logit scale, ...) are kept and ignored here. A batch is *saturated* for a loss when
+that loss is below `SATURATION` (1e-3, the paper's "declared solved"). Per epoch we report the share of saturated
+batches for each loss, the share of exact-zero L_CLIP gradients, the median and interquartile range of
+‖∇L_HN‖ / ‖∇L_CLIP‖ over measurements where ∇L_CLIP ≠ 0, and the mean and std of the cosine.
+
+`metrics.jsonl` / `eval.jsonl` — one JSON object per evaluation with `epoch` and the metrics, nested as eval reports
+are ({"docci": {"t2i": {"R@1": ..}}}) or already flat ("docci/t2i/R@1"); both are read as flat "a/b/c" keys.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SATURATION = 1e-3
+REQUIRED = ("step", "epoch", "loss_clip", "loss_hn", "grad_norm_clip", "grad_norm_hn")
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Records of a JSON-lines file; a malformed line is an error naming file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: not found; is this a run directory written by `sharpclip train`?")
+    out = []
+    for no, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{no}: not JSON ({err.msg})") from None
+    return out
+
+
+def read_diagnostics(path: str | Path) -> list[dict[str, Any]]:
+    """diagnostics.jsonl records, checked for the fields in the table above."""
+    records = read_jsonl(path)
+    for no, r in enumerate(records, 1):
+        missing = [k for k in REQUIRED if k not in r]
+        if missing:
+            raise ValueError(f"{path}: record {no} lacks {missing}; the trainer must write {', '.join(REQUIRED)}")
+    if not records:
+        raise ValueError(f"{path}: no measurements")
+    return records
+
+
+def _quartiles(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"median": None, "q25": None, "q75": None}
+    q25, med, q75 = np.quantile(np.asarray(values, dtype=np.float64), [0.25, 0.5, 0.75]).tolist()
+    return {"median": med, "q25": q25, "q75": q75}
+
+
+def _epoch_summary(rs: list[dict[str, Any]], saturation: float) -> dict[str, Any]:
+    zero = [bool(r.get("grad_zero_clip", r["grad_norm_clip"] == 0.0)) for r in rs]
+    ratios = [r["grad_norm_hn"] / r["grad_norm_clip"] for r, z in zip(rs, zero, strict=True) if not z]
+    cos = [float(r["grad_cosine"]) for r in rs if r.get("grad_cosine") is not None]
+    return {
+        "measurements": len(rs),
+        "saturated_clip": sum(r["loss_clip"] < saturation for r in rs) / len(rs),
+        "saturated_hn": sum(r["loss_hn"] < saturation for r in rs) / len(rs),
+        "zero_grad_clip": sum(zero) / len(rs),
+        "grad_ratio": _quartiles(ratios),
+        "cosine_mean": float(np.mean(cos)) if cos else None,
+        "cosine_std": float(np.std(cos)) if cos else None,
+    }
+
+
+def gradient_dynamics(records: list[dict[str, Any]], saturation: float = SATURATION) -> dict[str, Any]:
+    """Per-step series and per-epoch summaries of diagnostics records (Fig. 4's numbers)."""
+    by_epoch: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        by_epoch[math.floor(r["epoch"])].append(r)
+    series = {k: [r.get(k) for r in records] for k in (*REQUIRED, "grad_cosine")}
+    per_epoch = {str(e): _epoch_summary(rs, saturation) for e, rs in sorted(by_epoch.items())}
+    overall = _epoch_summary(records, saturation)
+    return {"saturation_threshold": saturation, "series": series, "per_epoch": per_epoch, "overall": overall}
+
+
+def flatten(record: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a/b": 1}."""
+    out: dict[str, Any] = {}
+    for k, v in record.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "/"))
+        else:
+            out[key] = v
+    return out
+
+
+def convergence(run_dir: str | Path, metric: str = "t2i/R@1", file: str = "metrics.jsonl") -> dict[str, list]:
+    """{"epoch": [...], "<key>": [...]} for every flattened key ending in `metric`, from records with an epoch."""
+    records = [flatten(r) for r in read_jsonl(Path(run_dir) / file) if "epoch" in r]
+    keys = sorted({k for r in records for k in r if k.endswith(metric)})
+    if not keys:
+        raise ValueError(f"{Path(run_dir) / file}: no epoch records with a metric ending in {metric!r}")
+    rows = [r for r in records if any(k in r for k in keys)]
+    return {"epoch": [r["epoch"] for r in rows], **{k: [r.get(k) for r in rows] for k in keys}}
+
+
+def comparison_table(curves: dict[str, dict[str, list]]) -> str:
+    """Markdown: per run and metric key, the last value, the best value and its epoch."""
+    lines = ["| run | metric | last | best | best epoch |", "|---|---|---|---|---|"]
+    for run, c in curves.items():
+        for key, values in c.items():
+            if key == "epoch":
+                continue
+            pts = [(e, v) for e, v in zip(c["epoch"], values, strict=True) if v is not None]
+            if not pts:
+                continue
+            best_e, best_v = max(pts, key=lambda p: p[1])
+            lines.append(f"| {run} | {key} | {pts[-1][1]:.2f} | {best_v:.2f} | {best_e} |")
+    return "\n".join(lines) + "\n"

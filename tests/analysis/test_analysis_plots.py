@@ -1,0 +1,102 @@
+"""Each figure function writes a non-empty PNG and its numbers as JSON; dynamics summaries from diagnostics.jsonl
+and convergence tables from metrics.jsonl, on hand-made records."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from sharpclip.analysis.dynamics import comparison_table, convergence, gradient_dynamics, read_diagnostics
+from sharpclip.analysis.geometry import caption_geometry
+from sharpclip.analysis.plots import (
+    fig_caption_similarity,
+    fig_convergence,
+    fig_geometry_summary,
+    fig_gradient_dynamics,
+    fig_margin_heatmap,
+)
+
+
+def _check_png(png: Path, js: Path) -> dict:
+    assert png.stat().st_size > 5_000
+    with Image.open(png) as im:
+        # Not a blank canvas: a plotted figure has many distinct colours.
+        assert len(im.convert("RGB").getcolors(maxcolors=1 << 20)) > 20
+    return json.loads(js.read_text())
+
+
+def _diagnostics(path: Path) -> None:
+    rows = []
+    for k in range(12):
+        epoch = k // 4
+        clip = 10.0 ** (-2 - 2 * epoch)  # 1e-2, 1e-4, 1e-6: saturated from epoch 1 on
+        zero = epoch == 2 and k % 2 == 0
+        rows.append(
+            {
+                "step": 5 * k,
+                "epoch": epoch,
+                "loss_clip": 0.0 if zero else clip,
+                "loss_hn": 0.05,
+                "grad_norm_clip": 0.0 if zero else 1e-3,
+                "grad_norm_hn": 0.1,
+                "grad_cosine": None if zero else 0.5,
+                "gbar_mean": 0.8,
+            }
+        )
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+
+def test_gradient_dynamics_summary_and_figure(tmp_path: Path) -> None:
+    _diagnostics(tmp_path / "diagnostics.jsonl")
+    dyn = gradient_dynamics(read_diagnostics(tmp_path / "diagnostics.jsonl"))
+    e0, e2 = dyn["per_epoch"]["0"], dyn["per_epoch"]["2"]
+    assert e0["saturated_clip"] == 0.0 and dyn["per_epoch"]["1"]["saturated_clip"] == 1.0
+    assert e2["zero_grad_clip"] == 0.5 and e0["saturated_hn"] == 0.0
+    assert e0["grad_ratio"]["median"] == pytest.approx(100.0) and e2["cosine_mean"] == pytest.approx(0.5)
+    assert dyn["overall"]["zero_grad_clip"] == pytest.approx(2 / 12)
+    numbers = _check_png(*fig_gradient_dynamics(dyn, tmp_path / "fig4"))
+    assert numbers["per_epoch"]["1"]["saturated_clip"] == 1.0
+
+
+def test_diagnostics_missing_field_is_named(tmp_path: Path) -> None:
+    (tmp_path / "diagnostics.jsonl").write_text(json.dumps({"step": 0, "epoch": 0, "loss_clip": 1.0}) + "\n")
+    with pytest.raises(ValueError, match=r"lacks.*loss_hn"):
+        read_diagnostics(tmp_path / "diagnostics.jsonl")
+
+
+def test_convergence_curves_table_and_figure(tmp_path: Path) -> None:
+    runs = {}
+    for name, base in (("infonce", 60.0), ("hn_clip", 65.0)):
+        d = tmp_path / name
+        d.mkdir()
+        recs = [{"epoch": e, "docci": {"t2i": {"R@1": base + e}, "i2t": {"R@1": base + 2 * e}}} for e in range(3)]
+        recs.insert(1, {"step": 10, "loss": 0.5})  # training records without an epoch are ignored
+        (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+        runs[name] = convergence(d)
+    assert runs["hn_clip"] == {"epoch": [0, 1, 2], "docci/t2i/R@1": [65.0, 66.0, 67.0]}
+    table = comparison_table(runs)
+    assert "| hn_clip | docci/t2i/R@1 | 67.00 | 67.00 | 2 |" in table
+    numbers = _check_png(*fig_convergence(runs, tmp_path / "conv"))
+    assert numbers["infonce"]["docci/t2i/R@1"] == [60.0, 61.0, 62.0]
+    with pytest.raises(ValueError, match="no epoch records"):
+        convergence(tmp_path / "infonce", metric="t2i/R@99")
+
+
+def test_geometry_figures_and_heatmap(tmp_path: Path) -> None:
+    g = torch.Generator().manual_seed(0)
+    stats = {
+        "near_dups": caption_geometry(torch.nn.functional.normalize(torch.randn(60, 8, generator=g) + 3, dim=1)),
+        "spread": caption_geometry(torch.nn.functional.normalize(torch.randn(60, 8, generator=g), dim=1)),
+    }
+    n1 = _check_png(*fig_caption_similarity(stats, tmp_path / "fig1"))
+    assert n1["near_dups"]["mean_pairwise"] > n1["spread"]["mean_pairwise"]
+    na6 = _check_png(*fig_geometry_summary(stats, tmp_path / "figA6"))
+    assert sum(na6["near_dups"]["buckets"].values()) == pytest.approx(1.0)
+    batch = torch.nn.functional.normalize(torch.randn(8, 8, generator=g) + 2, dim=1)
+    na5 = _check_png(*fig_margin_heatmap({"toy": batch}, tmp_path / "figA5"))
+    gbar = torch.tensor(na5["toy"]["G_bar"])
+    assert torch.all(gbar.diagonal() == 0) and na5["toy"]["offdiag_max"] == pytest.approx(float(gbar.max()))
