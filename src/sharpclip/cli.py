@@ -118,13 +118,85 @@ def _add_validate_data(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
+def _config_and_overrides(config: str | None, overrides: list[str]) -> tuple[str | None, list[str]]:
+    if config is not None and "=" in config:  # no YAML given: the first positional is already an override
+        return None, [config, *overrides]
+    return config, list(overrides)
+
+
+def _add_eval(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("eval", help="evaluate a model on benchmark suites: JSON + markdown report and eval manifest")
+    p.add_argument("config", nargs="?", help="YAML recipe (its model and eval sections)")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. eval.recall_k=[1,5,10]")
+    p.add_argument("--model", help="model to evaluate (sets model.name): tiny preset, checkpoint or HF folder")
+    p.add_argument("--suite", help="comma-separated suites, e.g. docci,urban1k,mmvp (sets eval.suites)")
+    p.add_argument("--data-root", help="folder holding one sub-folder per suite (sets eval.data_root)")
+    p.add_argument("--out", help="report folder (sets eval.output_dir)")
+
+    def run(args: argparse.Namespace) -> int:
+        from sharpclip.config import load_config
+        from sharpclip.eval.suite import run_eval
+
+        path, overrides = _config_and_overrides(args.config, args.overrides)
+        flags = {"model.name": args.model, "eval.data_root": args.data_root, "eval.output_dir": args.out}
+        overrides += [f"{k}={v}" for k, v in flags.items() if v is not None]
+        if args.suite:
+            overrides.append(f"eval.suites=[{args.suite}]")
+        try:
+            paths = run_eval(load_config(path, overrides))
+        except (OSError, ValueError) as err:  # missing benchmark files, unknown suite, malformed records
+            print(f"sharpclip eval: {err}", file=sys.stderr)
+            return 2
+        print(paths[1].read_text(), end="")
+        print("\n".join(f"wrote {p}" for p in paths))
+        return 0
+
+    p.set_defaults(handler=run)
+
+
+def _add_analyze(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("analyze", help="figures of finished runs (Fig. 4, convergence) or of caption geometry")
+    p.add_argument("runs", nargs="*", metavar="RUN", help="run directories (diagnostics.jsonl, metrics.jsonl)")
+    p.add_argument("--out", default="figures", help="where the PNG, JSON and markdown files go")
+    p.add_argument("--metric", default="t2i/R@1", help="convergence metric: suffix of the flattened metric key")
+    p.add_argument("--geometry", metavar="SUITES", help="comma-separated retrieval suites: caption geometry")
+    p.add_argument("--model", help="text encoder for --geometry (sets model.name)")
+    p.add_argument("--data-root", help="folder holding one sub-folder per suite, for --geometry")
+
+    def run(args: argparse.Namespace) -> int:
+        from sharpclip.analysis.run import analyze_geometry, analyze_runs
+
+        written = []
+        try:
+            if args.runs:
+                written += analyze_runs(args.runs, args.out, args.metric)
+            if args.geometry:
+                from sharpclip.config import load_config
+                from sharpclip.models.factory import create_model
+
+                overrides = [f"eval.suites=[{args.geometry}]"] + [f"model.name={args.model}"] * bool(args.model)
+                overrides += [f"eval.data_root={args.data_root}"] * bool(args.data_root)
+                cfg = load_config(None, overrides)
+                written += analyze_geometry(create_model(cfg.model), cfg.eval, args.out)
+        except (OSError, ValueError) as err:
+            print(f"sharpclip analyze: {err}", file=sys.stderr)
+            return 2
+        if not written:
+            print("sharpclip analyze: give RUN directories and/or --geometry SUITES", file=sys.stderr)
+            return 2
+        print("\n".join(f"wrote {p}" for p in written))
+        return 0
+
+    p.set_defaults(handler=run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sharpclip",
         description="Fine-tune CLIP-style image-text models to tell near-duplicate images and captions apart.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for add in (_add_config, _add_objectives, _add_export, _add_distill, _add_validate_data):
+    for add in (_add_config, _add_objectives, _add_export, _add_distill, _add_validate_data, _add_eval, _add_analyze):
         add(sub)
     return parser
 

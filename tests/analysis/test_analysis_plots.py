@@ -100,3 +100,22 @@ def test_geometry_figures_and_heatmap(tmp_path: Path) -> None:
     na5 = _check_png(*fig_margin_heatmap({"toy": batch}, tmp_path / "figA5"))
     gbar = torch.tensor(na5["toy"]["G_bar"])
     assert torch.all(gbar.diagonal() == 0) and na5["toy"]["offdiag_max"] == pytest.approx(float(gbar.max()))
+
+
+def test_cli_analyze_runs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from sharpclip.cli import main
+
+    run = tmp_path / "run_a"
+    run.mkdir()
+    _diagnostics(run / "diagnostics.jsonl")
+    (run / "metrics.jsonl").write_text(json.dumps({"epoch": 0, "docci/t2i/R@1": 50.0}) + "\n")
+    assert main(["analyze", str(run), "--out", str(tmp_path / "figs")]) == 0
+    names = sorted(p.name for p in (tmp_path / "figs").iterdir())
+    assert names == [
+        "convergence.json",
+        "convergence.md",
+        "convergence.png",
+        "run_a_gradient_dynamics.json",
+        "run_a_gradient_dynamics.png",
+    ]
+    assert main(["analyze", str(tmp_path / "nothing")]) == 2

@@ -210,3 +210,16 @@ def test_run_eval_with_tiny_model_writes_manifest(data_root: Path, tmp_path: Pat
     assert len(m["model"]["weights_sha256"]) == 64 and m["model"]["parameters"] > 0
     assert m["image_preprocessing"]["mean"][0] == pytest.approx(0.48145466)
     assert isinstance(ImageRef("x").bbox, type(None))
+
+
+def test_cli_eval_writes_report(data_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from sharpclip.cli import main
+
+    out = tmp_path / "cli"
+    argv = ["eval", "--model", "tiny-clip", "--suite", "urban1k,winoground", "--data-root", str(data_root)]
+    assert main([*argv, "--out", str(out), "eval.progress=false"]) == 0
+    printed = capsys.readouterr().out
+    assert "| urban1k |" in printed and "| winoground | group |" in printed
+    assert json.loads((out / "eval_manifest.json").read_text())["model"]["name"] == "tiny-clip"
+    assert main(["eval", "--suite", "mmvp", "--data-root", str(tmp_path / "empty")]) == 2
+    assert "Questions.csv" in capsys.readouterr().err

@@ -1,0 +1,69 @@
+"""Entry points of `sharpclip analyze`: the figures of finished runs, and caption geometry of evaluation datasets.
+
+analyze_runs([run_dir, ...], out_dir)        Fig. 4 per run with diagnostics.jsonl; convergence of all runs
+analyze_geometry(model, eval_cfg, out_dir)   Table A1 columns, Fig. 1, Fig. A6, Fig. A5 for eval_cfg.suites
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sharpclip.analysis import dynamics, geometry, plots
+
+
+def analyze_runs(run_dirs: list[str | Path], out_dir: str | Path, metric: str = "t2i/R@1") -> list[Path]:
+    """Figures of finished runs; returns the files written. A run without diagnostics.jsonl gets no Fig. 4."""
+    out, written = Path(out_dir), []
+    curves: dict[str, dict[str, list]] = {}
+    for run in map(Path, run_dirs):
+        if (run / "diagnostics.jsonl").is_file():
+            dyn = dynamics.gradient_dynamics(dynamics.read_diagnostics(run / "diagnostics.jsonl"))
+            written += plots.fig_gradient_dynamics(dyn, out / f"{run.name}_gradient_dynamics")
+        for file in ("metrics.jsonl", "eval.jsonl"):
+            try:
+                curves[run.name] = dynamics.convergence(run, metric, file)
+                break
+            except (FileNotFoundError, ValueError):
+                continue
+    if curves:
+        written += plots.fig_convergence(curves, out / "convergence")
+        (out / "convergence.md").write_text(dynamics.comparison_table(curves))
+        written.append(out / "convergence.md")
+    if not written:
+        raise ValueError(f"nothing to analyze in {[str(r) for r in run_dirs]}: no diagnostics.jsonl or metrics.jsonl")
+    return written
+
+
+def _captions(name: str, cfg: Any) -> list[str]:
+    from sharpclip.eval.retrieval import RetrievalSet
+    from sharpclip.eval.suite import load_eval_set
+
+    es = load_eval_set(name, cfg)
+    if not isinstance(es, RetrievalSet):
+        raise ValueError(f"caption geometry needs a retrieval dataset; {name!r} is a {type(es).__name__}")
+    return es.captions
+
+
+def analyze_geometry(model: Any, cfg: Any, out_dir: str | Path, batch_size: int = 128, seed: int = 0) -> list[Path]:
+    """Caption geometry of each of `cfg.suites` (an EvalConfig) under `model`'s text encoder (or an Embedder)."""
+    from sharpclip.eval.suite import as_embedder
+
+    embedder = as_embedder(model, cfg)
+    out = Path(out_dir)
+    stats: dict[str, dict[str, Any]] = {}
+    heat: dict[str, torch.Tensor] = {}
+    for name in cfg.suites:
+        text = embedder.texts(_captions(name, cfg))
+        stats[name] = geometry.caption_geometry(text, batch_size=min(batch_size, len(text)), seed=seed)
+        pick = torch.randperm(len(text), generator=torch.Generator().manual_seed(seed))[:8]  # Fig. A5: B = 8
+        heat[name] = text[pick]
+    written = [*plots.fig_caption_similarity(stats, out / "caption_similarity")]
+    written += plots.fig_geometry_summary(stats, out / "caption_geometry")
+    written += plots.fig_margin_heatmap(heat, out / "margin_heatmap")
+    (out / "caption_geometry.md").write_text(geometry.geometry_table(stats))
+    (out / "caption_geometry_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
+    return [*written, out / "caption_geometry.md", out / "caption_geometry_stats.json"]
