@@ -59,10 +59,18 @@ def image_bytes(source: ImageSource) -> bytes | None:
     return None
 
 
+def to_rgb(image: Image.Image) -> Image.Image:
+    """RGB, with any transparency composited onto white (HF CLIPImageProcessor's rule; OpenAI's drops alpha)."""
+    if "A" in image.getbands() or image.info.get("transparency") is not None:
+        rgba = image.convert("RGBA")
+        return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
+    return image.convert("RGB")
+
+
 def _decode(data: bytes | Path | str, name: str) -> Image.Image:
     try:
         with Image.open(io.BytesIO(data) if isinstance(data, bytes) else data) as img:
-            return img.convert("RGB")  # convert() forces the full decode, so truncated files fail here
+            return to_rgb(img)  # converting forces the full decode, so truncated files fail here
     except FileNotFoundError:
         raise ImageLoadError(f"missing file: {name} does not exist") from None
     except (OSError, ValueError, Image.DecompressionBombError) as err:
@@ -72,7 +80,7 @@ def _decode(data: bytes | Path | str, name: str) -> Image.Image:
 def load_image(source: ImageSource) -> Image.Image:
     """The image as RGB; raises `ImageLoadError` when it is missing or corrupt."""
     if isinstance(source, Image.Image):
-        return source.convert("RGB")
+        return to_rgb(source)
     if isinstance(source, ParquetCell):
         return _decode(_cell_bytes(source), describe(source))
     if isinstance(source, bytes):

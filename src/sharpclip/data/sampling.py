@@ -2,7 +2,9 @@
 
 Rows come in units: the two halves of an edit pair (CLIP-IN's hard negatives need both in the batch), the members of a
 group (a SynthDense family) when grouping is on, or single rows. Each epoch the units are shuffled with a generator
-seeded by (seed, epoch) and packed first-fit into batches of `batch_size` rows; with `distinct_captions`, a unit
+seeded by (seed, epoch), then spread over the epoch's batches largest first, each into the emptiest batch where it
+fits (so groups spread evenly and single rows fill the gaps: batches come out full); the batch order is shuffled too.
+Without shuffling (evaluation) units are packed in order. With `distinct_captions`, a unit
 does not go into a batch that already holds one of its captions (an exact duplicate would be a false negative of
 InfoNCE and a zero-margin pair of HN-CLIP). Batch k goes to rank k mod world_size, so ranks see disjoint rows and the
 same number of batches; every rank computes the same packing, so no communication is needed.
@@ -12,6 +14,7 @@ The sampler is resumable: `state_dict()` records (epoch, batches already yielded
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -83,15 +86,21 @@ class GroupBatchSampler:
             yield batches[self.start - 1]
         self.epoch, self.start = self.epoch + 1, 0  # a finished epoch moves on even without set_epoch
 
-    def _order(self) -> list[int]:
-        if not self.shuffle:
-            return list(range(len(self.members)))
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        return torch.randperm(len(self.members), generator=g).tolist()
+    def _order(self, g: torch.Generator) -> list[int]:
+        """Units shuffled, then stably sorted largest first (placing big units first is what lets batches fill)."""
+        order = torch.randperm(len(self.members), generator=g).tolist()
+        return sorted(order, key=lambda u: -len(self.members[u]))
 
     def _rank_batches(self) -> list[list[int]]:
         if self._cache is None or self._cache[0] != self.epoch:
-            batches = _pack(self._order(), self.members, self.batch_size, self._unit_captions(), self.drop_last)
+            if self.shuffle:
+                g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+                batches = _spread(self._order(g), self.members, self.batch_size, self._unit_captions(), self.drop_last)
+                batches = [batches[k] for k in torch.randperm(len(batches), generator=g).tolist()]
+            else:
+                batches = _pack(
+                    list(range(len(self.members))), self.members, self.batch_size, self._unit_captions(), self.drop_last
+                )
             self._cache = (self.epoch, _for_rank(batches, self.rank, self.world_size, self.drop_last))
         return self._cache[1]
 
@@ -113,11 +122,48 @@ def _fits(batch: _Open, rows: list[int], caps: set[str] | None, size: int) -> bo
     return len(batch.rows) + len(rows) <= size and (caps is None or not (caps & batch.captions))
 
 
-def _pack(
+def _spread(
     order: list[int], members: list[list[int]], size: int, captions: list[set[str]] | None, drop_last: bool
 ) -> list[list[int]]:
-    """First-fit packing of units (in `order`) into batches of exactly `size` rows (the remainder last, or dropped)."""
-    done: list[list[int]] = []
+    """Each unit (in `order`) into the emptiest of the epoch's batches where it fits; leftovers form extra batches."""
+    rows = sum(len(m) for m in members)
+    n = rows // size if drop_last else -(-rows // size)
+    batches = [_Open() for _ in range(n)]
+    heap = [(0, k) for k in range(n)]  # (rows used, batch index): the emptiest first
+    leftover = []
+    for u in order:
+        caps = captions[u] if captions is not None else None
+        skipped, placed = [], None
+        while heap and placed is None:
+            used, k = heapq.heappop(heap)
+            if used + len(members[u]) > size:
+                heapq.heappush(heap, (used, k))  # the emptiest has no room: none has
+                break
+            if _fits(batches[k], members[u], caps, size):
+                placed = k
+            else:
+                skipped.append((used, k))
+        for item in skipped:
+            heapq.heappush(heap, item)
+        if placed is None:
+            leftover.append(u)
+            continue
+        batches[placed].rows.extend(members[u])
+        batches[placed].captions |= caps or set()
+        heapq.heappush(heap, (len(batches[placed].rows), placed))
+    return _pack(leftover, members, size, captions, drop_last, [b.rows for b in batches])
+
+
+def _pack(
+    order: list[int],
+    members: list[list[int]],
+    size: int,
+    captions: list[set[str]] | None,
+    drop_last: bool,
+    done: list[list[int]] | None = None,
+) -> list[list[int]]:
+    """First-fit packing of units (in `order`) into `size`-row batches after `done`; partial ones last or dropped."""
+    done = [b for b in done or [] if b]
     open_: list[_Open] = []
     for u in order:
         caps = captions[u] if captions is not None else None

@@ -3,7 +3,8 @@
 Images follow OpenAI CLIP / Long-CLIP `_transform(n_px)` and HF `CLIPImageProcessor`: the shorter side is resized to
 `size` with PIL bicubic (the longer side to floor(size·long/short)), a centre crop of size×size is taken with the
 offset rounded down (HF; torchvision rounds to nearest, which can shift odd margins by one pixel), values are scaled
-to [0, 1] and normalised per channel. tests/data check parity with `CLIPImageProcessorPil` on the same images.
+to [0, 1] and normalised per channel; transparency is composited onto white first (HF's rule).
+tests/data check parity with `CLIPImageProcessorPil` on the same images.
 
 Text follows Long-CLIP `tokenize(truncate=True)` and HF `truncation=True`: bos + the first L−2 tokens + eos, padded to
 L = the model's context length (77, or 248 for Long-CLIP towers). The attention mask marks real tokens, since the pad
@@ -18,6 +19,8 @@ import numpy as np
 import torch
 from PIL import Image
 from torch import Tensor
+
+from sharpclip.data.images import to_rgb
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -45,7 +48,7 @@ class ClipImageTransform:
         return image.crop((left, top, left + self.size, top + self.size))
 
     def __call__(self, image: Image.Image) -> Tensor:
-        pixels = np.asarray(self.center_crop(self.resize(image.convert("RGB"))), dtype=np.float32)
+        pixels = np.asarray(self.center_crop(self.resize(to_rgb(image))), dtype=np.float32)
         chw = pixels.transpose(2, 0, 1) / 255.0
         return torch.from_numpy((chw - self.mean) / self.std)
 

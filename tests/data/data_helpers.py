@@ -1,0 +1,19 @@
+"""Shared by tests/data: where the fixtures are, and a config pointing at one of them."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from sharpclip.config import DataConfig
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "data"
+
+
+def cfg_for(fmt: str, root: Path | str | None = None, **kw) -> DataConfig:
+    return DataConfig(format=fmt, root=str(root if root is not None else FIXTURES / fmt), **kw)
+
+
+def copy_fixture(fmt: str, tmp_path: Path) -> Path:
+    """A writable copy of one format's fixture, to break on purpose."""
+    return Path(shutil.copytree(FIXTURES / fmt, tmp_path / fmt))

@@ -1,0 +1,84 @@
+"""Group-aware batches: groups and edit halves together, no duplicate captions, disjoint ranks, determinism, resume."""
+
+from __future__ import annotations
+
+import pytest
+
+from sharpclip.data.sampling import GroupBatchSampler
+
+
+def _units(n_groups: int, size: int, singles: int) -> list[int]:
+    return [g for g in range(n_groups) for _ in range(size)] + list(range(n_groups, n_groups + singles))
+
+
+def _epoch(sampler: GroupBatchSampler, epoch: int = 0) -> list[list[int]]:
+    sampler.set_epoch(epoch)
+    return list(sampler)
+
+
+def test_every_group_lands_in_one_batch_and_batches_are_full():
+    units = _units(n_groups=20, size=6, singles=40)  # 160 rows: families of 6 and single rows
+    batches = _epoch(GroupBatchSampler(units, 16, seed=1))
+    where = {row: k for k, batch in enumerate(batches) for row in batch}
+    for g in range(20):
+        assert len({where.get(r) for r in range(6 * g, 6 * g + 6)}) == 1
+    assert all(len(b) == 16 for b in batches)
+    assert len(where) >= 160 - 16  # at most the last partial batch is dropped
+
+
+def test_edit_pairs_stay_together_without_drop_last_every_row_once():
+    units = _units(n_groups=25, size=2, singles=7)
+    batches = _epoch(GroupBatchSampler(units, 8, shuffle=True, drop_last=False, seed=3))
+    rows = sorted(r for b in batches for r in b)
+    assert rows == list(range(57))
+    for b in batches:
+        for r in b:
+            if r < 50:
+                assert (r ^ 1) in b  # rows 2k and 2k+1 are one edit
+
+
+def test_distinct_captions_keeps_exact_duplicates_apart():
+    captions = [f"caption {i % 10}" for i in range(80)]  # each text 8 times
+    batches = _epoch(GroupBatchSampler(list(range(80)), 10, captions=captions, distinct_captions=True, seed=0))
+    assert batches
+    for b in batches:
+        texts = [captions[r] for r in b]
+        assert len(set(texts)) == len(texts)
+    plain = _epoch(GroupBatchSampler(list(range(80)), 10, seed=0))
+    assert any(len({captions[r] for r in b}) < len(b) for b in plain)  # without the option duplicates do meet
+
+
+def test_ranks_get_disjoint_shards_of_equal_length_that_cover_the_epoch():
+    units = _units(n_groups=30, size=2, singles=60)
+    shards = [_epoch(GroupBatchSampler(units, 8, seed=5, rank=r, world_size=3)) for r in range(3)]
+    single = _epoch(GroupBatchSampler(units, 8, seed=5))
+    assert len({len(s) for s in shards}) == 1
+    seen = [row for s in shards for b in s for row in b]
+    assert len(seen) == len(set(seen))
+    assert sorted(seen) == sorted(r for b in single[: 3 * len(shards[0])] for r in b)
+
+
+def test_deterministic_per_seed_and_epoch_and_different_across_epochs_and_seeds():
+    units = _units(n_groups=10, size=3, singles=50)
+    a, b = GroupBatchSampler(units, 8, seed=7), GroupBatchSampler(units, 8, seed=7)
+    assert _epoch(a, 2) == _epoch(b, 2)
+    assert _epoch(a, 3) != _epoch(b, 2)
+    assert _epoch(GroupBatchSampler(units, 8, seed=8), 2) != _epoch(b, 2)
+
+
+def test_resume_continues_after_the_batches_done():
+    units = list(range(100))
+    full = _epoch(GroupBatchSampler(units, 10, seed=2), 4)
+    first = GroupBatchSampler(units, 10, seed=2)
+    first.set_epoch(4)
+    it = iter(first)
+    done = [next(it) for _ in range(3)]
+    resumed = GroupBatchSampler(units, 10)
+    resumed.load_state_dict(first.state_dict())
+    assert len(resumed) == len(full) - 3
+    assert done + list(resumed) == full
+
+
+def test_a_group_larger_than_the_batch_is_an_error():
+    with pytest.raises(ValueError, match="a group has 6 rows but a batch holds 4"):
+        GroupBatchSampler([0] * 6, 4)
