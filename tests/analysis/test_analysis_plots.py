@@ -119,3 +119,42 @@ def test_cli_analyze_runs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None
         "run_a_gradient_dynamics.png",
     ]
     assert main(["analyze", str(tmp_path / "nothing")]) == 2
+
+
+class _WordEmbedder:
+    """Captions -> bag of words over a fixed vocabulary (near-duplicate captions are near in this space)."""
+
+    vocab = ("a", "red", "blue", "green", "square", "circle", "left", "right")
+
+    def images(self, refs):
+        raise AssertionError("caption geometry must not embed images")
+
+    def texts(self, captions):
+        v = torch.tensor([[float(c.split().count(w)) for w in self.vocab] for c in captions]) + 1e-3
+        return torch.nn.functional.normalize(v, dim=1)
+
+
+def test_analyze_geometry_over_a_dataset(tmp_path: Path) -> None:
+    from sharpclip.analysis.run import analyze_geometry
+    from sharpclip.config import EvalConfig
+
+    root = tmp_path / "generic"
+    root.mkdir()
+    caps = ["a red square left", "a red square right", "a blue circle left", "a green circle right"] * 3
+    rows = []
+    for i, c in enumerate(caps):
+        Image.new("RGB", (4, 4)).save(root / f"{i}.png")
+        rows.append({"id": str(i), "image": f"{i}.png", "caption": c})
+    (root / "test.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    cfg = EvalConfig(suites=["generic"], data_root=str(tmp_path), progress=False)
+    written = analyze_geometry(_WordEmbedder(), cfg, tmp_path / "geo", batch_size=4)
+    assert {p.name for p in written} >= {
+        "caption_similarity.png",
+        "caption_geometry.png",
+        "margin_heatmap.png",
+        "caption_geometry.md",
+    }
+    stats = json.loads((tmp_path / "geo" / "caption_geometry_stats.json").read_text())["generic"]
+    assert stats["mean_hardest"] == pytest.approx(1.0, abs=1e-4)  # every caption appears three times
+    for p in written:
+        assert p.stat().st_size > 0

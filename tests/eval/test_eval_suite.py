@@ -223,3 +223,40 @@ def test_cli_eval_writes_report(data_root: Path, tmp_path: Path, capsys: pytest.
     assert json.loads((out / "eval_manifest.json").read_text())["model"]["name"] == "tiny-clip"
     assert main(["eval", "--suite", "mmvp", "--data-root", str(tmp_path / "empty")]) == 2
     assert "Questions.csv" in capsys.readouterr().err
+
+
+def _synthdense(root: Path) -> None:
+    """The layout data.synthetic.generate writes: test.jsonl (generic format), mmvp.jsonl, images/<split>/."""
+    rows, mmvp = [], []
+    for i, c in enumerate(["red", "green", "blue"]):
+        _img(root / "images" / "test" / f"{i}.png", c)
+        rows.append({"id": str(i), "image": f"images/test/{i}.png", "caption": f"a {c} square", "group": "f0"})
+    for k, (a, b, pattern) in enumerate([("red", "blue", "colour"), ("green", "green", "count")]):
+        for half, c in (("a", a), ("b", b)):
+            rid = f"mmvp-{k:06d}-{half}"
+            _img(root / "images" / "mmvp" / f"{rid}.png", c)
+            mmvp.append(
+                {
+                    "id": rid,
+                    "image": f"images/mmvp/{rid}.png",
+                    "caption": f"one {c} star",
+                    "group": f"mmvp-{k:06d}",
+                    "pattern": pattern,
+                }
+            )
+    (root / "test.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (root / "mmvp.jsonl").write_text("\n".join(json.dumps(r) for r in mmvp) + "\n")
+
+
+def test_synthdense_suites(tmp_path: Path) -> None:
+    _synthdense(tmp_path / "synth")
+    cfg = EvalConfig(
+        suites=["synthdense", "synth_mmvp"],
+        roots={"synthdense": str(tmp_path / "synth"), "synth_mmvp": str(tmp_path / "synth")},
+        recall_k=[1],
+        progress=False,
+    )
+    r = run_suite(ColourEmbedder(), cfg).results
+    assert r["synthdense"]["t2i"]["R@1"] == 100.0 and r["synthdense"]["captions"] == 3
+    # Pair 2 shows two identical images: a tie sends both statements to image b, so the pair fails.
+    assert r["synth_mmvp"]["per_pattern"] == {"colour": 100.0, "count": 0.0}

@@ -7,6 +7,7 @@ giving a (N, n_texts, n_images) tensor that eval/pairs.py scores. Layouts read h
   consecutive rows form a pair; texts are "a photo of " + statement; the category is the CSV position (k // 15).
 - Winoground: `examples.jsonl` ({id, image_0, image_1, caption_0, caption_1, ...}) and `images/<stem>.<ext>`.
 - SugarCrepe: `<name>.json` files {id: {filename, caption, negative_caption}}; images in a COCO val2017 folder.
+- SynthDense MMVP-style pairs: `mmvp.jsonl` from data.synthetic.generate, two rows per pair.
 - ARO: `visual_genome_relation.json` / `visual_genome_attribution.json` and `images/`; each item is cropped to its bbox.
 """
 
@@ -76,6 +77,30 @@ def mmvp_set_from_pairs(name: str, pairs: Sequence[tuple[Any, Any, str, str, str
         for a, b, *_ in pairs
     ]
     return ChoiceSet(name, "mmvp", images, [[ca, cb] for _, _, ca, cb, _ in pairs], [p[4] for p in pairs])
+
+
+def read_synth_mmvp(root: str | Path) -> ChoiceSet:
+    """SynthDense's MMVP-style pairs: `mmvp.jsonl` rows {id, image, caption, group, pattern}, two per group (image a,
+    then image b), each caption true of its own image; images relative to `root`."""
+    root = Path(root)
+    path = _need(root / "mmvp.jsonl", "SynthDense MMVP pairs")
+    groups: dict[str, list[dict]] = {}
+    for line_no, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                row = json.loads(line)
+                groups.setdefault(row["group"], []).append(row)
+            except (KeyError, json.JSONDecodeError) as err:
+                raise ValueError(f"{path}:{line_no}: not a SynthDense MMVP row ({err})") from None
+    bad = [g for g, rows in groups.items() if len(rows) != 2]
+    if bad:
+        raise ValueError(f"{path}: group {bad[0]!r} has {len(groups[bad[0]])} rows, expected 2 (one per image)")
+    pairs = [
+        (root / a["image"], root / b["image"], a["caption"], b["caption"], a["pattern"]) for a, b in groups.values()
+    ]
+    cs = mmvp_set_from_pairs("synth_mmvp", pairs)
+    cs.files = [path]
+    return cs
 
 
 def _find_image(folder: Path, stem: str) -> ImageRef:

@@ -5,9 +5,9 @@
 
 Benchmark names (`DATASETS`): the retrieval formats of sharpclip.data.formats (docci, dci, long_dci, urban1k,
 sharegpt4v, karpathy = COCO/Flickr 5-caption, generic, vg), the pair-choice suites (mmvp, winoground, sugarcrepe,
-aro_relation, aro_attribution), zeroshot (an image folder per class, or a CSV), and "retrieval" (the run's own
-data.format on data.eval_split). Other modules add theirs with `register_dataset` (e.g. SynthDense's MMVP-style
-pairs as a ChoiceSet built by eval.pair_data.mmvp_set_from_pairs).
+aro_relation, aro_attribution), SynthDense (synthdense: retrieval on its test split; synth_mmvp: its MMVP-style pairs,
+scored like MMVP-VLM per pattern), zeroshot (an image folder per class, or a CSV), and "retrieval" (the run's own
+data.format on data.eval_split). Other modules add theirs with `register_dataset`.
 """
 
 from __future__ import annotations
@@ -58,6 +58,8 @@ def _zeroshot(root: Path, cfg: EvalConfig, data: DataConfig | None) -> Classific
 DATASETS: dict[str, Reader] = {
     **{fmt: _data_reader(fmt) for fmt in RETRIEVAL_FORMATS},
     "retrieval": _run_data,
+    "synthdense": _data_reader("generic"),  # SynthDense is written in the generic format (data.synthetic)
+    "synth_mmvp": lambda root, cfg, data: pair_data.read_synth_mmvp(root),
     "mmvp": lambda root, cfg, data: pair_data.read_mmvp(root),
     "winoground": lambda root, cfg, data: pair_data.read_winoground(root),
     "sugarcrepe": lambda root, cfg, data: pair_data.read_sugarcrepe(root),
