@@ -7,7 +7,7 @@ import json
 import logging
 
 import pytest
-from data_helpers import copy_fixture, cfg_for
+from data_helpers import cfg_for, copy_fixture
 
 from sharpclip.data import BadSampleError, build_loader, read_samples
 from sharpclip.models.tokenizer import build_word_tokenizer
@@ -87,7 +87,9 @@ def test_malformed_json_line_and_missing_field(tmp_path):
         read_samples(cfg_for("docci", root), "train")
     _docci_line(root, 0, image_file=None)
     path.write_text("\n".join(path.read_text().splitlines()[:6]) + "\n")
-    with pytest.raises(BadSampleError, match=r"jsonlines:1: record train_00000: malformed record: missing .*image_file"):
+    with pytest.raises(
+        BadSampleError, match=r"jsonlines:1: record train_00000: malformed record: missing .*image_file"
+    ):
         read_samples(cfg_for("docci", root), "train")
     cfg = cfg_for("docci", root, on_bad_sample="skip")
     assert [s.id for s in read_samples(cfg, "train")] == ["train_00001"]

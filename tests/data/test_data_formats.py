@@ -136,5 +136,5 @@ def test_generic_renamed_columns(tmp_path):
 
 
 def test_missing_release_folder_says_what_to_check(tmp_path):
-    with pytest.raises(FileNotFoundError, match="docci_descriptions.jsonlines.*data.root"):
+    with pytest.raises(FileNotFoundError, match=r"docci_descriptions\.jsonlines.*data\.root"):
         read_samples(cfg_for("docci", tmp_path), "test")

@@ -26,8 +26,15 @@ def _hf(size: int):
 
 @pytest.mark.parametrize(
     ("w", "h", "mode", "size"),
-    [(300, 200, "RGB", 224), (201, 333, "RGB", 224), (640, 481, "RGB", 224), (37, 53, "RGBA", 32),
-     (64, 64, "RGB", 64), (50, 20, "L", 24), (100, 30, "RGB", 336)],
+    [
+        (300, 200, "RGB", 224),
+        (201, 333, "RGB", 224),
+        (640, 481, "RGB", 224),
+        (37, 53, "RGBA", 32),
+        (64, 64, "RGB", 64),
+        (50, 20, "L", 24),
+        (100, 30, "RGB", 336),
+    ],
 )
 def test_image_transform_matches_hf_clip_image_processor(w, h, mode, size):
     img = _image(w, h, mode, seed=w + h)
@@ -61,8 +68,10 @@ class _NoEosOnTruncation:
     def __call__(self, texts, max_length, **kw):
         rows = [[8, *range(1, len(t.split()) + 1), 9][:max_length] for t in texts]
         pad = [r + [9] * (max_length - len(r)) for r in rows]
-        return {"input_ids": torch.tensor(pad), "attention_mask": torch.tensor(
-            [[1] * len(r) + [0] * (max_length - len(r)) for r in rows])}
+        return {
+            "input_ids": torch.tensor(pad),
+            "attention_mask": torch.tensor([[1] * len(r) + [0] * (max_length - len(r)) for r in rows]),
+        }
 
 
 def test_tokeniser_forces_eos_into_the_last_position_when_a_tokenizer_cuts_it():

@@ -1,0 +1,147 @@
+"""SynthDense: determinism, families of near-duplicates, caption levels, edits, MMVP patterns, vocabulary, loaders."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import astuple
+
+import pytest
+
+from sharpclip.config import DataConfig, SynthDenseConfig
+from sharpclip.data import build_loader, read_samples
+from sharpclip.data import synthetic as sd
+from sharpclip.data.images import load_image
+
+SMALL = SynthDenseConfig(
+    train_families=12,
+    train_family_size=1,
+    test_families=4,
+    test_family_size=6,
+    pretrain_scenes=10,
+    edits=12,
+    mmvp_pairs=2,
+    resolution=48,
+    workers=1,
+)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return sd.generate(tmp_path_factory.mktemp("synth"), SMALL)
+
+
+def _attribute_diff(a: sd.Scene, b: sd.Scene) -> int:
+    """Attributes changed, for scenes that differ in one object."""
+    (x,) = set(a.objects) - set(b.objects)
+    (y,) = set(b.objects) - set(a.objects)
+    return sum(u != v for u, v in zip(astuple(x), astuple(y), strict=True)) + (a.background != b.background)
+
+
+def test_families_differ_in_one_or_two_attributes_of_one_object():
+    changes = []
+    for i in range(200):
+        base, *variants = sd.family(random.Random(i), 6, 3, 5)
+        for v in variants:
+            assert len(set(base.objects) - set(v.objects)) == 1 and len(v.objects) == len(base.objects)
+            changes.append(_attribute_diff(base, v))
+    assert set(changes) == {1, 2}
+    assert 0.45 < changes.count(1) / len(changes) < 0.75  # 60 % one change
+
+
+def test_dense_captions_are_long_and_name_every_object_and_relation():
+    rng = random.Random(0)
+    for _ in range(500):
+        scene = sd.random_scene(rng, 3, 5)
+        text = sd.dense_caption(scene)
+        assert len(text.split()) >= 80
+        for o in scene.objects:
+            assert f"there is a {o.size} {o.texture} {o.colour} {o.shape}." in text
+        for a, b in zip(scene.objects, scene.objects[1:], strict=False):
+            assert f"the {a.colour} {a.shape} is " in text.lower() and f" the {b.colour} {b.shape}." in text
+        assert f"on a {scene.background} background" in text
+
+
+def test_coarse_captions_at_two_levels():
+    scene = sd.Scene(
+        "gray", (sd.Obj("circle", "red", "small", "solid", 0), sd.Obj("star", "blue", "large", "dotted", 4))
+    )
+    assert sd.coarse_caption(scene, "shapes") == "a picture of a circle and a star."
+    assert sd.coarse_caption(scene, "colours") == "a picture of a red circle and a blue star."
+
+
+@pytest.mark.parametrize("kind", sd.EDIT_KINDS)
+def test_edits_change_what_the_instruction_says(kind):
+    rng = random.Random(kind)
+    source = sd.random_scene(rng, 3, 4)
+    target, instruction = sd.make_edit(source, rng, kind)
+    assert target != source and sd.dense_caption(target) != sd.dense_caption(source)
+    delta = len(target.objects) - len(source.objects)
+    assert delta == {"add": 1, "remove": -1}.get(kind, 0)
+    assert instruction.split()[0] in {"change", "turn", "make", "move", "add", "remove"}
+
+
+@pytest.mark.parametrize("pattern", sd.MMVP_PATTERNS)
+def test_mmvp_pairs_differ_in_their_pattern_with_one_statement_each(pattern):
+    a, b, text_a, text_b = sd.mmvp_pair(pattern, random.Random(pattern), 3, 5)
+    assert a != b and text_a != text_b
+    assert a.background == b.background
+    if pattern == "count":
+        shape = text_b.split()[-1]
+        n = lambda s: sum(o.shape in (shape, shape[:-1], shape[:-2]) for o in s.objects)  # noqa: E731
+        assert n(b) == n(a) + 1
+    if pattern == "presence":
+        assert len(b.objects) == len(a.objects) - 1
+
+
+def test_vocabulary_covers_every_generated_text(corpus):
+    vocab = set(sd.vocabulary())
+    texts = []
+    for name in ("train", "test", "pretrain", "mmvp"):
+        for line in (corpus / f"{name}.jsonl").read_text().splitlines():
+            rec = json.loads(line)
+            texts += [rec["caption"], rec.get("caption_shapes", ""), rec.get("caption_colours", "")]
+    for line in (corpus / "edits.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        texts += [rec["source_caption"], rec["target_caption"], rec["instruction"]]
+    words = {w for t in texts for w in t.lower().replace(".", " . ").replace(",", " , ").split()}
+    assert words <= vocab, words - vocab
+    assert (corpus / "vocab.txt").read_text().split() == sd.vocabulary()
+
+
+def test_generation_is_deterministic_and_independent_of_workers(corpus, tmp_path):
+    other = sd.generate(tmp_path / "again", SynthDenseConfig(**{**vars(SMALL), "workers": 2}))
+    for name in ("train.jsonl", "test.jsonl", "edits.jsonl", "mmvp.jsonl", "manifest.json"):
+        assert (corpus / name).read_bytes() == (other / name).read_bytes()
+    for rel in ("images/test/test-000003-5.png", "images/edits/edit-000007-edited.png"):
+        assert (corpus / rel).read_bytes() == (other / rel).read_bytes()
+    different = SynthDenseConfig(**{**vars(SMALL), "seed": 1})
+    assert (
+        next(iter(sd._records(different, "test", 0)))[0]["caption"]
+        != json.loads((corpus / "test.jsonl").read_text().splitlines()[0])["caption"]
+    )
+
+
+def test_images_have_the_configured_resolution_and_differ_within_a_family(corpus):
+    imgs = [load_image(corpus / f"images/test/test-000000-{v}.png") for v in range(6)]
+    assert {im.size for im in imgs} == {(48, 48)}
+    assert len({im.tobytes() for im in imgs}) == 6
+
+
+def test_the_generic_loaders_read_every_split(corpus):
+    cfg = DataConfig(root=str(corpus), synthdense=SMALL, image_size=48, context_length=160)
+    test = read_samples(cfg, "test")
+    assert len(test) == 24 and len({s.group for s in test}) == 4
+    assert read_samples(cfg, "coarse_shapes")[0].caption.startswith("a picture of a ")
+    assert len(read_samples(cfg, "edits")) == 12
+    loader = build_loader(cfg, "test", batch_size=12, train=True)
+    for batch in loader:
+        assert batch.pixel_values.shape == (12, 3, 48, 48)
+        assert batch.groups.tolist() == sorted(batch.groups.tolist()) and len(set(batch.groups.tolist())) == 2
+    edits = next(iter(build_loader(cfg, "edits", batch_size=6, train=True)))
+    assert edits.edit_source.numel() == 3 and (edits.edit_target - edits.edit_source).tolist() == [1, 1, 1]
+
+
+def test_a_different_config_in_the_same_folder_is_an_error(corpus):
+    with pytest.raises(ValueError, match="different config"):
+        sd.ensure(corpus, SynthDenseConfig(**{**vars(SMALL), "edits": 13}))
