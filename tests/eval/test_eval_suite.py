@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from sharpclip.config import EvalConfig, load_config
+from sharpclip.config import DataConfig, EvalConfig, load_config
 from sharpclip.eval.embed import ImageRef, load_image
 from sharpclip.eval.pair_data import mmvp_set_from_pairs
 from sharpclip.eval.suite import markdown_report, run_eval, run_suite, score_choice_set, suite_manifest, write_report
@@ -260,3 +260,7 @@ def test_synthdense_suites(tmp_path: Path) -> None:
     assert r["synthdense"]["t2i"]["R@1"] == 100.0 and r["synthdense"]["captions"] == 3
     # Pair 2 shows two identical images: a tie sends both statements to image b, so the pair fails.
     assert r["synth_mmvp"]["per_pattern"] == {"colour": 100.0, "count": 0.0}
+    # "retrieval" evaluates the run's own data section (format, root, eval split).
+    data = DataConfig(format="generic", root=str(tmp_path / "synth"), eval_split="test")
+    res = run_suite(ColourEmbedder(), EvalConfig(suites=["retrieval"], recall_k=[1], progress=False), data)
+    assert res.results["retrieval"]["t2i"]["R@1"] == 100.0 and res.datasets["retrieval"]["root"] == data.root

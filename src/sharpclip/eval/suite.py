@@ -176,8 +176,9 @@ def run_suite(model: Any, cfg: EvalConfig, data: DataConfig | None = None) -> Su
         for name in cfg.suites:
             es = load_eval_set(name, cfg, data)
             out.results[name] = evaluate_set(embedder, es, cfg)
+            root = data.root if name == "retrieval" and data is not None else str(suite_root(name, cfg))
             out.datasets[name] = {
-                "root": str(suite_root(name, cfg)),
+                "root": root,
                 **dataset_record(es.files, _eval_images(es), cfg.hash_images),
             }
     finally:
