@@ -1,0 +1,66 @@
+"""`sharpclip export`: an AutoModel-loadable folder from a checkpoint, checked to 1e-5; vision-only; failures."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoImageProcessor, AutoModel, AutoTokenizer, CLIPModel, CLIPVisionModel
+
+from sharpclip.cli import main
+from sharpclip.config import AdapterConfig, ModelConfig
+from sharpclip.models import create_model, save_checkpoint
+from sharpclip.models import export as export_mod
+from sharpclip.models.export import ExportError, export_model
+
+
+def _trained_checkpoint(path, method: str = "dora"):
+    cfg = ModelConfig(context_length=248, adapter=AdapterConfig(method=method, rank=4))
+    model = create_model(cfg)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n or "position_embedding.weight" in n:
+                p.add_(0.1 * torch.randn_like(p))
+    save_checkpoint(model, path / "checkpoints" / "step_000002", cfg)
+    return model
+
+
+def test_export_from_a_run_directory_loads_with_automodel_offline(tmp_path, capsys) -> None:
+    model = _trained_checkpoint(tmp_path / "run")
+    assert main(["export", str(tmp_path / "run"), "--to", str(tmp_path / "hf")]) == 0
+    assert "reload max |Δ|" in capsys.readouterr().out
+    hf = AutoModel.from_pretrained(tmp_path / "hf", local_files_only=True)
+    assert type(hf) is CLIPModel and hf.config.text_config.max_position_embeddings == 248
+    tok = AutoTokenizer.from_pretrained(tmp_path / "hf", local_files_only=True)
+    assert AutoImageProcessor.from_pretrained(tmp_path / "hf", local_files_only=True) is not None
+    ids = tok(["a red square " * 90], truncation=True, return_tensors="pt")["input_ids"]
+    assert ids.shape[1] == 248
+    with torch.no_grad():
+        want = model.eval().encode_text(ids).embedding
+        got = torch.nn.functional.normalize(hf.get_text_features(input_ids=ids).pooler_output, dim=-1)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+def test_vision_only_export_is_a_clip_vision_model(tmp_path) -> None:
+    _trained_checkpoint(tmp_path / "run", method="lora")
+    report = export_model(tmp_path / "run" / "checkpoints" / "step_000002", tmp_path / "vision", vision_only=True)
+    assert max(report.max_abs_diff.values()) <= 1e-5
+    assert type(AutoModel.from_pretrained(tmp_path / "vision", local_files_only=True)) is CLIPVisionModel
+
+
+def test_export_fails_when_the_reload_differs(tmp_path, monkeypatch) -> None:
+    real = AutoModel.from_pretrained
+
+    def corrupted(*args, **kwargs):
+        model = real(*args, **kwargs)
+        with torch.no_grad():
+            model.visual_projection.weight[0, 0] += 1e-3  # a uniform scale would vanish in the norm
+        return model
+
+    monkeypatch.setattr(export_mod.AutoModel, "from_pretrained", corrupted)
+    with pytest.raises(ExportError, match="differs"):
+        export_model(create_model(ModelConfig()), tmp_path / "bad")
+
+
+def test_rope_text_tower_refuses_a_full_export(tmp_path) -> None:
+    with pytest.raises(ExportError, match="RoPE"):
+        export_model(create_model(ModelConfig(text_encoder="rope")), tmp_path / "x")
