@@ -39,11 +39,12 @@ def _diagnostics(path: Path) -> None:
             {
                 "step": 5 * k,
                 "epoch": epoch,
-                "loss_clip": 0.0 if zero else clip,
+                "loss_infonce": 0.0 if zero else clip,
                 "loss_hn": 0.05,
-                "grad_norm_clip": 0.0 if zero else 1e-3,
+                "grad_norm_infonce": 0.0 if zero else 1e-3,
                 "grad_norm_hn": 0.1,
-                "grad_cosine": None if zero else 0.5,
+                "grad_cosine": float("nan") if zero else 0.5,  # as train/diagnostics.py writes it
+                "grad_zero_infonce": float(zero),
                 "gbar_mean": 0.8,
             }
         )
@@ -54,16 +55,16 @@ def test_gradient_dynamics_summary_and_figure(tmp_path: Path) -> None:
     _diagnostics(tmp_path / "diagnostics.jsonl")
     dyn = gradient_dynamics(read_diagnostics(tmp_path / "diagnostics.jsonl"))
     e0, e2 = dyn["per_epoch"]["0"], dyn["per_epoch"]["2"]
-    assert e0["saturated_clip"] == 0.0 and dyn["per_epoch"]["1"]["saturated_clip"] == 1.0
-    assert e2["zero_grad_clip"] == 0.5 and e0["saturated_hn"] == 0.0
+    assert e0["saturated_infonce"] == 0.0 and dyn["per_epoch"]["1"]["saturated_infonce"] == 1.0
+    assert e2["zero_grad_infonce"] == 0.5 and e0["saturated_hn"] == 0.0
     assert e0["grad_ratio"]["median"] == pytest.approx(100.0) and e2["cosine_mean"] == pytest.approx(0.5)
-    assert dyn["overall"]["zero_grad_clip"] == pytest.approx(2 / 12)
+    assert dyn["overall"]["zero_grad_infonce"] == pytest.approx(2 / 12)
     numbers = _check_png(*fig_gradient_dynamics(dyn, tmp_path / "fig4"))
-    assert numbers["per_epoch"]["1"]["saturated_clip"] == 1.0
+    assert numbers["per_epoch"]["1"]["saturated_infonce"] == 1.0
 
 
 def test_diagnostics_missing_field_is_named(tmp_path: Path) -> None:
-    (tmp_path / "diagnostics.jsonl").write_text(json.dumps({"step": 0, "epoch": 0, "loss_clip": 1.0}) + "\n")
+    (tmp_path / "diagnostics.jsonl").write_text(json.dumps({"step": 0, "epoch": 0, "loss_infonce": 1.0}) + "\n")
     with pytest.raises(ValueError, match=r"lacks.*loss_hn"):
         read_diagnostics(tmp_path / "diagnostics.jsonl")
 

@@ -2,21 +2,21 @@
 
 `diagnostics.jsonl` — one JSON object per measurement (the trainer measures every k optimizer steps). Fields read:
 
-| field            | type         | meaning                                                                      |
-|------------------|--------------|------------------------------------------------------------------------------|
-| step             | int          | optimizer step                                                               |
-| epoch            | int | float  | epoch of the step (0-based; a float is floored)                              |
-| loss_clip        | float        | standard InfoNCE, HN-CLIP eq. 1, on the measured batch                       |
-| loss_hn          | float        | the boosted loss, eq. 2, on the same batch                                   |
-| grad_norm_clip   | float        | ‖∇θ L_CLIP‖ over all trainable parameters (fp32)                             |
-| grad_norm_hn     | float        | ‖∇θ L_HN‖, same parameters                                                   |
-| grad_cosine      | float | null | cos(∇θ L_CLIP, ∇θ L_HN); null when either gradient is exactly zero          |
-| grad_zero_clip   | bool         | optional: ∇θ L_CLIP is exactly zero in fp32 (default: grad_norm_clip == 0)   |
+| field             | type               | meaning                                                             |
+|-------------------|--------------------|---------------------------------------------------------------------|
+| step              | int                | optimizer step                                                      |
+| epoch             | int or float       | epoch of the step (0-based; a float is floored)                     |
+| loss_infonce      | float              | standard InfoNCE, HN-CLIP eq. 1, on the measured batch              |
+| loss_hn           | float              | the boosted loss, eq. 2, on the same batch                          |
+| grad_norm_infonce | float              | ‖∇θ L_CLIP‖ over all trainable parameters (fp32)                    |
+| grad_norm_hn      | float              | ‖∇θ L_HN‖, same parameters                                          |
+| grad_cosine       | float, NaN or null | cos(∇θ L_CLIP, ∇θ L_HN); NaN / null when either gradient is zero    |
+| grad_zero_infonce | bool or 0/1        | optional: ∇θ L_CLIP is exactly zero in fp32 (default: its norm = 0) |
 
-Any other fields (Ḡ mean/max, logit scale, ...) are kept and ignored here. A batch is *saturated* for a loss when
-that loss is below `SATURATION` (1e-3, the paper's "declared solved"). Per epoch we report the share of saturated
-batches for each loss, the share of exact-zero L_CLIP gradients, the median and interquartile range of
-‖∇L_HN‖ / ‖∇L_CLIP‖ over measurements where ∇L_CLIP ≠ 0, and the mean and std of the cosine.
+train/diagnostics.py writes these. Any other fields (Ḡ statistics, ratio, ...) are kept and ignored here. A batch is
+*saturated* for a loss when that loss is below `SATURATION` (1e-3, the paper's "declared solved"). Per epoch we
+report the share of saturated batches for each loss, the share of exact-zero L_CLIP gradients, the median and
+interquartile range of ‖∇L_HN‖ / ‖∇L_CLIP‖ over measurements where ∇L_CLIP ≠ 0, and the mean and std of the cosine.
 
 `metrics.jsonl` / `eval.jsonl` — one JSON object per evaluation with `epoch` and the metrics, nested as eval reports
 are ({"docci": {"t2i": {"R@1": ..}}}) or already flat ("docci/t2i/R@1"); both are read as flat "a/b/c" keys.
@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 SATURATION = 1e-3
-REQUIRED = ("step", "epoch", "loss_clip", "loss_hn", "grad_norm_clip", "grad_norm_hn")
+REQUIRED = ("step", "epoch", "loss_infonce", "loss_hn", "grad_norm_infonce", "grad_norm_hn")
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
@@ -63,6 +63,11 @@ def read_diagnostics(path: str | Path) -> list[dict[str, Any]]:
     return records
 
 
+def _number(value: Any) -> float | None:
+    """A finite float, or None for null / NaN / inf (how JSON writers mark an undefined value)."""
+    return float(value) if value is not None and math.isfinite(float(value)) else None
+
+
 def _quartiles(values: list[float]) -> dict[str, float | None]:
     if not values:
         return {"median": None, "q25": None, "q75": None}
@@ -71,14 +76,14 @@ def _quartiles(values: list[float]) -> dict[str, float | None]:
 
 
 def _epoch_summary(rs: list[dict[str, Any]], saturation: float) -> dict[str, Any]:
-    zero = [bool(r.get("grad_zero_clip", r["grad_norm_clip"] == 0.0)) for r in rs]
-    ratios = [r["grad_norm_hn"] / r["grad_norm_clip"] for r, z in zip(rs, zero, strict=True) if not z]
-    cos = [float(r["grad_cosine"]) for r in rs if r.get("grad_cosine") is not None]
+    zero = [bool(r.get("grad_zero_infonce", r["grad_norm_infonce"] == 0.0)) for r in rs]
+    ratios = [r["grad_norm_hn"] / r["grad_norm_infonce"] for r, z in zip(rs, zero, strict=True) if not z]
+    cos = [c for c in (_number(r.get("grad_cosine")) for r in rs) if c is not None]
     return {
         "measurements": len(rs),
-        "saturated_clip": sum(r["loss_clip"] < saturation for r in rs) / len(rs),
+        "saturated_infonce": sum(r["loss_infonce"] < saturation for r in rs) / len(rs),
         "saturated_hn": sum(r["loss_hn"] < saturation for r in rs) / len(rs),
-        "zero_grad_clip": sum(zero) / len(rs),
+        "zero_grad_infonce": sum(zero) / len(rs),
         "grad_ratio": _quartiles(ratios),
         "cosine_mean": float(np.mean(cos)) if cos else None,
         "cosine_std": float(np.std(cos)) if cos else None,
@@ -90,7 +95,8 @@ def gradient_dynamics(records: list[dict[str, Any]], saturation: float = SATURAT
     by_epoch: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for r in records:
         by_epoch[math.floor(r["epoch"])].append(r)
-    series = {k: [r.get(k) for r in records] for k in (*REQUIRED, "grad_cosine")}
+    series = {k: [r.get(k) for r in records] for k in REQUIRED}
+    series["grad_cosine"] = [_number(r.get("grad_cosine")) for r in records]
     per_epoch = {str(e): _epoch_summary(rs, saturation) for e, rs in sorted(by_epoch.items())}
     overall = _epoch_summary(records, saturation)
     return {"saturation_threshold": saturation, "series": series, "per_epoch": per_epoch, "overall": overall}

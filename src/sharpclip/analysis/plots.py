@@ -116,18 +116,20 @@ def fig_gradient_dynamics(dyn: dict[str, Any], out: str | Path) -> tuple[Path, P
     s, per = dyn["series"], dyn["per_epoch"]
     epochs = [int(e) for e in per]
     fig, ax = plt.subplots(2, 3, figsize=(13, 6.4))
-    ax[0, 0].semilogy(s["step"], _floor(s["loss_clip"]), label="L_CLIP")
+    ax[0, 0].semilogy(s["step"], _floor(s["loss_infonce"]), label="L_CLIP")
     ax[0, 0].semilogy(s["step"], _floor(s["loss_hn"]), label="L_HN")
     ax[0, 0].axhline(dyn["saturation_threshold"], ls=":", color="gray")
     ax[0, 0].set(title="(a) loss per measured batch", xlabel="step")
     ax[0, 0].legend()
     width = 0.4
-    ax[0, 1].bar(np.asarray(epochs) - width / 2, [per[str(e)]["saturated_clip"] for e in epochs], width, label="L_CLIP")
+    ax[0, 1].bar(
+        np.asarray(epochs) - width / 2, [per[str(e)]["saturated_infonce"] for e in epochs], width, label="L_CLIP"
+    )
     ax[0, 1].bar(np.asarray(epochs) + width / 2, [per[str(e)]["saturated_hn"] for e in epochs], width, label="L_HN")
-    ax[0, 1].plot(epochs, [per[str(e)]["zero_grad_clip"] for e in epochs], "k.--", label="∇L_CLIP = 0")
+    ax[0, 1].plot(epochs, [per[str(e)]["zero_grad_infonce"] for e in epochs], "k.--", label="∇L_CLIP = 0")
     ax[0, 1].set(title=f"(a') share saturated (loss < {dyn['saturation_threshold']:g})", xlabel="epoch", ylim=(0, 1))
     ax[0, 1].legend(fontsize=7)
-    ax[0, 2].semilogy(s["step"], _floor(s["grad_norm_clip"]), label="‖∇L_CLIP‖")
+    ax[0, 2].semilogy(s["step"], _floor(s["grad_norm_infonce"]), label="‖∇L_CLIP‖")
     ax[0, 2].semilogy(s["step"], _floor(s["grad_norm_hn"]), label="‖∇L_HN‖")
     ax[0, 2].set(title="(b) gradient norms", xlabel="step")
     ax[0, 2].legend()
@@ -150,8 +152,8 @@ def fig_gradient_dynamics(dyn: dict[str, Any], out: str | Path) -> tuple[Path, P
     ax[1, 2].text(
         0,
         0.5,
-        f"measurements {o['measurements']}\nsaturated L_CLIP {o['saturated_clip']:.0%}\n"
-        f"saturated L_HN {o['saturated_hn']:.0%}\n∇L_CLIP exactly 0: {o['zero_grad_clip']:.0%}",
+        f"measurements {o['measurements']}\nsaturated L_CLIP {o['saturated_infonce']:.0%}\n"
+        f"saturated L_HN {o['saturated_hn']:.0%}\n∇L_CLIP exactly 0: {o['zero_grad_infonce']:.0%}",
         va="center",
     )
     return _save(fig, dyn, out)
