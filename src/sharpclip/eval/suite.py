@@ -154,6 +154,7 @@ def as_embedder(model: Any, cfg: EvalConfig) -> Embedder:
         return model
     from sharpclip.data.transforms import CLIP_MEAN, CLIP_STD, ClipImageTransform, TextTokenizer
 
+    model.to(cfg.device)
     proc = getattr(model, "image_processor", None)
     preprocess = ClipImageTransform(
         size=int(model.vision_model.config.image_size),
