@@ -98,5 +98,9 @@ def test_perfect_retrieval_and_errors() -> None:
         retrieval_ranks(emb, emb, pairs_from_caption_index([0] * 10))
     with pytest.raises(ValueError, match="outside"):
         retrieval_ranks(emb, emb, pairs_from_caption_index([11] * 10))
+    bad = emb.clone()
+    bad[3, 0] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        retrieval_ranks(bad, emb, pairs_from_caption_index(range(10)))
     with pytest.raises(ValueError, match=">= 1"):
         recall_summary(torch.zeros(3, dtype=torch.long), ks=(0,))

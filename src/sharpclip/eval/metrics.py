@@ -68,6 +68,9 @@ def _check_inputs(text: Tensor, image: Tensor, positives: Tensor) -> None:
         raise ValueError(
             f"embeddings must be (N, D) with equal D; got text {tuple(text.shape)}, image {tuple(image.shape)}"
         )
+    for what, emb in (("text", text), ("image", image)):
+        if not bool(torch.isfinite(emb).all()):  # NaN compares false everywhere and would rank every query first
+            raise ValueError(f"{what} embeddings contain NaN or inf: check the model's outputs (fp16 overflow?)")
     if positives.ndim != 2 or positives.shape[1] != 2:
         raise ValueError(f"positives must be (E, 2) pairs of (text index, image index); got {tuple(positives.shape)}")
     if positives.numel() == 0:
