@@ -33,22 +33,27 @@ Reader = Callable[[Path, EvalConfig, "DataConfig | None"], EvalSet]
 RETRIEVAL_FORMATS = ("docci", "dci", "long_dci", "urban1k", "sharegpt4v", "karpathy", "generic", "vg")
 
 
+def _retrieval_set(name: str, data_cfg: DataConfig, split: str) -> RetrievalSet:
+    from sharpclip.data.formats import FORMATS
+    from sharpclip.data.schema import BadSampleReport
+
+    root = Path(data_cfg.root)
+    samples = FORMATS[data_cfg.format](root, split, data_cfg, BadSampleReport("error"))
+    return from_samples(name, samples, annotation_files(root))
+
+
 def _data_reader(fmt: str) -> Reader:
     def read(root: Path, cfg: EvalConfig, data: DataConfig | None) -> RetrievalSet:
-        from sharpclip.data.formats import FORMATS
-        from sharpclip.data.schema import BadSampleReport
-
-        data_cfg = DataConfig(format=fmt, root=str(root), eval_split=cfg.split)
-        samples = FORMATS[fmt](root, cfg.split, data_cfg, BadSampleReport("error"))
-        return from_samples(fmt, samples, annotation_files(root))
+        return _retrieval_set(fmt, DataConfig(format=fmt, root=str(root), eval_split=cfg.split), cfg.split)
 
     return read
 
 
 def _run_data(root: Path, cfg: EvalConfig, data: DataConfig | None) -> RetrievalSet:
+    """The run's own data section, every format option included, on its eval split."""
     if data is None or not data.root:
         raise ValueError("suite 'retrieval' evaluates the run's data (data.format, data.root): set data.root")
-    return _data_reader(data.format)(Path(data.root), EvalConfig(split=data.eval_split), data)
+    return _retrieval_set("retrieval", data, data.eval_split)
 
 
 def _zeroshot(root: Path, cfg: EvalConfig, data: DataConfig | None) -> ClassificationSet:
