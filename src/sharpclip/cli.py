@@ -158,7 +158,7 @@ def _add_analyze(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("analyze", help="figures of finished runs (Fig. 4, convergence) or of caption geometry")
     p.add_argument("runs", nargs="*", metavar="RUN", help="run directories (diagnostics.jsonl, metrics.jsonl)")
     p.add_argument("--out", default="figures", help="where the PNG, JSON and markdown files go")
-    p.add_argument("--metric", default="t2i/R@1", help="convergence metric: suffix of the flattened metric key")
+    p.add_argument("--metric", default="R@1", help="convergence metrics: keys ending in this (e.g. t2i/R@1)")
     p.add_argument("--geometry", metavar="SUITES", help="comma-separated retrieval suites: caption geometry")
     p.add_argument("--model", help="text encoder for --geometry (sets model.name)")
     p.add_argument("--data-root", help="folder holding one sub-folder per suite, for --geometry")

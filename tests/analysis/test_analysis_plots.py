@@ -78,7 +78,16 @@ def test_convergence_curves_table_and_figure(tmp_path: Path) -> None:
         recs.insert(1, {"step": 10, "loss": 0.5})  # training records without an epoch are ignored
         (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
         runs[name] = convergence(d)
-    assert runs["hn_clip"] == {"epoch": [0, 1, 2], "docci/t2i/R@1": [65.0, 66.0, 67.0]}
+    assert runs["hn_clip"] == {
+        "epoch": [0, 1, 2],
+        "docci/i2t/R@1": [65.0, 67.0, 69.0],
+        "docci/t2i/R@1": [65.0, 66.0, 67.0],
+    }
+    # The trainer logs its evaluate() numbers flat under "eval/" (e.g. eval/mean_R@1): a metric suffix selects them.
+    assert convergence(tmp_path / "infonce", metric="t2i/R@1") == {
+        "epoch": [0, 1, 2],
+        "docci/t2i/R@1": [60.0, 61.0, 62.0],
+    }
     table = comparison_table(runs)
     assert "| hn_clip | docci/t2i/R@1 | 67.00 | 67.00 | 2 |" in table
     numbers = _check_png(*fig_convergence(runs, tmp_path / "conv"))

@@ -114,7 +114,7 @@ def flatten(record: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def convergence(run_dir: str | Path, metric: str = "t2i/R@1", file: str = "metrics.jsonl") -> dict[str, list]:
+def convergence(run_dir: str | Path, metric: str = "R@1", file: str = "metrics.jsonl") -> dict[str, list]:
     """{"epoch": [...], "<key>": [...]} for every flattened key ending in `metric`, from records with an epoch."""
     records = [flatten(r) for r in read_jsonl(Path(run_dir) / file) if "epoch" in r]
     keys = sorted({k for r in records for k in r if k.endswith(metric)})

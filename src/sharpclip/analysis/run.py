@@ -15,7 +15,7 @@ import torch
 from sharpclip.analysis import dynamics, geometry, plots
 
 
-def analyze_runs(run_dirs: list[str | Path], out_dir: str | Path, metric: str = "t2i/R@1") -> list[Path]:
+def analyze_runs(run_dirs: list[str | Path], out_dir: str | Path, metric: str = "R@1") -> list[Path]:
     """Figures of finished runs; returns the files written. A run without diagnostics.jsonl gets no Fig. 4."""
     out, written = Path(out_dir), []
     curves: dict[str, dict[str, list]] = {}
