@@ -161,17 +161,31 @@ DEFAULT_TERMS = {"contrastive": TermConfig("infonce")}
 class TrainConfig:
     """The optimisation loop (train.Trainer)."""
 
-    output_dir: str = "runs/default"
+    output_dir: str = "runs/default"  # the run directory: config, metrics, checkpoints, reports, figures
     seed: int = 0
     epochs: int = 1
+    max_steps: int = 0  # > 0 stops after this many optimiser steps (and sets the schedule's length)
     batch_size: int = 128  # effective (global) batch: the size of the contrastive matrix under `exact`
-    micro_batch_size: int = 16
+    micro_batch_size: int = 16  # rows per forward pass
     accumulation: str = "exact"  # exact (cached gradients) | per_micro_batch (each micro-batch its own loss)
     lr: float = 1e-5
-    weight_decay: float = 0.1
+    module_lr: dict[str, float] = field(default_factory=dict)  # parameter-name prefix -> lr (longest prefix wins)
+    weight_decay: float = 0.1  # not applied to gains, biases, logit scale/bias
     warmup_steps: int = 0
-    grad_clip: float = 1.0
-    precision: str = "fp32"  # fp32 | bf16
+    min_lr_ratio: float = 0.0  # the cosine schedule ends at lr * min_lr_ratio
+    grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
+    precision: str = "fp32"  # fp32 | bf16 (autocast on the towers; losses in fp32)
+    grad_checkpointing: bool = False
+    checkpoint_every: int = 0  # optimiser steps between checkpoints (0: at the end of each epoch only)
+    keep_last: int = 2  # checkpoints kept besides the best
+    eval_every: int = 1  # epochs between evaluations (0: never)
+    best_metric: str = "mean_R@1"  # the evaluation number that picks the best checkpoint (higher is better)
+    diagnostics_every: int = 0  # optimiser steps between gradient diagnostics (0: off)
+    diagnostics_gamma: float = 0.5  # γ of the HN-CLIP loss the diagnostics compare against
+    nan_patience: int = 5  # consecutive non-finite steps (skipped) before the run stops
+    progress: bool = True
+    tensorboard: bool = False
+    wandb: bool = False
 
     def __post_init__(self) -> None:
         _check_choice("train.accumulation", self.accumulation, ("exact", "per_micro_batch"))

@@ -42,6 +42,8 @@ def edit_negatives(
 
     source_image, target_image, source_text, target_text: (N, D) L2-normalised; row i of each is one edit sample.
     """
+    if source_image.shape[0] == 0:  # a batch without edit pairs contributes nothing (not NaN)
+        return source_image.sum() * 0.0
     s = scale_from_log(logit_scale)
     ss = s * source_image @ source_text.t()  # [i, j] = ⟨Iˢ_i, Tˢ_j⟩
     st = s * source_image @ target_text.t()

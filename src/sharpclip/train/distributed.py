@@ -5,18 +5,24 @@ loss. The autograd all-gather's backward sums the incoming gradients over ranks,
 receive W · ∂L/∂f_local; DDP's gradient averaging divides by W again, so the parameters end with exactly ∂L/∂θ of
 the global loss, as on one process with the whole batch. Anything built from the batch, such as HN-CLIP's Ḡ, is then
 built over the gathered texts and matches the global logits by construction.
+
+Gradient averaging is DDP's all-reduce, called once per optimiser step (`average_gradients`) rather than through the
+DDP wrapper: the cached-gradient step runs one no-grad pass, a loss backward that reaches parameters outside the
+towers (the logit scale) and k replays per step, a pattern DDP's one-forward-one-backward pairing does not express.
+Averaging after the last replay is exactly what DDP with `no_sync` on the first k − 1 replays computes.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dist_fn
 import torch.nn.functional as F
 from torch import Tensor
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 
 def is_distributed() -> bool:
@@ -97,6 +103,32 @@ def all_reduce_mean(tensor: Tensor) -> Tensor:
     out = tensor.detach().clone()
     dist.all_reduce(out)
     return out / world_size()
+
+
+def average_gradients(params: Iterable[torch.nn.Parameter]) -> None:
+    """All-reduce-mean every `.grad` in place, flattened into one buffer per dtype (as DDP's buckets do)."""
+    if world_size() == 1:
+        return
+    by_dtype: dict[torch.dtype, list[Tensor]] = {}
+    for p in params:
+        if p.requires_grad:
+            if p.grad is None:  # a rank whose batch did not reach p still takes part in the reduction
+                p.grad = torch.zeros_like(p)
+            by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
+    for grads in by_dtype.values():
+        flat = _flatten_dense_tensors(grads)
+        dist.all_reduce(flat)
+        flat /= world_size()
+        for g, synced in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
+            g.copy_(synced)
+
+
+def broadcast_parameters(module: torch.nn.Module) -> None:
+    """Make every rank start from rank 0's parameters and buffers."""
+    if world_size() == 1:
+        return
+    for tensor in [*module.parameters(), *module.buffers()]:
+        dist.broadcast(tensor.data, src=0)
 
 
 def barrier() -> None:

@@ -1,0 +1,143 @@
+"""One optimisation step's forward and backward: from a `Batch` to features, to the objective, to gradients.
+
+Features are named for the losses that read them (see losses/objective.py):
+
+    image, image_tokens, image_token_mask          the image tower (tokens only when a term reads them)
+    text, text_tokens, text_token_mask             the training caption (the long one when there are two)
+    text_short                                     the short caption (CLIP-IN eq. 8's L_CL(short))
+    text_frozen                                    the caption through a frozen copy of the initial text tower
+                                                   (HN-CLIP Table 3c: `inputs: {reference_text: text_frozen}`)
+    source_image, target_image, source_text, target_text
+                                                   the rows of each edit pair in the batch (CLIP-IN eqs. 3-6)
+
+The edit features are rows of the per-row features, selected after the micro-batches are put back together and
+before the batch is gathered across ranks, so each rank's edit indices stay local.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+from sharpclip.data.schema import Batch
+from sharpclip.losses import Objective, infonce
+from sharpclip.models.base import DualEncoder
+from sharpclip.train import distributed
+from sharpclip.train.accumulate import cached_gradient_step, per_micro_batch_step
+
+EDIT_KEYS = ("source_image", "target_image", "source_text", "target_text")
+SATURATED = 1e-3  # HN-CLIP §2.1: a batch (or row) whose InfoNCE loss is below this is "solved"
+
+
+class FeatureEncoder:
+    """Encodes a (micro-)batch into the per-row features the objective reads, in float32."""
+
+    def __init__(
+        self,
+        model: DualEncoder,
+        keys: set[str],
+        frozen_text: DualEncoder | None = None,
+        autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    ):
+        if "text_frozen" in keys and frozen_text is None:
+            raise ValueError("the objective reads 'text_frozen' but no frozen text tower was given")
+        self.model, self.keys, self.frozen_text, self.autocast = model, keys, frozen_text, autocast
+        self.image_tokens = "image_tokens" in keys
+        self.text_tokens = "text_tokens" in keys
+
+    def __call__(self, batch: Batch) -> dict[str, Tensor]:
+        m = self.model
+        with self.autocast():
+            feats = {
+                **m.encode_image(batch.pixel_values, tokens=self.image_tokens).features("image"),
+                **m.encode_text(batch.input_ids, batch.attention_mask, tokens=self.text_tokens).features("text"),
+            }
+            if "text_short" in self.keys:
+                if batch.short_input_ids is None:
+                    raise ValueError("the objective reads 'text_short' but the data has no short captions")
+                feats["text_short"] = m.encode_text(batch.short_input_ids, batch.short_attention_mask).embedding
+            if "text_frozen" in self.keys:
+                with torch.no_grad():
+                    feats["text_frozen"] = self.frozen_text.encode_text(batch.input_ids, batch.attention_mask).embedding
+        return {k: v.float() if v.is_floating_point() else v for k, v in feats.items()}
+
+
+def split_rows(batch: Batch, size: int) -> list[Batch]:
+    """Micro-batches of `size` rows (edit indices stay with the whole batch: see `with_edits`)."""
+    rows = len(batch)
+    parts = []
+    for start in range(0, rows, size):
+        sl = slice(start, start + size)
+        fields = {k: v[sl] if isinstance(v, Tensor) and v.shape[:1] == (rows,) else v for k, v in vars(batch).items()}
+        fields["ids"] = batch.ids[sl]
+        parts.append(replace(batch, **fields))
+    return parts
+
+
+def with_edits(feats: Mapping[str, Tensor], source: Tensor, target: Tensor) -> dict[str, Tensor]:
+    """Add the edit-pair features: rows `source` / `target` of the image and text features. source, target: (E,)."""
+    out = dict(feats)
+    out.update(
+        source_image=feats["image"][source],
+        target_image=feats["image"][target],
+        source_text=feats["text"][source],
+        target_text=feats["text"][target],
+    )
+    return out
+
+
+@dataclass
+class StepResult:
+    terms: dict[str, float]  # every loss term and the total, averaged as the accumulation mode defines
+    monitor: dict[str, float]  # InfoNCE on the same global batch (detached) and its share of saturated rows
+    rows: int  # rows in the global contrastive matrix
+
+
+def saturation_monitor(feats: Mapping[str, Tensor], logit_scale: Tensor) -> dict[str, float]:
+    """InfoNCE of the global batch and the share of rows whose own loss is below 1e-3 (HN-CLIP §2.1), no grad."""
+    with torch.no_grad():
+        image, text = feats["image"].detach(), feats["text"].detach()
+        logits = logit_scale.detach().exp() * image @ text.t()
+        labels = torch.arange(len(image), device=image.device)
+        rows = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
+        cols = torch.nn.functional.cross_entropy(logits.t(), labels, reduction="none")
+        per_row = torch.cat([rows, cols])
+        return {
+            "infonce": float(infonce(image, text, logit_scale.detach())),
+            "rows_saturated": float((per_row < SATURATED).float().mean()),
+        }
+
+
+def run_step(
+    encoder: FeatureEncoder,
+    objective: Objective,
+    batch: Batch,
+    micro_batch_size: int,
+    accumulation: str = "exact",
+) -> StepResult:
+    """Forward and backward over this rank's `batch` (gradients accumulate into `.grad`; no optimiser step)."""
+    model = encoder.model
+    model_inputs = {"logit_scale": model.logit_scale, "logit_bias": model.logit_bias}
+    monitor: dict[str, float] = {}
+
+    def prepare(feats: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        return distributed.gather_features(with_edits(feats, batch.edit_source, batch.edit_target))
+
+    def loss_fn(feats: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        monitor.update(saturation_monitor(feats, model.logit_scale))
+        monitor["rows"] = len(feats["image"])
+        return objective({**feats, **model_inputs})
+
+    micro = split_rows(batch, micro_batch_size)
+    if accumulation == "exact":
+        terms = cached_gradient_step(encoder, micro, loss_fn, gather=prepare)
+    else:
+        if len(batch.edit_source) and len(micro) > 1:
+            raise ValueError("per_micro_batch accumulation cannot keep edit pairs together; use accumulation: exact")
+        terms = per_micro_batch_step(encoder, micro, loss_fn, gather=prepare)
+    rows = int(monitor.pop("rows"))
+    return StepResult({k: float(v) for k, v in terms.items()}, monitor, rows)

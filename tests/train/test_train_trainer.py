@@ -1,0 +1,185 @@
+"""The training loop: it learns, logs, skips bad steps, resumes bit-identically after SIGKILL, and 2 processes
+with half the batch each end where 1 process with the whole batch ends."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from _support.tiny_run import ToyLoader, toy_model, train_config
+from sharpclip.config import LossConfig, ModelConfig, TermConfig
+from sharpclip.losses import build_objective
+from sharpclip.models.factory import save_checkpoint
+from sharpclip.train import checkpoint
+from sharpclip.train.optim import param_groups, warmup_cosine
+from sharpclip.train.trainer import Trainer, TrainingDiverged
+
+WORKER = Path(__file__).with_name("trainer_worker.py")
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+BASE = ["checkpoint_every=2"]  # 4 steps per epoch: checkpoints mid-epoch and at its end
+
+
+def _trainer(tmp_path, terms=None, loader=None, **overrides):
+    model = toy_model()
+    terms = terms or {"hn": TermConfig("hn_clip"), "tok": TermConfig("filip", weight=0.5)}
+    cfg = train_config(str(tmp_path / "run"), **overrides)
+    loader = loader or ToyLoader(model.tokenizer, batch_size=cfg.batch_size)
+    objective = build_objective(LossConfig(terms=terms))
+
+    def write_model(d: Path) -> None:
+        save_checkpoint(model, d, ModelConfig(name="tiny-clip"))
+
+    return Trainer(model, objective, loader, cfg, tmp_path / "run", write_model=write_model)
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_training_lowers_the_loss_and_logs_every_term(tmp_path):
+    model = toy_model()
+    loader = ToyLoader(model.tokenizer, n=16, batch_size=16)  # one batch to memorise
+    terms = {"clip": TermConfig("infonce"), "tok": TermConfig("filip", weight=0.1)}
+    trainer = _trainer(tmp_path, terms=terms, loader=loader, epochs=12, lr=3e-3, warmup_steps=0)
+    trainer.fit()
+    steps = [r for r in _records(tmp_path / "run" / "metrics.jsonl") if "loss" in r]
+    assert len(steps) == 12
+    for key in ("clip", "tok", "loss", "lr", "logit_scale", "samples_per_s", "seen", "infonce_monitor", "grad_norm"):
+        assert key in steps[0], key
+    first, last = sum(r["loss"] for r in steps[:3]), sum(r["loss"] for r in steps[-3:])
+    assert last < 0.8 * first
+    assert steps[-1]["seen"] == 12 * 16
+    saturation = [r for r in _records(tmp_path / "run" / "metrics.jsonl") if "saturated_batches" in r]
+    assert len(saturation) == 12
+
+
+def test_schedule_warms_up_then_decays_to_the_floor():
+    assert warmup_cosine(0, 4, 20) == pytest.approx(0.25)
+    assert warmup_cosine(3, 4, 20) == pytest.approx(1.0)
+    assert warmup_cosine(12, 4, 20) == pytest.approx(0.5)
+    assert warmup_cosine(20, 4, 20, min_ratio=0.1) == pytest.approx(0.1)
+
+
+def test_no_weight_decay_on_gains_biases_and_the_logit_scale():
+    model = toy_model()
+    groups = param_groups(model.named_parameters(), 1e-4, 0.1, {"backbone.text_model": 5e-5})
+    for group in groups:
+        for name in group["names"]:
+            no_decay = any(w in name for w in ("bias", "norm", "logit_scale")) or "layer_norm" in name
+            assert (group["weight_decay"] == 0) == (no_decay or model.get_parameter(name).ndim < 2), name
+            assert group["lr"] == (5e-5 if name.startswith("backbone.text_model") else 1e-4), name
+
+
+def test_logit_scale_is_clamped_after_each_step(tmp_path):
+    trainer = _trainer(tmp_path, epochs=1, lr=10.0, warmup_steps=0, grad_clip=0.0)
+    with torch.no_grad():
+        trainer.model.logit_scale.fill_(math.log(99.9))
+    trainer.fit()
+    assert float(trainer.model.logit_scale.detach()) <= math.log(100) + 1e-6
+
+
+def test_non_finite_steps_are_skipped_then_stop_the_run(tmp_path, caplog):
+    model = toy_model()
+    loader = ToyLoader(model.tokenizer, batch_size=16)
+    loader.pixels[:] = float("nan")  # every batch poisons the loss
+    trainer = _trainer(tmp_path, loader=loader, nan_patience=3, epochs=2)
+    with pytest.raises(TrainingDiverged, match="3 consecutive steps"):
+        trainer.fit()
+    skipped = [r for r in _records(tmp_path / "run" / "metrics.jsonl") if r.get("skipped")]
+    assert len(skipped) == 3 and all(r["ids"][0].startswith("toy-") for r in skipped)
+    assert trainer.state.step == 0
+
+
+def test_diagnostics_record_both_gradients(tmp_path):
+    trainer = _trainer(tmp_path, epochs=1, diagnostics_every=2, diagnostics_gamma=0.5)
+    trainer.fit()
+    records = _records(tmp_path / "run" / "diagnostics.jsonl")
+    assert [r["step"] for r in records] == [0, 2]
+    r = records[0]
+    assert r["batch_rows"] == 16
+    assert r["loss_hn"] > r["loss_infonce"] > 0  # the margin only adds to the negatives' logits
+    assert r["grad_norm_infonce"] > 0 and r["grad_norm_hn"] > 0 and -1 <= r["grad_cosine"] <= 1
+    assert r["grad_zero_infonce"] == 0.0 and 0 <= r["margin_mean"] <= r["margin_hardest"] <= 1
+
+
+def test_diagnostics_with_gamma_zero_compare_a_gradient_with_itself(tmp_path):
+    trainer = _trainer(tmp_path, epochs=1, max_steps=1, diagnostics_every=1, diagnostics_gamma=0.0)
+    trainer.fit()
+    r = _records(tmp_path / "run" / "diagnostics.jsonl")[0]
+    assert r["grad_cosine"] == pytest.approx(1.0, abs=1e-5) and r["grad_norm_ratio"] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_checkpoints_keep_the_last_n_and_the_best(tmp_path):
+    scores = iter([0.2, 0.5, 0.3, 0.1])
+    trainer = _trainer(tmp_path, epochs=4, keep_last=1)
+    trainer.evaluate = lambda model: {"mean_R@1": next(scores)}
+    trainer.fit()
+    ckpts = tmp_path / "run" / "checkpoints"
+    names = [p.name for p in checkpoint.all_checkpoints(ckpts)]
+    assert names == ["step-000008", "step-000016"]  # the best (epoch 2) and the last
+    assert checkpoint.best(ckpts).name == "step-000008"
+    state = torch.load(ckpts / "step-000016" / checkpoint.TRAINING_STATE, weights_only=True)
+    assert {"optimizer", "scheduler", "rng"} <= set(state)
+
+
+def _run(
+    tmp_path: Path, name: str, *args: str, fault: str | None = None, procs: int = 1
+) -> subprocess.CompletedProcess:
+    out = tmp_path / f"{name}.safetensors"
+    launcher = [sys.executable]
+    if procs > 1:
+        launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(procs)]
+    env = {**ENV, "SHARPCLIP_FAULT": fault} if fault else ENV
+    cmd = [*launcher, str(WORKER), str(tmp_path / name), str(out), *BASE, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ref")
+    proc = _run(tmp, "ref")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return load_file(tmp / "ref.safetensors")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_with_dropout(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ref_dropout")
+    proc = _run(tmp, "ref", "dropout")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return load_file(tmp / "ref.safetensors")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["step:3", "checkpoint:4"])
+def test_sigkill_then_resume_is_bit_identical(tmp_path, uninterrupted_with_dropout, fault):
+    """With attention dropout on, so the RNG states in the checkpoint matter as much as the optimiser's."""
+    uninterrupted = uninterrupted_with_dropout
+    killed = _run(tmp_path, "run", "dropout", fault=fault)
+    assert killed.returncode == -9, killed.stderr[-3000:]  # died by SIGKILL mid-epoch
+    ckpts = tmp_path / "run" / "checkpoints"
+    assert checkpoint.latest(ckpts).name == "step-000002"  # the interrupted write left no checkpoint behind
+    resumed = _run(tmp_path, "run", "resume", "dropout")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    weights = load_file(tmp_path / "run.safetensors")
+    assert weights.keys() == uninterrupted.keys()
+    for key, value in uninterrupted.items():
+        assert torch.equal(weights[key], value), key
+    assert not list(ckpts.glob(".step-*.tmp"))
+
+
+@pytest.mark.slow
+def test_two_processes_end_with_the_weights_of_one(tmp_path, uninterrupted):
+    proc = _run(tmp_path, "ddp", procs=2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    weights = load_file(tmp_path / "ddp.safetensors")
+    for key, value in uninterrupted.items():
+        assert torch.allclose(weights[key], value, atol=2e-5, rtol=1e-4), key

@@ -1,0 +1,49 @@
+"""Runs a tiny training (optionally under torchrun, optionally resuming) and writes the final weights.
+
+python trainer_worker.py RUN_DIR OUT.safetensors [resume] [key=value ...]   (train config overrides)
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from omegaconf import OmegaConf
+from safetensors.torch import save_file
+
+from _support.tiny_run import ToyLoader, toy_model, train_config
+from sharpclip.config import LossConfig, ModelConfig, TermConfig, TrainConfig
+from sharpclip.losses import build_objective
+from sharpclip.models.factory import save_checkpoint
+from sharpclip.train import checkpoint, distributed
+from sharpclip.train.trainer import Trainer
+
+
+def main(run_dir: str, out: str, args: list[str]) -> None:
+    distributed.init_from_env("gloo")
+    resume = "resume" in args
+    dropout = 0.1 if "dropout" in args else 0.0
+    overrides = [a for a in args if "=" in a]
+    base = OmegaConf.structured(train_config(run_dir))
+    cfg = OmegaConf.to_object(OmegaConf.merge(base, OmegaConf.from_dotlist(overrides)))
+    assert isinstance(cfg, TrainConfig)
+    model = toy_model(attention_dropout=dropout)
+    world = distributed.world_size()
+    loader = ToyLoader(model.tokenizer, batch_size=cfg.batch_size, rank=distributed.rank(), world=world)
+    terms = {"hn": TermConfig("hn_clip"), "tok": TermConfig("filip", weight=0.5)}
+    objective = build_objective(LossConfig(terms=terms))
+
+    def write_model(directory: Path) -> None:
+        save_checkpoint(model, directory, ModelConfig(name="tiny-clip"))
+
+    trainer = Trainer(model, objective, loader, cfg, Path(run_dir), write_model=write_model)
+    if resume:
+        trainer.resume(checkpoint.latest(Path(run_dir) / "checkpoints"))
+    trainer.fit()
+    if distributed.rank() == 0:
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, out)
+    distributed.shutdown()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], sys.argv[3:])
