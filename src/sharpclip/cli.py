@@ -11,15 +11,47 @@ import sys
 from collections.abc import Sequence
 
 
+def _config_args(p: argparse.ArgumentParser, example: str = "train.lr=1e-4") -> None:
+    p.add_argument(
+        "config_args", nargs="*", metavar="CONFIG_OR_OVERRIDE",
+        help=f"YAML recipes, layered in order, then dotted overrides (e.g. {example})",
+    )  # fmt: skip
+
+
+def _load(args: argparse.Namespace, extra: list[str] | None = None):
+    from sharpclip.config import load_config, split_args
+
+    files, overrides = split_args(args.config_args)
+    return load_config(files, overrides + (extra or []))
+
+
 def _add_config(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("config", help="print the resolved, validated config (YAML + dotted overrides)")
-    p.add_argument("config", nargs="?", help="YAML recipe (defaults when omitted)")
-    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.lr=1e-4")
+    _config_args(p)
 
     def run(args: argparse.Namespace) -> int:
-        from sharpclip.config import load_config, to_yaml
+        from sharpclip.config import to_yaml
 
-        print(to_yaml(load_config(args.config, args.overrides)), end="")
+        print(to_yaml(_load(args)), end="")
+        return 0
+
+    p.set_defaults(handler=run)
+
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="fine-tune a model (any recipe of both papers; torchrun for several processes)")
+    _config_args(p, "loss.terms.hn.params.gamma=0.25")
+    p.add_argument("--resume", metavar="RUN", help="continue a run (its directory or a checkpoint) exactly")
+
+    def run(args: argparse.Namespace) -> int:
+        from sharpclip.config import split_args
+        from sharpclip.train.run import load_run_config, run_train
+
+        files, overrides = split_args(args.config_args)
+        # with --resume and no recipe: the run's own resolved config, plus any new overrides
+        cfg = load_run_config(args.resume, overrides) if args.resume and not files else _load(args)
+        state = run_train(cfg, resume=args.resume)
+        print(f"trained {state.step} steps ({state.seen} samples); run directory: {cfg.train.output_dir}")
         return 0
 
     p.set_defaults(handler=run)
@@ -61,8 +93,7 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
 
 def _add_distill(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("distill", help="distil the text tower into a RoPE text tower (CLIP-IN eq. 7 / TULIP)")
-    p.add_argument("config", nargs="?", help="YAML recipe; its `model` section names the teacher")
-    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. model.name=/models/clip-vit-large-patch14")
+    _config_args(p, "model.name=/models/clip-vit-large-patch14; the model section names the teacher")
     p.add_argument("--captions", required=True, metavar="FILE", help="text file, one (long) caption per line")
     p.add_argument("--to", required=True, metavar="DIR", help="where to write the student's sharpclip checkpoint")
     p.add_argument("--steps", type=int, default=1000)
@@ -70,13 +101,9 @@ def _add_distill(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lr", type=float, default=5e-4)
 
     def run(args: argparse.Namespace) -> int:
-        from sharpclip.config import load_config
         from sharpclip.models.distill import DistillSettings, run_distill
 
-        path, overrides = args.config, list(args.overrides)
-        if path is not None and "=" in path:  # no YAML given: the first positional is already an override
-            path, overrides = None, [path, *overrides]
-        cfg = load_config(path, overrides)
+        cfg = _load(args)
         settings = DistillSettings(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=cfg.train.seed)
         report = run_distill(cfg.model, args.captions, args.to, settings, log=print)
         print(report)
@@ -118,32 +145,23 @@ def _add_validate_data(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
-def _config_and_overrides(config: str | None, overrides: list[str]) -> tuple[str | None, list[str]]:
-    if config is not None and "=" in config:  # no YAML given: the first positional is already an override
-        return None, [config, *overrides]
-    return config, list(overrides)
-
-
 def _add_eval(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="evaluate a model on benchmark suites: JSON + markdown report and eval manifest")
-    p.add_argument("config", nargs="?", help="YAML recipe (its model and eval sections)")
-    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. eval.recall_k=[1,5,10]")
+    _config_args(p, "eval.recall_k=[1,5,10]")
     p.add_argument("--model", help="model to evaluate (sets model.name): tiny preset, checkpoint or HF folder")
     p.add_argument("--suite", help="comma-separated suites, e.g. docci,urban1k,mmvp (sets eval.suites)")
     p.add_argument("--data-root", help="folder holding one sub-folder per suite (sets eval.data_root)")
     p.add_argument("--out", help="report folder (sets eval.output_dir)")
 
     def run(args: argparse.Namespace) -> int:
-        from sharpclip.config import load_config
         from sharpclip.eval.suite import run_eval
 
-        path, overrides = _config_and_overrides(args.config, args.overrides)
         flags = {"model.name": args.model, "eval.data_root": args.data_root, "eval.output_dir": args.out}
-        overrides += [f"{k}={v}" for k, v in flags.items() if v is not None]
+        overrides = [f"{k}={v}" for k, v in flags.items() if v is not None]
         if args.suite:
             overrides.append(f"eval.suites=[{args.suite}]")
         try:
-            paths = run_eval(load_config(path, overrides))
+            paths = run_eval(_load(args, overrides))
         except (OSError, ValueError) as err:  # missing benchmark files, unknown suite, malformed records
             print(f"sharpclip eval: {err}", file=sys.stderr)
             return 2
@@ -196,7 +214,16 @@ def build_parser() -> argparse.ArgumentParser:
         description="Fine-tune CLIP-style image-text models to tell near-duplicate images and captions apart.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for add in (_add_config, _add_objectives, _add_export, _add_distill, _add_validate_data, _add_eval, _add_analyze):
+    for add in (
+        _add_config,
+        _add_train,
+        _add_objectives,
+        _add_export,
+        _add_distill,
+        _add_validate_data,
+        _add_eval,
+        _add_analyze,
+    ):
         add(sub)
     return parser
 

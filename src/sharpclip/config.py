@@ -59,6 +59,7 @@ class ModelConfig:
 
     name: str = "tiny-clip"  # a tiny preset, a local folder or OpenAI-format file, or a hub id in the local HF cache
     kind: str = "auto"  # auto | clip | siglip | siglip2 | open_clip; auto reads the folder's config.json
+    vocabulary: str = ""  # tiny presets' word tokenizer: "" (built-in words) | synthdense | a file, one word a line
     processor: str = ""  # folder / cached hub id with the tokenizer + image processor when `name` has none
     context_length: int | None = None  # stretch text positions to this length (Long-CLIP rule) when set
     keep_positions: int = 20  # Long-CLIP: rows kept verbatim and frozen when stretching
@@ -243,21 +244,29 @@ def _merge(base: Any, layer: Any, source: str) -> Any:
         raise ConfigError(f"{source}: key '{key}': {reason}") from None
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Build a validated `Config`: defaults, then the YAML file at `path`, then `key=value` overrides in order.
+def split_args(args: list[str] | tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """Command-line words -> (YAML files, key=value overrides): a word with '=' is an override."""
+    return [a for a in args if "=" not in a], [a for a in args if "=" in a]
 
+
+def load_config(
+    path: str | Path | list[str | Path] | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> Config:
+    """Build a validated `Config`: defaults, then each YAML file of `path` in order, then `key=value` overrides.
+
+    Several files layer like overrides (a recipe, then e.g. configs/tiny_synthdense.yaml or a file of local paths).
     An unknown key or a value of the wrong type raises `ConfigError` naming the file or override and the key.
     """
     merged = OmegaConf.structured(Config)
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"{path}: config file not found")
+    paths = [] if path is None else [path] if isinstance(path, str | Path) else list(path)
+    for file in map(Path, paths):
+        if not file.is_file():
+            raise ConfigError(f"{file}: config file not found")
         try:
-            layer = OmegaConf.load(path)
+            layer = OmegaConf.load(file)
         except Exception as err:  # yaml errors carry line numbers in their message
-            raise ConfigError(f"{path}: not valid YAML: {err}") from None
-        merged = _merge(merged, layer, str(path))
+            raise ConfigError(f"{file}: not valid YAML: {err}") from None
+        merged = _merge(merged, layer, str(file))
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r}: expected key=value (e.g. train.lr=1e-4)")

@@ -59,11 +59,15 @@ def data_root(cfg: DataConfig) -> Path:
 
 
 def read_samples(cfg: DataConfig, split: str, report: BadSampleReport | None = None) -> list[Sample]:
-    """The samples of `split` in release order; bad records go to `report` (raising under on_bad_sample: error)."""
+    """The samples of `split` in release order; bad records go to `report` (raising under on_bad_sample: error).
+
+    `split` may join several with "+" (e.g. SynthDense's "train+edits": pairs and edit pairs in one epoch, as
+    CLIP-IN's stage 2 trains on both); their samples are concatenated in that order.
+    """
     if cfg.format not in FORMATS:
         raise ValueError(f"data.format: unknown format {cfg.format!r}; known: {', '.join(FORMATS)}")
     report = report if report is not None else BadSampleReport(cfg.on_bad_sample)
-    return FORMATS[cfg.format](data_root(cfg), split, cfg, report)
+    return [s for part in split.split("+") for s in FORMATS[cfg.format](data_root(cfg), part, cfg, report)]
 
 
 def image_transform(cfg: DataConfig) -> ClipImageTransform:

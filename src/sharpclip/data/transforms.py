@@ -77,3 +77,18 @@ class TextTokenizer:
     def lengths(self, texts: Sequence[str]) -> list[int]:
         """Untruncated token counts, bos and eos included (for validation reports)."""
         return [len(ids) for ids in self.tokenizer(list(texts), truncation=False, verbose=False)["input_ids"]]
+
+
+def model_transforms(model, context_length: int | None = None) -> tuple[ClipImageTransform, TextTokenizer]:
+    """The preprocessing a dual encoder was built for: its image size and mean/std, its tokenizer and context.
+
+    model: a sharpclip DualEncoder (its `image_processor`, `tokenizer`, `vision_model.config.image_size`,
+    `context_length`). Training and evaluation both use this, so they never disagree with the model.
+    """
+    proc = getattr(model, "image_processor", None)
+    image = ClipImageTransform(
+        size=int(model.vision_model.config.image_size),
+        mean=getattr(proc, "image_mean", None) or CLIP_MEAN,
+        std=getattr(proc, "image_std", None) or CLIP_STD,
+    )
+    return image, TextTokenizer(model.tokenizer, context_length or model.context_length)

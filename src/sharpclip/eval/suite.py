@@ -157,16 +157,10 @@ def as_embedder(model: Any, cfg: EvalConfig) -> Embedder:
     """An Embedder as is; a DualEncoder wrapped with CLIP preprocessing at its image size and its own tokenizer."""
     if isinstance(model, Embedder):
         return model
-    from sharpclip.data.transforms import CLIP_MEAN, CLIP_STD, ClipImageTransform, TextTokenizer
+    from sharpclip.data.transforms import model_transforms
 
     model.to(cfg.device)
-    proc = getattr(model, "image_processor", None)
-    preprocess = ClipImageTransform(
-        size=int(model.vision_model.config.image_size),
-        mean=getattr(proc, "image_mean", None) or CLIP_MEAN,
-        std=getattr(proc, "image_std", None) or CLIP_STD,
-    )
-    tokenizer = TextTokenizer(model.tokenizer, model.context_length)
+    preprocess, tokenizer = model_transforms(model)
     return ModelEmbedder(model, preprocess, tokenizer, cfg.batch_size, cfg.device, cfg.progress)
 
 

@@ -46,7 +46,7 @@ from sharpclip.config import ModelConfig
 from sharpclip.models import adapters, freezing, long_context, rope
 from sharpclip.models.hf import HFDualEncoder, wrap
 from sharpclip.models.openai_format import clip_from_openai, read_state_dict
-from sharpclip.models.tiny import tiny_model
+from sharpclip.models.tiny import TINY_WORDS, tiny_model
 
 CHECKPOINT_CONFIG = "sharpclip_model.yaml"
 WEIGHTS = "model.safetensors"
@@ -68,7 +68,7 @@ def create_model(cfg: ModelConfig) -> HFDualEncoder:
 
 def _load_base(cfg: ModelConfig) -> HFDualEncoder:
     if cfg.name.startswith("tiny-"):
-        return tiny_model(cfg.name.removeprefix("tiny-"))
+        return tiny_model(cfg.name.removeprefix("tiny-"), tiny_words(cfg.vocabulary))
     path = Path(cfg.name).expanduser()
     if (path / CHECKPOINT_CONFIG).is_file():
         return load_checkpoint(path)
@@ -77,6 +77,20 @@ def _load_base(cfg: ModelConfig) -> HFDualEncoder:
     if path.is_dir() or not path.is_absolute():
         return _from_transformers(cfg)
     raise ModelNotFoundError(f"model.name={cfg.name!r}: no such file or folder")
+
+
+def tiny_words(vocabulary: str) -> tuple[str, ...]:
+    """The word list of a tiny preset's tokenizer: built in, SynthDense's, or one word per line of a file."""
+    if not vocabulary:
+        return TINY_WORDS
+    if vocabulary == "synthdense":
+        from sharpclip.data.synthetic import vocabulary as synthdense_vocabulary
+
+        return tuple(synthdense_vocabulary())
+    path = Path(vocabulary).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"model.vocabulary={vocabulary!r}: not 'synthdense' and no such file (one word a line)")
+    return tuple(w for w in path.read_text().split() if w)
 
 
 def _from_openai(path: Path, cfg: ModelConfig) -> HFDualEncoder:

@@ -64,6 +64,8 @@ class Trainer:
         self.encoder = FeatureEncoder(model, objective.feature_keys, frozen_text, self._autocast)
         self.micro = cfg.micro_batch_size
         self.optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, cfg.module_lr)
+        if len(loader) == 0:
+            raise ValueError(f"the training data yields no batch of {cfg.batch_size} rows: lower train.batch_size")
         self.total_steps = cfg.max_steps or cfg.epochs * len(loader)
         self.scheduler = build_scheduler(self.optimizer, cfg.warmup_steps, self.total_steps, cfg.min_lr_ratio)
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -88,10 +90,8 @@ class Trainer:
             self.total_steps, self.objective, self.cfg.accumulation, self._matrix_rows(), self.micro,
         )  # fmt: skip
         bar = progress(self.total_steps, self.state.step, self.cfg.progress and self.is_main)
-        while self.state.step < self.total_steps and self.state.epoch < max(self.cfg.epochs, 1) + self.total_steps:
+        while self.state.step < self.total_steps:
             self._epoch(bar)
-            if self.state.step >= self.total_steps:
-                break
         bar.close()
         self.logger.close()
         return self.state
