@@ -96,17 +96,11 @@ def _add_distill(sub: argparse._SubParsersAction) -> None:
     _config_args(p, "model.name=/models/clip-vit-large-patch14; the model section names the teacher")
     p.add_argument("--captions", required=True, metavar="FILE", help="text file, one (long) caption per line")
     p.add_argument("--to", required=True, metavar="DIR", help="where to write the student's sharpclip checkpoint")
-    p.add_argument("--steps", type=int, default=1000)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=5e-4)
 
     def run(args: argparse.Namespace) -> int:
-        from sharpclip.models.distill import DistillSettings, run_distill
+        from sharpclip.train.distill import run_distill
 
-        cfg = _load(args)
-        settings = DistillSettings(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=cfg.train.seed)
-        report = run_distill(cfg.model, args.captions, args.to, settings, log=print)
-        print(report)
+        print(run_distill(_load(args), args.captions, args.to))  # optimisation settings: the config's `train`
         return 0
 
     p.set_defaults(handler=run)

@@ -7,10 +7,11 @@ import random
 import pytest
 import torch
 
-from sharpclip.config import ModelConfig
+from sharpclip.config import ModelConfig, TrainConfig
 from sharpclip.models import create_model, save_checkpoint, tiny_model
-from sharpclip.models.distill import DistillSettings, agreement, distill
+from sharpclip.models.distill import agreement
 from sharpclip.models.rope import Rotary, RotaryAttention, is_rope, ntk_theta
+from sharpclip.train.distill import distill
 
 
 def test_rotary_scores_depend_only_on_the_offset() -> None:
@@ -87,10 +88,14 @@ def one_thread():
 def test_distilled_rope_student_matches_teacher_then_reads_past_its_context(tmp_path, one_thread) -> None:
     torch.manual_seed(0)
     teacher = tiny_model("clip")
-    settings = DistillSettings(steps=150, batch_size=32, lr=2e-3, weight_decay=0.0, warmup_steps=10)
+    train = TrainConfig(
+        output_dir=str(tmp_path / "run"), max_steps=150, batch_size=32, micro_batch_size=32,
+        accumulation="per_micro_batch", lr=2e-3, weight_decay=0.0, warmup_steps=10, grad_clip=0.0, eval_every=0,
+        progress=False,
+    )  # fmt: skip
     held_out = _captions(200, seed=1)
     before = agreement(teacher, create_model(ModelConfig(name="tiny-clip", text_encoder="rope")), held_out)
-    student = distill(teacher, _captions(1000, seed=0), settings)
+    student = distill(teacher, _captions(1000, seed=0), train)
     cos = agreement(teacher, student, held_out)
     assert cos >= 0.95 > before  # training, not the initialisation, reaches the bar
     frozen = teacher.text_model.embeddings.token_embedding.weight

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from sharpclip.config import DataConfig
@@ -70,6 +71,14 @@ def read_samples(cfg: DataConfig, split: str, report: BadSampleReport | None = N
     return [s for part in split.split("+") for s in FORMATS[cfg.format](data_root(cfg), part, cfg, report)]
 
 
+def read_edit_samples(cfg: DataConfig, report: BadSampleReport | None = None) -> list[Sample]:
+    """The edit pairs of `data.edits_format` at `data.edits_root` (split `data.edits_split`)."""
+    if not cfg.edits_root:
+        raise ValueError(f"data.edits_format is {cfg.edits_format!r} but data.edits_root is empty: set the folder")
+    source = replace(cfg, format=cfg.edits_format, root=cfg.edits_root, edits_format="")
+    return read_samples(source, cfg.edits_split, report)
+
+
 def image_transform(cfg: DataConfig) -> ClipImageTransform:
     return ClipImageTransform(cfg.image_size, cfg.image_mean, cfg.image_std)
 
@@ -88,6 +97,8 @@ def build_dataset(cfg: DataConfig, split: str, transform=None, seed: int = 0) ->
     """Rows of `split`, decoded and preprocessed on access (`transform`: PIL → (3, H, W); CLIP's by default)."""
     report = BadSampleReport(cfg.on_bad_sample)
     samples = read_samples(cfg, split, report)
+    if cfg.edits_format and split == cfg.train_split:
+        samples += read_edit_samples(cfg, report)
     if not samples:
         raise ValueError(f"{data_root(cfg)}: split {split!r} of format {cfg.format!r} has no usable samples")
     return SampleDataset(

@@ -66,6 +66,19 @@ class FeatureEncoder:
         return {k: v.float() if v.is_floating_point() else v for k, v in feats.items()}
 
 
+class DistillEncoder:
+    """Text-only features for tower distillation (CLIP-IN eq. 7): `teacher` (frozen, no graph) and `student`."""
+
+    def __init__(self, teacher: DualEncoder, student: DualEncoder):
+        self.teacher, self.model = teacher.eval().requires_grad_(False), student
+
+    def __call__(self, batch: Batch) -> dict[str, Tensor]:
+        with torch.no_grad():
+            teacher = self.teacher.encode_text(batch.input_ids, batch.attention_mask).embedding
+        student = self.model.encode_text(batch.input_ids, batch.attention_mask).embedding
+        return {"teacher": teacher.float(), "student": student.float()}
+
+
 def split_rows(batch: Batch, size: int) -> list[Batch]:
     """Micro-batches of `size` rows (edit indices stay with the whole batch: see `with_edits`)."""
     rows = len(batch)
@@ -113,7 +126,7 @@ def saturation_monitor(feats: Mapping[str, Tensor], logit_scale: Tensor) -> dict
 
 
 def run_step(
-    encoder: FeatureEncoder,
+    encoder: FeatureEncoder | DistillEncoder,
     objective: Objective,
     batch: Batch,
     micro_batch_size: int,
@@ -125,11 +138,14 @@ def run_step(
     monitor: dict[str, float] = {}
 
     def prepare(feats: Mapping[str, Tensor]) -> dict[str, Tensor]:
-        return distributed.gather_features(with_edits(feats, batch.edit_source, batch.edit_target))
+        if "image" in feats:
+            feats = with_edits(feats, batch.edit_source, batch.edit_target)
+        return distributed.gather_features(feats)
 
     def loss_fn(feats: Mapping[str, Tensor]) -> dict[str, Tensor]:
-        monitor.update(saturation_monitor(feats, model.logit_scale))
-        monitor["rows"] = len(feats["image"])
+        if "image" in feats and "text" in feats:
+            monitor.update(saturation_monitor(feats, model.logit_scale))
+        monitor["rows"] = len(next(iter(feats.values())))
         return objective({**feats, **model_inputs})
 
     micro = split_rows(batch, micro_batch_size)

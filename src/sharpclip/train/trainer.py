@@ -26,7 +26,7 @@ from sharpclip.train import checkpoint, distributed
 from sharpclip.train.diagnostics import gradient_diagnostics
 from sharpclip.train.logging import RunLogger, log, progress
 from sharpclip.train.optim import build_optimizer, build_scheduler, clamp_logit_scale
-from sharpclip.train.step import SATURATED, FeatureEncoder, run_step
+from sharpclip.train.step import SATURATED, DistillEncoder, FeatureEncoder, run_step
 
 Evaluate = Callable[[DualEncoder], dict[str, float]]
 
@@ -45,7 +45,11 @@ class TrainerState:
 
 
 class Trainer:
-    """Fits `model` to `objective` over `loader`; `write_model(dir)` saves the model part of a checkpoint."""
+    """Fits `model` to `objective` over `loader`; `write_model(dir)` saves the model part of a checkpoint.
+
+    The features come from a `FeatureEncoder` over `model` (image-caption data) unless `encoder` is given
+    (text-only distillation: `DistillEncoder`). `frozen_text` feeds the `text_frozen` feature (frozen-Ḡ variant).
+    """
 
     def __init__(
         self,
@@ -57,11 +61,12 @@ class Trainer:
         write_model: Callable[[Path], Any],
         evaluate: Evaluate | None = None,
         frozen_text: DualEncoder | None = None,
+        encoder: DistillEncoder | None = None,
     ):
         self.model, self.objective, self.loader, self.cfg = model, objective, loader, cfg
         self.run_dir, self.write_model, self.evaluate = Path(run_dir), write_model, evaluate
         self.ckpt_dir = self.run_dir / "checkpoints"
-        self.encoder = FeatureEncoder(model, objective.feature_keys, frozen_text, self._autocast)
+        self.encoder = encoder or FeatureEncoder(model, objective.feature_keys, frozen_text, self._autocast)
         self.micro = cfg.micro_batch_size
         self.optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, cfg.module_lr)
         if len(loader) == 0:
@@ -111,7 +116,8 @@ class Trainer:
         for batch in self._steps(batches):
             record = self._train_step(batch)
             if record is not None:
-                saturated.append(record["infonce_monitor"] < SATURATED)
+                if "infonce_monitor" in record:
+                    saturated.append(record["infonce_monitor"] < SATURATED)
                 bar.update(1)
                 bar.set_postfix(loss=f"{record['loss']:.4f}", scale=f"{record['logit_scale']:.1f}")
             if self.cfg.checkpoint_every and self.state.step % self.cfg.checkpoint_every == 0:
@@ -126,9 +132,10 @@ class Trainer:
             yield batch
 
     def _end_epoch(self, saturated: list[bool]) -> None:
-        share = sum(saturated) / len(saturated) if saturated else math.nan
-        log.info("epoch %d: %.1f%% of batches had InfoNCE < 1e-3", self.state.epoch, 100 * share)
-        self.logger.step({"step": self.state.step, "epoch": self.state.epoch, "saturated_batches": share})
+        if saturated:  # image-caption objectives: HN-CLIP §2.1's saturation share of this epoch
+            share = sum(saturated) / len(saturated)
+            log.info("epoch %d: %.1f%% of batches had InfoNCE < 1e-3", self.state.epoch, 100 * share)
+            self.logger.step({"step": self.state.step, "epoch": self.state.epoch, "saturated_batches": share})
         self.state.epoch += 1
         metrics = self._evaluate()
         path = self.save()
