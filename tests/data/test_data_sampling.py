@@ -82,3 +82,37 @@ def test_resume_continues_after_the_batches_done():
 def test_a_group_larger_than_the_batch_is_an_error():
     with pytest.raises(ValueError, match="a group has 6 rows but a batch holds 4"):
         GroupBatchSampler([0] * 6, 4)
+
+
+def _coverage(units: list[int], batch_size: int, world_size: int) -> tuple[float, list[int]]:
+    """Share of rows an epoch uses over all ranks, and each rank's batch count (checking sizes and whole units)."""
+    shards = [
+        _epoch(GroupBatchSampler(units, batch_size, seed=4, rank=r, world_size=world_size)) for r in range(world_size)
+    ]
+    rows = [row for shard in shards for batch in shard for row in batch]
+    assert len(rows) == len(set(rows))
+    for batch in (b for shard in shards for b in shard):
+        assert len(batch) <= batch_size
+        assert all([units[x] for x in batch].count(units[r]) == units.count(units[r]) for r in batch)
+    return len(rows) / len(units), [len(s) for s in shards]
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+@pytest.mark.parametrize(
+    ("units", "batch_size"),
+    [
+        (_units(n_groups=100, size=6, singles=0), 16),  # families only, 16 not a multiple of 6
+        (_units(n_groups=250, size=2, singles=0), 15),  # edit pairs only, odd batch size
+        (_units(n_groups=100, size=6, singles=100), 16),  # families and single rows
+    ],
+)
+def test_drop_last_keeps_nearly_every_row_when_units_do_not_fill_a_batch(units, batch_size, world_size):
+    used, counts = _coverage(units, batch_size, world_size)
+    assert used >= 0.9
+    assert len(set(counts)) == 1 and counts[0] > 0
+
+
+def test_the_rows_an_epoch_drops_are_logged(caplog):
+    with caplog.at_level("INFO", logger="sharpclip.data"):
+        _epoch(GroupBatchSampler(list(range(95)), 10, seed=0))
+    assert "5 of 95 rows dropped" in caplog.text

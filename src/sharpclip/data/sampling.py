@@ -3,11 +3,19 @@
 Rows come in units: the two halves of an edit pair (CLIP-IN's hard negatives need both in the batch), the members of a
 group (a SynthDense family) when grouping is on, or single rows. Each epoch the units are shuffled with a generator
 seeded by (seed, epoch), then spread over the epoch's batches largest first, each into the emptiest batch where it
-fits (so groups spread evenly and single rows fill the gaps: batches come out full); the batch order is shuffled too.
+fits (so groups spread evenly and single rows fill the gaps); the batch order is shuffled too.
 Without shuffling (evaluation) units are packed in order. With `distinct_captions`, a unit
 does not go into a batch that already holds one of its captions (an exact duplicate would be a false negative of
 InfoNCE and a zero-margin pair of HN-CLIP). Batch k goes to rank k mod world_size, so ranks see disjoint rows and the
 same number of batches; every rank computes the same packing, so no communication is needed.
+
+The guarantee: every batch holds at most `batch_size` rows, and whole units only. Units need not add up to
+`batch_size` (families of 6 never fill a batch of 16), so a batch counts as complete when it holds more than
+`batch_size - largest unit` rows: no unit of the largest size could still join it. Under `drop_last` only
+batches short of that are dropped (the leftover tail of the packing), plus the fewest rows that leave every rank the
+same number of batches; the epoch's dropped rows are logged on the `sharpclip.data` logger. Batch sizes therefore
+vary by less than the largest unit, which the trainer and the losses accept (the contrastive matrix is whatever rows
+the ranks gather). Without `drop_last` every row is used exactly once.
 
 The sampler is resumable: `state_dict()` records (epoch, batches already yielded on this rank).
 """
@@ -15,10 +23,13 @@ The sampler is resumable: `state_dict()` records (epoch, batches already yielded
 from __future__ import annotations
 
 import heapq
+import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
+
+log = logging.getLogger("sharpclip.data")
 
 MAX_OPEN = 16  # batches kept open while packing: enough to place groups, few enough to keep the shuffle's order
 
@@ -93,16 +104,30 @@ class GroupBatchSampler:
 
     def _rank_batches(self) -> list[list[int]]:
         if self._cache is None or self._cache[0] != self.epoch:
-            if self.shuffle:
-                g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-                batches = _spread(self._order(g), self.members, self.batch_size, self._unit_captions(), self.drop_last)
-                batches = [batches[k] for k in torch.randperm(len(batches), generator=g).tolist()]
-            else:
-                batches = _pack(
-                    list(range(len(self.members))), self.members, self.batch_size, self._unit_captions(), self.drop_last
-                )
-            self._cache = (self.epoch, _for_rank(batches, self.rank, self.world_size, self.drop_last))
+            batches = _equal_per_rank(self._epoch_batches(), self.world_size, self.drop_last)
+            self._log_dropped(batches)
+            self._cache = (self.epoch, batches[self.rank :: self.world_size])
         return self._cache[1]
+
+    def _epoch_batches(self) -> list[list[int]]:
+        """All ranks' batches of the current epoch, in the order they are dealt out."""
+        captions = self._unit_captions()
+        if not self.shuffle:
+            order = list(range(len(self.members)))
+            return _pack(order, self.members, self.batch_size, captions, self.drop_last)
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        batches = _spread(self._order(g), self.members, self.batch_size, captions, self.drop_last)
+        return [batches[k] for k in torch.randperm(len(batches), generator=g).tolist()]
+
+    def _log_dropped(self, batches: list[list[int]]) -> None:
+        """Log how many rows the epoch leaves out (every rank packs alike, so rank 0 speaks for all)."""
+        rows = sum(len(m) for m in self.members)
+        dropped = rows - len({r for b in batches for r in b})
+        if self.rank == 0 and rows:
+            level = logging.WARNING if dropped > 0.1 * rows else logging.INFO
+            log.log(
+                level, "epoch %d: %d of %d rows dropped (partial batches under drop_last)", self.epoch, dropped, rows
+            )
 
     def _unit_captions(self) -> list[set[str]] | None:
         if not self.distinct:
@@ -162,7 +187,11 @@ def _pack(
     drop_last: bool,
     done: list[list[int]] | None = None,
 ) -> list[list[int]]:
-    """First-fit packing of units (in `order`) into `size`-row batches after `done`; partial ones last or dropped."""
+    """First-fit packing of units (in `order`) into `size`-row batches after `done`.
+
+    A batch is complete when it holds more than `size` minus the largest unit's rows; the others (the packing's
+    leftovers) come last, or are dropped under `drop_last`.
+    """
     done = [b for b in done or [] if b]
     open_: list[_Open] = []
     for u in order:
@@ -179,18 +208,19 @@ def _pack(
         if len(target.rows) == size:
             done.append(target.rows)
             open_.remove(target)
-    tail = [b.rows for b in open_ if b.rows]
-    full = [b for b in done if len(b) == size]
-    partial = [b for b in done if len(b) < size] + tail
-    return full if drop_last else full + partial
+    done += [b.rows for b in open_ if b.rows]
+    complete = size - max((len(m) for m in members), default=1)  # no unit of the largest size could still join
+    kept = [b for b in done if len(b) > complete]
+    return kept if drop_last else kept + [b for b in done if len(b) <= complete]
 
 
-def _for_rank(batches: list[list[int]], rank: int, world: int, drop_last: bool) -> list[list[int]]:
-    """Batch k to rank k mod world; all ranks get the same count (trim with drop_last, else wrap around)."""
-    if world == 1:
+def _equal_per_rank(batches: list[list[int]], world: int, drop_last: bool) -> list[list[int]]:
+    """A batch count divisible by `world` (batch k goes to rank k mod world): drop the smallest batches under
+    `drop_last` (the latest of equal ones), else wrap around to the first ones."""
+    extra = len(batches) % world
+    if world == 1 or not extra:
         return batches
     if drop_last:
-        batches = batches[: len(batches) - len(batches) % world]
-    elif batches and len(batches) % world:
-        batches = batches + batches[: world - len(batches) % world]
-    return batches[rank::world]
+        smallest = set(sorted(range(len(batches)), key=lambda k: (len(batches[k]), -k))[:extra])
+        return [b for k, b in enumerate(batches) if k not in smallest]
+    return batches + batches[: world - extra]
