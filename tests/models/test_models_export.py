@@ -64,3 +64,18 @@ def test_export_fails_when_the_reload_differs(tmp_path, monkeypatch) -> None:
 def test_rope_text_tower_refuses_a_full_export(tmp_path) -> None:
     with pytest.raises(ExportError, match="RoPE"):
         export_model(create_model(ModelConfig(text_encoder="rope")), tmp_path / "x")
+
+
+def test_export_fails_when_a_stretched_position_row_differs(tmp_path, monkeypatch) -> None:
+    real = AutoModel.from_pretrained
+
+    def corrupted(*args, **kwargs):
+        model = real(*args, **kwargs)
+        with torch.no_grad():  # rows past the kept ones and past a short test caption (not uniform: LayerNorm)
+            rows = model.text_model.embeddings.position_embedding.weight[30:]
+            rows += 1e-2 * torch.randn(rows.shape, generator=torch.Generator().manual_seed(0))
+        return model
+
+    monkeypatch.setattr(export_mod.AutoModel, "from_pretrained", corrupted)
+    with pytest.raises(ExportError, match="differs"):
+        export_model(create_model(ModelConfig(context_length=248)), tmp_path / "bad")

@@ -122,14 +122,17 @@ def _vision_outputs(model: HFDualEncoder | torch.nn.Module, pixels: Tensor, ids:
 
 
 def fixed_inputs(model: HFDualEncoder, batch: int = 4, seed: int = 0) -> tuple[Tensor, Tensor]:
-    """Deterministic test inputs: standard-normal images (B, 3, S, S) and random captions ending in eos (B, L)."""
+    """Deterministic test inputs: standard-normal images (B, 3, S, S) and random captions ending in eos (B, L).
+
+    L is the whole text context (`max_position_embeddings`), so every position row, stretched ones included, shapes
+    the compared embeddings: a corrupted row anywhere fails the check.
+    """
     gen = torch.Generator().manual_seed(seed)
     vcfg = model.vision_model.config
     size = getattr(vcfg, "image_size", None) or vcfg.patch_size * round(vcfg.num_patches**0.5)
     pixels = torch.randn(batch, 3, size, size, generator=gen)
     tcfg = model.text_model.config
-    length = min(16, tcfg.max_position_embeddings)
-    ids = torch.randint(0, tcfg.vocab_size - 2, (batch, length), generator=gen)
+    ids = torch.randint(0, tcfg.vocab_size - 2, (batch, tcfg.max_position_embeddings), generator=gen)
     if tcfg.eos_token_id is not None and 0 <= tcfg.eos_token_id < tcfg.vocab_size:
         ids[ids == tcfg.eos_token_id] = 0
         ids[:, -1] = tcfg.eos_token_id
