@@ -83,3 +83,17 @@ def test_tokeniser_forces_eos_into_the_last_position_when_a_tokenizer_cuts_it():
 def test_untruncated_lengths_include_bos_and_eos():
     tok = build_word_tokenizer(["red circle"])
     assert TextTokenizer(tok, 4).lengths(["red circle red circle red", "red"]) == [7, 3]
+
+
+@pytest.mark.parametrize("kind", ["clip", "siglip", "siglip2"])
+def test_model_transforms_feed_the_model_including_siglip2_naflex(kind):
+    from sharpclip.data.transforms import model_transforms
+    from sharpclip.models.tiny import tiny_model
+
+    model = tiny_model(kind)
+    image, text = model_transforms(model)
+    pixels = image(_image(50, 40, seed=1)).unsqueeze(0)
+    ids, mask = text(["red square"])
+    with torch.no_grad():
+        assert model.encode_image(pixels).embedding.shape[0] == 1
+        assert model.encode_text(ids, mask).embedding.shape[0] == 1

@@ -79,15 +79,31 @@ class TextTokenizer:
         return [len(ids) for ids in self.tokenizer(list(texts), truncation=False, verbose=False)["input_ids"]]
 
 
+def model_image_size(model) -> int:
+    """The square side a dual encoder's vision tower takes: `image_size`, or for SigLIP 2 NaFlex (whose config has
+    none) the side of its square patch budget, `patch_size · √num_patches` (256 px for the released patch-16 towers).
+    """
+    vcfg = model.vision_model.config
+    size = getattr(vcfg, "image_size", None)
+    if size:
+        return int(size)
+    if getattr(vcfg, "num_patches", None) and getattr(vcfg, "patch_size", None):
+        return int(vcfg.patch_size * round(vcfg.num_patches**0.5))
+    raise ValueError(
+        f"{type(vcfg).__name__} has neither image_size nor patch_size and num_patches; cannot tell the input size "
+        "of this vision tower"
+    )
+
+
 def model_transforms(model, context_length: int | None = None) -> tuple[ClipImageTransform, TextTokenizer]:
     """The preprocessing a dual encoder was built for: its image size and mean/std, its tokenizer and context.
 
-    model: a sharpclip DualEncoder (its `image_processor`, `tokenizer`, `vision_model.config.image_size`,
+    model: a sharpclip DualEncoder (its `image_processor`, `tokenizer`, vision config (`model_image_size`),
     `context_length`). Training and evaluation both use this, so they never disagree with the model.
     """
     proc = getattr(model, "image_processor", None)
     image = ClipImageTransform(
-        size=int(model.vision_model.config.image_size),
+        size=model_image_size(model),
         mean=getattr(proc, "image_mean", None) or CLIP_MEAN,
         std=getattr(proc, "image_std", None) or CLIP_STD,
     )

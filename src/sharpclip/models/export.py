@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 from transformers import AutoModel
 
+from sharpclip.data.transforms import model_image_size
 from sharpclip.models import adapters, long_context, rope
 from sharpclip.models.factory import CHECKPOINT_CONFIG, load_checkpoint, save_processors
 from sharpclip.models.hf import HFDualEncoder, wrap
@@ -128,8 +129,7 @@ def fixed_inputs(model: HFDualEncoder, batch: int = 4, seed: int = 0) -> tuple[T
     the compared embeddings: a corrupted row anywhere fails the check.
     """
     gen = torch.Generator().manual_seed(seed)
-    vcfg = model.vision_model.config
-    size = getattr(vcfg, "image_size", None) or vcfg.patch_size * round(vcfg.num_patches**0.5)
+    size = model_image_size(model)
     pixels = torch.randn(batch, 3, size, size, generator=gen)
     tcfg = model.text_model.config
     ids = torch.randint(0, tcfg.vocab_size - 2, (batch, tcfg.max_position_embeddings), generator=gen)
