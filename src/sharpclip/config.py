@@ -7,7 +7,7 @@ that name the source (file or override) and the full key, and validates choices 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -231,6 +231,9 @@ class EvalConfig:
     suites: list[str] = field(default_factory=lambda: ["retrieval"])  # "retrieval" = data.format on data.eval_split
     data_root: str = ""  # a suite's root is roots[name], else data_root/<name> if it exists, else data_root
     roots: dict[str, str] = field(default_factory=dict)
+    # per-suite data options merged into that suite's DataConfig, e.g. {dci: {list_file: DCI_test.json}} for GOAL's
+    # DCI protocol, {docci: {docci_test: goal}}; keys are DataConfig fields other than format and root
+    data_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     split: str = "test"
     recall_k: list[int] = field(default_factory=lambda: [1, 5, 10, 25, 50])
     chunk_size: int = 1024  # query rows scored at once: memory O(chunk_size × gallery)
@@ -250,6 +253,17 @@ class EvalConfig:
         bad = [k for k in [*self.recall_k, *self.zeroshot_k] if k < 1]
         if bad:
             raise ConfigError(f"eval.recall_k / eval.zeroshot_k: values must be >= 1, got {bad}")
+        self._check_data_options()
+
+    def _check_data_options(self) -> None:
+        allowed = {f.name for f in fields(DataConfig)} - {"format", "root"}
+        for suite, options in self.data_options.items():
+            for key in options:
+                if key not in allowed:
+                    raise ConfigError(
+                        f"eval.data_options.{suite}.{key}: not a data option a suite can set; "
+                        f"use one of {', '.join(sorted(allowed))} (a suite's root is eval.roots.{suite})"
+                    )
 
 
 @dataclass

@@ -264,3 +264,21 @@ def test_synthdense_suites(tmp_path: Path) -> None:
     data = DataConfig(format="generic", root=str(tmp_path / "synth"), eval_split="test")
     res = run_suite(ColourEmbedder(), EvalConfig(suites=["retrieval"], recall_k=[1], progress=False), data)
     assert res.results["retrieval"]["t2i"]["R@1"] == 100.0 and res.datasets["retrieval"]["root"] == data.root
+
+
+def test_dci_suite_reads_goal_list_through_per_suite_data_options() -> None:
+    from sharpclip.config import ConfigError
+    from sharpclip.eval.suite import load_eval_set
+
+    root = Path(__file__).parents[1] / "fixtures" / "data" / "dci"
+    official = EvalConfig(suites=["dci"], roots={"dci": str(root)}, progress=False)
+    assert load_eval_set("dci", official).captions != ["GOAL DCI caption 1543972", "GOAL DCI caption 1554200"]
+    goal = EvalConfig(**{**official.__dict__, "data_options": {"dci": {"list_file": "DCI_test.json"}}})
+    es = load_eval_set("dci", goal)
+    assert es.captions == ["GOAL DCI caption 1543972", "GOAL DCI caption 1554200"]
+    assert [Path(i).name for i in es.images] == ["sa_1543972.jpg", "sa_1554200.jpg"]
+    assert run_suite(ColourEmbedder(), goal).results["dci"]["captions"] == 2
+    cfg = load_config(overrides=["eval.data_options={dci: {list_file: DCI_test.json}}"])
+    assert cfg.eval.data_options == {"dci": {"list_file": "DCI_test.json"}}
+    with pytest.raises(ConfigError, match=r"eval\.data_options\.dci\.lst_file"):
+        EvalConfig(data_options={"dci": {"lst_file": "DCI_test.json"}})

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,17 +42,25 @@ def _retrieval_set(name: str, data_cfg: DataConfig, split: str) -> RetrievalSet:
     return from_samples(name, samples, annotation_files(root))
 
 
-def _data_reader(fmt: str) -> Reader:
+def suite_data_config(name: str, fmt: str, root: Path, cfg: EvalConfig) -> DataConfig:
+    """The DataConfig suite `name` reads with: its format and root, eval.split, then eval.data_options[name]."""
+    options = {"eval_split": cfg.split, **cfg.data_options.get(name, {})}
+    return DataConfig(format=fmt, root=str(root), **options)
+
+
+def _data_reader(fmt: str, name: str) -> Reader:
     def read(root: Path, cfg: EvalConfig, data: DataConfig | None) -> RetrievalSet:
-        return _retrieval_set(fmt, DataConfig(format=fmt, root=str(root), eval_split=cfg.split), cfg.split)
+        data_cfg = suite_data_config(name, fmt, root, cfg)
+        return _retrieval_set(name, data_cfg, data_cfg.eval_split)
 
     return read
 
 
 def _run_data(root: Path, cfg: EvalConfig, data: DataConfig | None) -> RetrievalSet:
-    """The run's own data section, every format option included, on its eval split."""
+    """The run's own data section, every format option included (and eval.data_options.retrieval), on its eval split."""
     if data is None or not data.root:
         raise ValueError("suite 'retrieval' evaluates the run's data (data.format, data.root): set data.root")
+    data = replace(data, **cfg.data_options.get("retrieval", {}))
     return _retrieval_set("retrieval", data, data.eval_split)
 
 
@@ -61,9 +69,9 @@ def _zeroshot(root: Path, cfg: EvalConfig, data: DataConfig | None) -> Classific
 
 
 DATASETS: dict[str, Reader] = {
-    **{fmt: _data_reader(fmt) for fmt in RETRIEVAL_FORMATS},
+    **{fmt: _data_reader(fmt, fmt) for fmt in RETRIEVAL_FORMATS},
     "retrieval": _run_data,
-    "synthdense": _data_reader("generic"),  # SynthDense is written in the generic format (data.synthetic)
+    "synthdense": _data_reader("generic", "synthdense"),  # SynthDense is written in the generic format (data.synthetic)
     "synth_mmvp": lambda root, cfg, data: pair_data.read_synth_mmvp(root),
     "mmvp": lambda root, cfg, data: pair_data.read_mmvp(root),
     "winoground": lambda root, cfg, data: pair_data.read_winoground(root),
