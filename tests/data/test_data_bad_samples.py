@@ -115,3 +115,18 @@ def test_every_sample_bad_in_a_batch_is_an_error_not_an_empty_batch(tmp_path):
         (root / "images" / name).unlink()
     with pytest.raises(RuntimeError, match="every sample of a batch was bad"):
         _epoch(cfg_for("docci", root, on_bad_sample="skip"))
+
+
+def test_a_bad_image_skipped_every_epoch_is_reported_once(tmp_path, caplog):
+    root = copy_fixture("docci", tmp_path)
+    path = root / "images" / "train_00000.jpg"
+    path.write_bytes(path.read_bytes()[:40])
+    loader = build_loader(cfg_for("docci", root, on_bad_sample="skip"), "train", TOK, batch_size=2, train=False)
+    with caplog.at_level(logging.WARNING, logger="sharpclip.data"):
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            assert [i for b in loader for i in b.ids] == ["train_00001"]
+    assert [b.record for b in loader.report.items] == ["train_00000"]
+    assert loader.report.summary().startswith("skipped 1 bad samples (1 unreadable image)")
+    assert list(loader.times_skipped.values()) == [3]
+    assert caplog.text.count("skipped 1 bad samples") == 1  # logged when first met, not again each epoch

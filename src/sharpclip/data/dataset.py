@@ -7,13 +7,15 @@ per batch in the collator (the fast tokenizer is batched).
 
 Bad samples: reading the annotation files reports malformed records and empty captions (`BadSampleReport`); a
 missing or corrupt image is found when the row is loaded, raises `BadSampleError` under `on_bad_sample: error`, and
-under `skip` is dropped from its batch and listed in `Batch.skipped`. `SampleLoader` gathers both kinds and logs
-the summary at the end of every epoch; `loader.report` holds them.
+under `skip` is dropped from its batch and listed in `Batch.skipped`. `SampleLoader` gathers both kinds into
+`loader.report`, each bad sample once (by file and record) however many epochs skip it; `loader.times_skipped`
+counts the skips. The summary is logged at the end of an epoch that met a bad sample not reported before.
 """
 
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -188,8 +190,21 @@ class SampleLoader(DataLoader):
 
     def __init__(self, dataset: SampleDataset, **kwargs):
         super().__init__(dataset, **kwargs)
-        self.report = BadSampleReport("skip", list(dataset.report.items))
+        self.report = BadSampleReport("skip")
+        self.times_skipped: Counter[tuple[str, str]] = Counter()  # (where, record) -> skips over all epochs
+        self._record(dataset.report.items)
         self.consumed = 0
+
+    def _record(self, bads: Sequence[BadSample]) -> int:
+        """Count each skip; add a bad sample to the report the first time it is met. Returns how many were new."""
+        new = 0
+        for bad in bads:
+            key = (bad.where, bad.record)
+            if key not in self.times_skipped:
+                self.report.items.append(bad)
+                new += 1
+            self.times_skipped[key] += 1
+        return new
 
     def set_epoch(self, epoch: int) -> None:
         self.dataset.set_epoch(epoch)
@@ -208,10 +223,11 @@ class SampleLoader(DataLoader):
     def __iter__(self) -> Iterator[Batch]:
         self.dataset.set_epoch(self.batch_sampler.epoch)
         self.consumed = self.batch_sampler.start
+        new = 0
         for batch in super().__iter__():
             self.consumed += 1
-            self.report.items.extend(batch.skipped)
+            new += self._record(batch.skipped)
             yield batch
         self.consumed = 0  # the sampler has moved on to the next epoch
-        if self.report.items:
+        if new:
             log.warning("data: %s", self.report.summary())
