@@ -77,15 +77,16 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     p.add_argument("source", metavar="RUN_OR_CHECKPOINT", help="run directory, sharpclip checkpoint or HF folder")
     p.add_argument("--to", required=True, metavar="DIR", help="output folder")
     p.add_argument("--vision-only", action="store_true", help="export the vision tower alone (CLIPVisionModel)")
+    p.add_argument("--best", action="store_true", help="a run directory's best checkpoint (best.json), not its newest")
 
     def run(args: argparse.Namespace) -> int:
         from sharpclip.models.export import ExportError, export_model
 
         try:
-            print(export_model(args.source, args.to, vision_only=args.vision_only))
-        except ExportError as err:
-            print(f"sharpclip export: {err}", file=sys.stderr)
-            return 1
+            print(export_model(args.source, args.to, vision_only=args.vision_only, best=args.best))
+        except (ExportError, OSError, ValueError) as err:  # 1: cannot export faithfully; 2: no such model / bad input
+            print(f"sharpclip export: {' '.join(str(err).split())}", file=sys.stderr)
+            return 1 if isinstance(err, ExportError) else 2
         return 0
 
     p.set_defaults(handler=run)

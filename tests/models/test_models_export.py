@@ -10,17 +10,19 @@ from sharpclip.cli import main
 from sharpclip.config import AdapterConfig, ModelConfig
 from sharpclip.models import create_model, save_checkpoint
 from sharpclip.models import export as export_mod
-from sharpclip.models.export import ExportError, export_model
+from sharpclip.models.export import ExportError, export_model, resolve_source
+from sharpclip.train import checkpoint
 
 
-def _trained_checkpoint(path, method: str = "dora"):
+def _trained_checkpoint(path, method: str = "dora", step: int = 2):
+    """A run directory in the trainer's layout: `path/checkpoints/step-00000N/` written by train.checkpoint.save."""
     cfg = ModelConfig(context_length=248, adapter=AdapterConfig(method=method, rank=4))
     model = create_model(cfg)
     with torch.no_grad():
         for n, p in model.named_parameters():
             if "lora_B" in n or "position_embedding.weight" in n:
                 p.add_(0.1 * torch.randn_like(p))
-    save_checkpoint(model, path / "checkpoints" / "step_000002", cfg)
+    checkpoint.save(path / "checkpoints", step, lambda d: save_checkpoint(model, d, cfg), {}, {"step": step})
     return model
 
 
@@ -42,7 +44,7 @@ def test_export_from_a_run_directory_loads_with_automodel_offline(tmp_path, caps
 
 def test_vision_only_export_is_a_clip_vision_model(tmp_path) -> None:
     _trained_checkpoint(tmp_path / "run", method="lora")
-    report = export_model(tmp_path / "run" / "checkpoints" / "step_000002", tmp_path / "vision", vision_only=True)
+    report = export_model(tmp_path / "run" / "checkpoints" / "step-000002", tmp_path / "vision", vision_only=True)
     assert max(report.max_abs_diff.values()) <= 1e-5
     assert type(AutoModel.from_pretrained(tmp_path / "vision", local_files_only=True)) is CLIPVisionModel
 
@@ -79,3 +81,30 @@ def test_export_fails_when_a_stretched_position_row_differs(tmp_path, monkeypatc
     monkeypatch.setattr(export_mod.AutoModel, "from_pretrained", corrupted)
     with pytest.raises(ExportError, match="differs"):
         export_model(create_model(ModelConfig(context_length=248)), tmp_path / "bad")
+
+
+def test_a_run_exports_its_newest_complete_checkpoint_or_with_best_its_best(tmp_path, capsys) -> None:
+    run = tmp_path / "run"
+    interrupted = run / "checkpoints" / ".step-000006.tmp"
+    save_checkpoint(create_model(ModelConfig()), interrupted, ModelConfig())  # model written, trainer state not yet
+    with pytest.raises(ExportError, match="complete checkpoints/step-"):
+        resolve_source(run)
+    _trained_checkpoint(run, "lora", step=2)
+    _trained_checkpoint(run, "lora", step=4)
+    assert resolve_source(run) == run / "checkpoints" / "step-000004"
+    with pytest.raises(ExportError, match=r"best\.json"):
+        resolve_source(run, best=True)
+    checkpoint.mark_best(run / "checkpoints", run / "checkpoints" / "step-000002", 0.5)
+    assert resolve_source(run, best=True) == run / "checkpoints" / "step-000002"
+    assert main(["export", str(run), "--best", "--to", str(tmp_path / "hf"), "--vision-only"]) == 0
+    assert "reload max |Δ|" in capsys.readouterr().out
+
+
+def test_export_of_a_model_that_cannot_load_is_a_one_line_error(tmp_path, capsys) -> None:
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{}")  # not a model transformers knows
+    assert main(["export", str(tmp_path / "broken"), "--to", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sharpclip export: ") and err.count("\n") == 1 and "Traceback" not in err
+    assert main(["export", str(tmp_path / "nothing"), "--to", str(tmp_path / "out")]) == 1
+    assert "neither a sharpclip checkpoint" in capsys.readouterr().err

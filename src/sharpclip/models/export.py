@@ -1,7 +1,8 @@
 """Export a trained model as a plain transformers folder, and prove the export computes the same embeddings.
 
 `sharpclip export SRC --to DIR` where SRC is a sharpclip checkpoint (models.factory), a run directory (its newest
-checkpoint under `checkpoints/`, by name) or a transformers folder. The export
+complete checkpoint under `checkpoints/`, as train.checkpoint.latest finds it; with `--best`, the one `best.json`
+names) or a transformers folder. The export
 
 1. merges LoRA/DoRA into the weights (peft `merge_and_unload`) and folds a stretched position table with frozen rows
    into one plain table (models.long_context);
@@ -48,22 +49,45 @@ class ExportReport:
         return f"exported to {self.directory}; reload max |Δ|: {diffs} (tolerance {TOLERANCE:g})"
 
 
-def resolve_source(source: str | Path) -> Path:
-    """A checkpoint folder, a run directory's newest checkpoint, or a transformers folder."""
+def resolve_source(source: str | Path, best: bool = False) -> Path:
+    """A checkpoint folder, a run directory's newest complete checkpoint (or its best one), or a transformers folder."""
     source = Path(source)
-    if (source / CHECKPOINT_CONFIG).is_file() or (source / "config.json").is_file():
+    is_model = (source / CHECKPOINT_CONFIG).is_file() or (source / "config.json").is_file()
+    if is_model and not best:
         return source
-    found = sorted(p.parent for p in (source / "checkpoints").glob(f"*/{CHECKPOINT_CONFIG}"))
-    if not found:
-        raise ExportError(
-            f"{source}: neither a sharpclip checkpoint ({CHECKPOINT_CONFIG} + model.safetensors), a run directory "
-            "with checkpoints/*/ inside, nor a transformers folder (config.json)"
+    if is_model:
+        raise ExportError(f"{source}: --best picks a checkpoint of a run directory; this is one model already")
+    found = _run_checkpoint(source / "checkpoints", best)
+    if found is None or not (found / CHECKPOINT_CONFIG).is_file():
+        raise ExportError(_no_checkpoint(source, found, best))
+    return found
+
+
+def _run_checkpoint(checkpoints: Path, best: bool) -> Path | None:
+    from sharpclip.train import checkpoint
+
+    if not checkpoints.is_dir():
+        return None
+    return checkpoint.best(checkpoints) if best else checkpoint.latest(checkpoints)
+
+
+def _no_checkpoint(source: Path, found: Path | None, best: bool) -> str:
+    if best and found is not None:
+        return f"{source}: best.json names {found.name}, which is not a complete checkpoint; drop --best"
+    if best:
+        return (
+            f"{source}: no checkpoints/best.json (the trainer marks a best checkpoint when it validates); drop --best"
         )
-    return found[-1]
+    return (
+        f"{source}: neither a sharpclip checkpoint ({CHECKPOINT_CONFIG} + model.safetensors), a run directory with a "
+        "complete checkpoints/step-*/ inside (interrupted .step-*.tmp writes are ignored), nor a transformers folder "
+        "(config.json)"
+    )
 
 
-def load_for_export(source: str | Path) -> HFDualEncoder:
-    path = resolve_source(source)
+def load_for_export(source: str | Path, best: bool = False) -> HFDualEncoder:
+    """The model at `source` (see resolve_source), as sharpclip loads it."""
+    path = resolve_source(source, best)
     if (path / CHECKPOINT_CONFIG).is_file():
         return load_checkpoint(path)
     from sharpclip.config import ModelConfig
@@ -79,12 +103,15 @@ def make_plain(model: HFDualEncoder) -> HFDualEncoder:
     return model
 
 
-def export_model(source: str | Path | HFDualEncoder, directory: str | Path, vision_only: bool = False) -> ExportReport:
+def export_model(
+    source: str | Path | HFDualEncoder, directory: str | Path, vision_only: bool = False, best: bool = False
+) -> ExportReport:
     """Write DIR (see the module docstring) and return the reload check; raises ExportError above tolerance.
 
+    best: take the run directory's best checkpoint (`checkpoints/best.json`) rather than its newest.
     The reference embeddings come from the model as loaded (adapters unmerged), so the check covers the merge too.
     """
-    model = source if isinstance(source, HFDualEncoder) else load_for_export(source)
+    model = source if isinstance(source, HFDualEncoder) else load_for_export(source, best)
     model = model.float().eval()
     directory = Path(directory)
     if not vision_only and rope.is_rope(model.text_model):
