@@ -27,13 +27,19 @@ class ImageRef:
 
 
 def load_image(ref: ImageRef | str | Path) -> Any:
-    """A PIL RGB image, cropped to the ref's bbox when it has one."""
+    """A PIL RGB image, cropped to the ref's bbox when it has one.
+
+    Transparency is composited onto white with `data.images.to_rgb`, the conversion training uses, so a model is
+    evaluated on the pixels it was trained on.
+    """
     from PIL import Image
+
+    from sharpclip.data.images import to_rgb
 
     ref = ref if isinstance(ref, ImageRef) else ImageRef(str(ref))
     try:
         with Image.open(ref.path) as im:
-            image = im.convert("RGB")
+            image = to_rgb(im)
     except OSError as err:
         raise FileNotFoundError(f"cannot read image {ref.path}: {err}; check --data-root and the files") from None
     if ref.bbox is not None:
