@@ -96,3 +96,14 @@ def test_missing_model_names_what_to_download_and_never_fetches(monkeypatch) -> 
         create_model(ModelConfig(name="someone/not-cached-clip"))
     with pytest.raises(ModelNotFoundError, match="no such file or folder"):
         create_model(ModelConfig(name="/nonexistent/folder"))
+
+
+@pytest.mark.parametrize("adapter", ["none", "lora"])
+def test_siglip_logit_bias_follows_logit_scale_learnable_with_or_without_adapters(adapter: str) -> None:
+    from sharpclip.config import AdapterConfig
+
+    adapters = AdapterConfig(method=adapter, rank=4) if adapter != "none" else AdapterConfig()
+    frozen = create_model(ModelConfig(name="tiny-siglip", logit_scale_learnable=False, adapter=adapters))
+    assert not frozen.logit_scale.requires_grad and not frozen.logit_bias.requires_grad
+    learnable = create_model(ModelConfig(name="tiny-siglip", logit_scale_learnable=True, adapter=adapters))
+    assert learnable.logit_scale.requires_grad and learnable.logit_bias.requires_grad

@@ -12,7 +12,7 @@ adapters (`model.adapter`), the logit scale settings and freezing (`model.freeze
 idempotent, so loading a checkpoint that already has it changes nothing.
 
 Checkpoint layout (written by `save_checkpoint`, read by `load_checkpoint`; the trainer writes one per save, e.g.
-`RUN/checkpoints/step_000100/`):
+`RUN/checkpoints/step-000100/`, beside its training state; see train.checkpoint):
 
     config.json            the transformers config of the backbone, including what sharpclip changed: stretched
                            `max_position_embeddings`, `sharpclip_keep_positions`, `sharpclip_rope`
@@ -174,7 +174,11 @@ def sync_text_config(model: HFDualEncoder) -> None:
 
 
 def apply_training_setup(model: HFDualEncoder, cfg: ModelConfig, init_scale: bool = True) -> None:
-    """Logit scale (init unless `init_scale` is False, learnable) and freezing; adapters keep their extras trainable."""
+    """Logit scale (init unless `init_scale` is False, learnable) and freezing; adapters keep their extras trainable.
+
+    SigLIP's logit bias follows `logit_scale_learnable` with the scale, adapters or not: a frozen temperature with a
+    drifting bias would still move the sigmoid's operating point.
+    """
     if init_scale and cfg.logit_scale_init is not None:
         with torch.no_grad():
             model.logit_scale.fill_(cfg.logit_scale_init)
@@ -182,6 +186,8 @@ def apply_training_setup(model: HFDualEncoder, cfg: ModelConfig, init_scale: boo
         adapters.unfreeze_extras(model, cfg.logit_scale_learnable)
     else:
         model.logit_scale.requires_grad_(cfg.logit_scale_learnable)
+        if model.logit_bias is not None:
+            model.logit_bias.requires_grad_(cfg.logit_scale_learnable)
     freezing.apply_freezing(model, cfg.freeze)
 
 

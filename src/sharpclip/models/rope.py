@@ -13,8 +13,9 @@ actual input length. For contexts beyond the distilled length, TULIP's NTK-aware
     θ' = θ · (s · L_new / L_train − (s − 1)) ^ (d_h / (d_h − 2))          (s = model.rope_ntk_factor; 0 = off)
 
 The text config records `sharpclip_rope = {theta, ntk_factor, trained_length}` (`max_position_embeddings` is the
-usable context), so `load_model` rebuilds the tower. Stock transformers does not know this attribute and would
-build an absolute-position tower: such a model is saved as a sharpclip checkpoint, not an HF export (models.export).
+usable context), so `models.factory.load_checkpoint` rebuilds the tower. Stock transformers does not know this
+attribute and would build an absolute-position tower: such a model is saved as a sharpclip checkpoint, not an HF
+export (models.export).
 """
 
 from __future__ import annotations
