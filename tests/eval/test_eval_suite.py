@@ -282,3 +282,12 @@ def test_dci_suite_reads_goal_list_through_per_suite_data_options() -> None:
     assert cfg.eval.data_options == {"dci": {"list_file": "DCI_test.json"}}
     with pytest.raises(ConfigError, match=r"eval\.data_options\.dci\.lst_file"):
         EvalConfig(data_options={"dci": {"lst_file": "DCI_test.json"}})
+
+
+def test_eval_without_a_data_root_says_eval_data_root_is_empty(capsys: pytest.CaptureFixture) -> None:
+    from sharpclip.cli import main
+
+    with pytest.raises(ValueError, match=r"eval\.data_root is empty"):
+        run_suite(ColourEmbedder(), EvalConfig(suites=["mmvp"], progress=False))
+    assert main(["eval", "--model", "tiny-clip", "--suite", "mmvp", "eval.progress=false"]) == 2
+    assert "eval.data_root is empty" in capsys.readouterr().err

@@ -90,8 +90,14 @@ def register_dataset(name: str, reader: Reader) -> None:
 
 
 def suite_root(name: str, cfg: EvalConfig) -> Path:
+    """Where suite `name` is read from: eval.roots[name], else <eval.data_root>/<name> if it exists, else data_root."""
     if name in cfg.roots:
         return Path(cfg.roots[name])
+    if not cfg.data_root:
+        raise ValueError(
+            f"eval suite {name!r} has no files to read: eval.data_root is empty and eval.roots.{name} is not set; "
+            "pass --data-root DIR (one sub-folder per suite) or set eval.roots"
+        )
     base = Path(cfg.data_root)
     return base / name if (base / name).exists() else base
 
@@ -99,7 +105,8 @@ def suite_root(name: str, cfg: EvalConfig) -> Path:
 def load_eval_set(name: str, cfg: EvalConfig, data: DataConfig | None = None) -> EvalSet:
     if name not in DATASETS:
         raise ValueError(f"eval suite {name!r} is unknown; choose from {', '.join(sorted(DATASETS))}")
-    return DATASETS[name](suite_root(name, cfg), cfg, data)
+    root = Path(cfg.data_root) if name == "retrieval" else suite_root(name, cfg)  # "retrieval" reads data.root
+    return DATASETS[name](root, cfg, data)
 
 
 def choice_scores(embedder: Embedder, cs: ChoiceSet) -> torch.Tensor:
