@@ -81,3 +81,22 @@ def test_distill_recipe_twin_through_the_cli(synthdense_root, tmp_path, capsys):
     assert [r["step"] for r in trained if "distill" in r] == [1, 2]
     student = create_model(load_config([], [f"model.name={tmp_path / 'student'}"]).model)
     assert is_rope(student.text_model) and student.context_length == 248
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_through_the_cli(synthdense_root, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "sharpclip",
+           "train", str(CONFIGS / "hnclip_docci.yaml"), str(TWIN), f"data.root={synthdense_root}",
+           f"train.output_dir={out}"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    trained = [r for r in steps if "loss" in r]
+    assert len(trained) == 2 and all(r["samples_per_s"] > 0 for r in trained)
+    assert "16-row contrastive matrix" not in proc.stderr  # per_micro_batch recipe: the log names the real size
+    assert "accumulation per_micro_batch: 4-row contrastive matrix" in (out / "train.log").read_text()

@@ -81,10 +81,14 @@ def build_trainer(cfg: Config) -> Trainer:
     objective = build_objective(cfg.loss)
     preprocess, _ = model_transforms(model)
     data = replace(cfg.data, context_length=model.context_length)
+    if rank != 0:  # rank 0 reads first: a generated corpus (SynthDense) is written once, not by every rank at once
+        distributed.barrier()
     loader = build_loader(
         data, data.train_split, model.tokenizer, batch_size=cfg.train.batch_size // world,
         image_transform=preprocess, rank=rank, world_size=world, seed=cfg.train.seed,
     )  # fmt: skip
+    if rank == 0:
+        distributed.barrier()
     evaluate = retrieval_validator(model, data, data.eval_split) if cfg.train.eval_every else None
     frozen = None
     if "text_frozen" in objective.feature_keys:  # HN-CLIP Table 3c: Ḡ from the initial text tower, frozen

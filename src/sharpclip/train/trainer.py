@@ -99,6 +99,9 @@ class Trainer:
             self._epoch(bar)
         bar.close()
         self.logger.close()
+        report = getattr(self.loader, "report", None)  # data.SampleLoader: samples skipped under on_bad_sample: skip
+        if report is not None and report.items:
+            log.warning("bad samples over the run: %s", report.summary())
         return self.state
 
     def _matrix_rows(self) -> int:
@@ -137,13 +140,13 @@ class Trainer:
             log.info("epoch %d: %.1f%% of batches had InfoNCE < 1e-3", self.state.epoch, 100 * share)
             self.logger.step({"step": self.state.step, "epoch": self.state.epoch, "saturated_batches": share})
         self.state.epoch += 1
-        metrics = self._evaluate()
-        path = self.save()
-        if metrics is not None and metrics.get(self.cfg.best_metric, -math.inf) > self.state.best:
+        metrics = self._evaluate()  # every rank evaluates the same model on the same data: same decision below
+        improved = metrics is not None and metrics.get(self.cfg.best_metric, -math.inf) > self.state.best
+        if improved:
             self.state.best = metrics[self.cfg.best_metric]
-            if self.is_main:
-                checkpoint.mark_best(self.ckpt_dir, path, self.state.best)
-                self.save()  # re-write trainer_state with the new best so a resume knows it
+        path = self.save()
+        if improved and self.is_main:
+            checkpoint.mark_best(self.ckpt_dir, path, self.state.best)
 
     def _evaluate(self) -> dict[str, float] | None:
         every = self.cfg.eval_every
