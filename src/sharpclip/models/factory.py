@@ -68,7 +68,7 @@ def create_model(cfg: ModelConfig) -> HFDualEncoder:
 
 def _load_base(cfg: ModelConfig) -> HFDualEncoder:
     if cfg.name.startswith("tiny-"):
-        return tiny_model(cfg.name.removeprefix("tiny-"), tiny_words(cfg.vocabulary))
+        return tiny_model(cfg.name.removeprefix("tiny-"), tiny_words(cfg.vocabulary), size=cfg.tiny)
     path = Path(cfg.name).expanduser()
     if (path / CHECKPOINT_CONFIG).is_file():
         return load_checkpoint(path)
