@@ -74,26 +74,6 @@ class TinyConfig:
 
 
 @dataclass
-class TinyConfig:
-    """Sizes of the tiny presets (models.tiny): the defaults are the unit-test size; the demo's SynthDense model is
-    width 96, 4 + 4 layers, patch 8, 64 px, context 160 (shared/reference/synthdense-feasibility.md)."""
-
-    width: int = 32  # hidden size of both towers and the projection
-    layers: int = 2  # per tower
-    heads: int = 4
-    mlp_ratio: int = 2  # intermediate size = mlp_ratio * width
-    patch_size: int = 8
-    image_size: int = 32
-    context_length: int = 0  # text positions; 0 keeps the real tower's (77 CLIP, 64 SigLIP)
-
-    def __post_init__(self) -> None:
-        if min(self.width, self.layers, self.heads, self.mlp_ratio, self.patch_size) < 1 or self.width % self.heads:
-            raise ConfigError(f"model.tiny: sizes must be >= 1 and width divisible by heads, got {self}")
-        if self.image_size % self.patch_size:
-            raise ConfigError(f"model.tiny.image_size ({self.image_size}) must be a multiple of patch_size")
-
-
-@dataclass
 class ModelConfig:
     """Which dual encoder to build (models.create_model)."""
 
@@ -110,7 +90,6 @@ class ModelConfig:
     logit_scale_init: float | None = None  # log space; None keeps the checkpoint's value
     adapter: AdapterConfig = field(default_factory=AdapterConfig)
     freeze: FreezeConfig = field(default_factory=FreezeConfig)
-    tiny: TinyConfig = field(default_factory=TinyConfig)  # sizes of a tiny-* preset; ignored for other names
     tiny: TinyConfig = field(default_factory=TinyConfig)  # sizes of a tiny-* preset; ignored for other names
 
     def __post_init__(self) -> None:
