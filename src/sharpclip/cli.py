@@ -57,6 +57,37 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
+def _add_demo(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="the quickstart: every objective fine-tuned and compared on SynthDense, on CPU")
+    p.add_argument("--out", default="runs/demo", help="run directory: data, runs, report.md, report.json, figures")
+    p.add_argument("--quick", action="store_true", help="tiny sizes (about 1 minute; the CI end-to-end test)")
+    p.add_argument("--full", action="store_true", help="add the ablations: frozen Ḡ, γ sweep, LoRA ± boost, scale")
+    p.add_argument("--seeds", type=int, default=1, help="fine-tuning seeds per arm (mean ± spread when > 1)")
+    p.add_argument("--cache", default="", help="where the pre-trained init is kept (default $SHARPCLIP_CACHE or "
+                   "~/.cache/sharpclip)")  # fmt: skip
+    p.add_argument("--arms", default="", help="comma-separated arms to run (InfoNCE always runs), e.g. hn,hn_frozen")
+    p.add_argument("--steps", type=int, default=0, help="fine-tuning steps per arm instead of the mode's")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+
+    def run(args: argparse.Namespace) -> int:
+        from sharpclip.demo import DemoOptions, run_demo, select
+
+        if args.seeds < 1 or args.steps < 0:
+            print("sharpclip demo: --seeds must be >= 1 and --steps >= 0", file=sys.stderr)
+            return 2
+        only = tuple(a for a in args.arms.split(",") if a)
+        opts = DemoOptions(args.out, args.quick, args.full, args.seeds, args.cache, args.progress, only, args.steps)
+        try:
+            select(opts)
+        except ValueError as err:
+            print(f"sharpclip demo: {err}", file=sys.stderr)
+            return 2
+        run_demo(opts)
+        return 0
+
+    p.set_defaults(handler=run)
+
+
 def _add_objectives(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("objectives", help="list the registered loss terms, their inputs and hyperparameters")
 
@@ -218,6 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_validate_data,
         _add_eval,
         _add_analyze,
+        _add_demo,
     ):
         add(sub)
     return parser

@@ -55,8 +55,8 @@ class FreezeConfig:
 
 @dataclass
 class TinyConfig:
-    """Sizes of the tiny presets (models.tiny): the defaults are the unit-test size; the demo's SynthDense model is
-    width 96, 4 + 4 layers, patch 8, 64 px, context 160 (shared/reference/synthdense-feasibility.md)."""
+    """Sizes of the tiny presets (models.tiny): the defaults are the unit-test size; the demo's SynthDense model
+    (demo.plan) is width 64, 2 + 2 layers, patch 8, 48 px, context 144."""
 
     width: int = 32  # hidden size of both towers and the projection
     layers: int = 2  # per tower

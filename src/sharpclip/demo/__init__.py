@@ -1,0 +1,172 @@
+"""`sharpclip demo`: both papers' main experiment, end to end on SynthDense, on CPU, in minutes.
+
+1. SynthDense (data.synthetic) into the run directory: training scenes, test families of near-duplicates, edit pairs,
+   MMVP-style pairs, and a validation corpus (another seed) for the convergence curves.
+2. The strong initialisation (stage A, demo.stages): a tiny CLIP pre-trained on coarse captions, cached for reuse.
+3. One fine-tuning run per objective (demo.plan): InfoNCE, HN-CLIP (eq. 2), HN-CLIP + token term (eq. 3), CLIP-IN
+   stage 2 (eq. 8); `--full` adds the ablations (frozen Ḡ, γ sweep, LoRA ± boost, learnable scale, no edit term).
+4. Each is measured (demo.measure), tabulated with its gain over InfoNCE and judged against the papers' claims
+   (demo.report); report.md / report.json and the figures go into the run directory.
+
+    run_demo(DemoOptions(out="runs/demo"))            # what `sharpclip demo` calls
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from sharpclip.demo import report
+from sharpclip.demo.measure import evaluate_model, training_stats
+from sharpclip.demo.plan import PROFILES, Arm, Profile, arms
+from sharpclip.demo.stages import (
+    Init,
+    arm_config,
+    corpus,
+    data_config,
+    ensure_init,
+    init_key,
+    run_arm,
+    validation_corpus,
+)
+
+GEOMETRY_SUMMARY = ("captions", "mean_pairwise", "mean_hardest", "share_negatives_at_least", "hardest_quantiles")
+
+
+@dataclass
+class DemoOptions:
+    out: str = "runs/demo"
+    quick: bool = False  # CI size: every arm and output, tiny model, seconds per arm
+    full: bool = False  # the ablation arms as well
+    seeds: int = 1
+    cache: str = ""  # where the stage-A init is kept; "" = $SHARPCLIP_CACHE or ~/.cache/sharpclip
+    progress: bool = True
+    only: tuple[str, ...] = ()  # run only these arms (names in demo.plan); InfoNCE is always run (the baseline)
+    steps: int = 0  # > 0: fine-tuning steps per arm instead of the profile's (e.g. more epochs for saturation)
+
+
+def select(opts: DemoOptions) -> list[Arm]:
+    """The arms `opts` asks for, in table order; an unknown name is an error listing the known ones."""
+    plan = arms(opts.full or bool(opts.only))
+    if not opts.only:
+        return plan
+    known = {a.name for a in plan}
+    unknown = sorted(set(opts.only) - known)
+    if unknown:
+        raise ValueError(f"--arms: unknown {', '.join(unknown)}; known: {', '.join(a.name for a in plan)}")
+    return [a for a in plan if a.name in {*opts.only, "infonce"}]
+
+
+def cache_dir(option: str) -> Path:
+    import os
+
+    return Path(option or os.environ.get("SHARPCLIP_CACHE", "~/.cache/sharpclip")).expanduser()
+
+
+def prepare_data(p: Profile, out: Path) -> tuple[Any, Any, float]:
+    """Generate (or find) the fine-tuning and validation corpora under `out`; their DataConfigs and the seconds."""
+    from sharpclip.data.synthetic import ensure
+
+    start = time.perf_counter()
+    data = data_config(out / "synthdense", corpus(p))
+    validation = data_config(out / "synthdense-val", validation_corpus(p))
+    for d in (data, validation):
+        ensure(d.root, d.synthdense)
+    return data, validation, time.perf_counter() - start
+
+
+def obtain_init(p: Profile, opts: DemoOptions) -> Init:
+    cache = cache_dir(opts.cache)
+    if not (cache / f"demo-init-{init_key(p)}" / "init.json").is_file():
+        print(f"pre-training the strong initialisation (stage A: {p.init_steps} steps on coarse captions); "
+              f"done once, cached under {cache}", flush=True)  # fmt: skip
+    init = ensure_init(p, cache, opts.progress)
+    if init.reused:
+        print(f"reusing the cached init {init.model_dir} (pre-training took {init.seconds:.0f} s)", flush=True)
+    else:
+        print(f"pre-training took {init.seconds:.0f} s; the next demo reuses {init.model_dir}", flush=True)
+    return init
+
+
+def _slim(test: dict[str, Any]) -> dict[str, Any]:
+    """Test metrics without the geometry histograms (they go to the geometry figure's JSON)."""
+    out = {k: v for k, v in test.items() if k != "geometry"}
+    out["geometry"] = {k: test["geometry"][k] for k in GEOMETRY_SUMMARY}
+    return out
+
+
+def run_arms(p: Profile, plan: list[Arm], init: Init, data: Any, validation: Any, opts: DemoOptions, out: Path):
+    """Fine-tune and measure every arm for every seed; returns results, run dirs (first seed), geometry stats."""
+    results: report.Results = {}
+    run_dirs: dict[str, Path] = {}
+    geometry: dict[str, dict] = {}
+    jobs = [(seed, arm) for seed in range(opts.seeds) for arm in plan]
+    bar = tqdm(jobs, desc="demo", unit="run", disable=not opts.progress, dynamic_ncols=True)
+    for seed, arm in bar:
+        bar.set_description(f"seed {seed} {arm.label}")
+        run_dir = out / "runs" / f"seed{seed}" / arm.name
+        cfg = arm_config(p, arm, init.model_dir, Path(data.root), run_dir, seed, opts.progress)
+        model, seconds = run_arm(cfg, validation)
+        test = evaluate_model(model, data)
+        entry = results.setdefault(arm.name, {"label": arm.label, "seeds": {}})
+        entry["seeds"][seed] = {"test": _slim(test), "train": training_stats(run_dir), "seconds": seconds}
+        if seed == 0:
+            run_dirs[arm.name], geometry[arm.label] = run_dir, test["geometry"]
+        bar.write(f"{arm.label} (seed {seed}): mean R@1 {test['mean_R@1']:.1f}, within-family "
+                  f"{test['within_mean_R@1']:.1f}, MMVP {test['mmvp']:.1f}  [{seconds:.0f} s]")  # fmt: skip
+    bar.close()
+    return results, run_dirs, geometry
+
+
+def command_line(opts: DemoOptions) -> str:
+    words = ["sharpclip demo", "--quick" * opts.quick, "--full" * opts.full, f"--seeds {opts.seeds}"]
+    words += [f"--arms {','.join(opts.only)}" * bool(opts.only), f"--steps {opts.steps}" * bool(opts.steps)]
+    return " ".join(w for w in words if w)
+
+
+def run_demo(opts: DemoOptions) -> dict[str, Any]:
+    """Everything of the module docstring; returns {"results", "claims", "files", "meta"}."""
+    import torch
+
+    from sharpclip.config import ModelConfig
+    from sharpclip.models.factory import create_model
+
+    start = time.perf_counter()
+    p = PROFILES["quick" if opts.quick else "default"]
+    p = replace(p, steps=opts.steps) if opts.steps else p
+    plan = select(opts)
+    out = Path(opts.out)
+    out.mkdir(parents=True, exist_ok=True)
+    data, validation, data_seconds = prepare_data(p, out)
+    sizes = f"{p.train_families} training scenes, {p.test_families} × 6 test, {p.val_families} × 6 validation"
+    print(f"SynthDense in {out}: {sizes}, {p.edits} edit pairs, MMVP pairs ({data_seconds:.0f} s)", flush=True)
+    init = obtain_init(p, opts)
+    init_model = create_model(ModelConfig(name=str(init.model_dir), context_length=p.context_length))
+    init_test = evaluate_model(init_model, data)  # stretched as the arms start, so no caption is truncated
+    results, run_dirs, geometry = run_arms(p, plan, init, data, validation, opts, out)
+    results = {"init": {"label": "stage-A init (no fine-tuning)", "seeds": {0: {"test": _slim(init_test),
+               "seconds": init.seconds}}}, **results}  # fmt: skip
+    geometry = {"stage-A init": init_test["geometry"], **geometry}
+    figures = report.write_figures(results, run_dirs, geometry, out)
+    meta = {
+        "command": command_line(opts),
+        "profile": asdict(p),
+        "arms": [a.name for a in plan],
+        "seeds": opts.seeds,
+        "init": {"dir": str(init.model_dir), "seconds": init.seconds, "reused": init.reused, **init.record},
+        "data_seconds": data_seconds,
+        "torch_threads": torch.get_num_threads(),
+        "wall_seconds": time.perf_counter() - start,
+    }
+    files = report.write_report(results, meta, figures, out)
+    print("\n" + report.console_table(results) + "\n")
+    for c in report.claims(results):
+        print(f"- {c['claim']}: {c['verdict']}\n    {c['measured']}")
+    print(f"\nreport: {files[0]}  ({meta['wall_seconds']:.0f} s in all; figures and report.json beside it)")
+    (out / "demo_meta.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    return {"results": results, "claims": report.claims(results), "files": files + figures, "meta": meta}

@@ -1,0 +1,126 @@
+"""What the demo runs: the sizes of each mode (quick / default / full) and the fine-tuning arms as config overrides.
+
+Every arm starts from the same stage-A initialisation with the same seed and the same budget (optimiser steps at the
+same batch size), so the table compares objectives and nothing else. The arms (issue 7):
+
+    (a) infonce        InfoNCE, HN-CLIP eq. 1 (the control)
+    (b) hn             HN-CLIP eq. 2, γ = 0.5, Ḡ recomputed every step
+    (c) hn_tok         HN-CLIP eq. 3: eq. 2 + FILIP token-level term
+    (d) clipin         CLIP-IN eq. 8 stage 2: short + long captions + edit hard negatives (train + edits in one epoch)
+    --full adds
+    (d0) clipin_noedit the same without the edit term (what the edit negatives add, at equal data and budget)
+    (e) hn_frozen      HN-CLIP with Ḡ from the frozen initial text tower (Table 3c)
+    (f) hn_g*          the γ sweep {0.25, 0.75, 1.0} (0.5 is (b))
+    (g) lora_*         LoRA (rank 8, both towers) with InfoNCE and with the boost
+    (h) hn_learn_s     (b) with a learnable logit scale (the others freeze it; the prototype saw the margin pull s down)
+
+Sizes follow shared/reference/synthdense-feasibility.md, scaled to what 2 shared cores do in the time budget.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Sizes of one demo mode. Steps are optimiser steps of `batch_size` rows (the same for every arm)."""
+
+    name: str
+    # model (config.TinyConfig): the prototype's width 96, 4 layers, 64 px ran at ~150 samples/s on its 2 cores but at
+    # 25-55 here (2 cores shared), so the default is smaller: width 64, 2 layers per tower, 48 px images
+    width: int
+    layers: int
+    image_size: int
+    context_length: int = 144  # dense captions run to 141 tokens with bos/eos
+    patch_size: int = 8
+    # SynthDense
+    train_families: int = 1280  # independent scenes: 20 steps per epoch at batch 64
+    test_families: int = 100  # × 6 near-duplicates = 600 test pairs
+    val_families: int = 40  # a second corpus (another seed): the per-epoch convergence curves
+    edits: int = 512
+    mmvp_pairs: int = 10  # per visual pattern
+    pretrain_scenes: int = 8192
+    # stage A (the strong initialisation): shape + colour coarse captions (the prototype's A2), from scratch, at a
+    # 32-token context (coarse captions have at most 25 tokens), then stretched to `context_length` by Long-CLIP's
+    # rule (first 20 positions kept and frozen, the rest interpolated): the text tower costs ~4.5× less in stage A
+    init_steps: int = 600
+    init_lr: float = 1e-3
+    init_batch_size: int = 128
+    init_context_length: int = 32
+    # stage B (each arm): batch 64, as the feasibility notes suggest for saturation (fewer negatives to beat)
+    steps: int = 80  # 4 epochs
+    batch_size: int = 64
+    lr: float = 3e-4
+    diagnostics: int = 10  # gradient measurements in the InfoNCE arm (each costs two extra forward-backward passes)
+
+
+PROFILES = {
+    "quick": Profile(
+        "quick", width=32, layers=2, image_size=32, train_families=128, test_families=8, val_families=4, edits=32,
+        mmvp_pairs=2, pretrain_scenes=512, init_steps=24, init_batch_size=32, steps=8, batch_size=32, lr=1e-3,
+        diagnostics=2,
+    ),
+    "default": Profile("default", width=64, layers=2, image_size=48),
+}  # fmt: skip
+
+SCALE = math.log(100.0)  # the logit scale of the fine-tuning arms, frozen (as pre-trained CLIP's sits at 100)
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One fine-tuning run: a name (run sub-folder), a table label and config overrides on top of the base."""
+
+    name: str
+    label: str
+    overrides: tuple[str, ...] = ()
+    terms: dict[str, str] = field(default_factory=dict)  # term name -> inline YAML of its TermConfig
+
+
+INFONCE = {"clip": "{loss: infonce}"}
+
+
+def _hn(gamma: float = 0.5, frozen: bool = False) -> dict[str, str]:
+    inputs = ", inputs: {reference_text: text_frozen}" if frozen else ""
+    return {"hn": f"{{loss: hn_clip, params: {{gamma: {gamma}}}{inputs}}}"}
+
+
+def _clipin(edits: bool) -> dict[str, str]:
+    terms = {"long": "{loss: infonce}", "short": "{loss: infonce, inputs: {text: text_short}}"}
+    if edits:
+        terms["edits"] = "{loss: edit_negatives}"
+    return terms
+
+
+# LoRA trains few parameters from a fixed point: 3× the full fine-tuning rate (the same for both LoRA arms)
+LORA = ("model.adapter.method=lora", "model.adapter.rank=8", "model.adapter.alpha=16", "train.lr=1e-3")
+CLIPIN_DATA = ("data.train_split=train+edits",)
+
+
+def core_arms() -> list[Arm]:
+    return [
+        Arm("infonce", "(a) InfoNCE", terms=INFONCE),
+        Arm("hn", "(b) HN-CLIP γ=0.5", terms=_hn()),
+        Arm("hn_tok", "(c) HN-CLIP + token", terms={**_hn(), "tok": "{loss: filip, weight: 1.0}"}),
+        Arm("clipin", "(d) CLIP-IN stage 2", CLIPIN_DATA, terms=_clipin(edits=True)),
+    ]
+
+
+def full_arms() -> list[Arm]:
+    return [
+        Arm("clipin_noedit", "(d0) CLIP-IN, no edit term", CLIPIN_DATA, terms=_clipin(edits=False)),
+        Arm("hn_frozen", "(e) HN-CLIP, Ḡ frozen", terms=_hn(frozen=True)),
+        *[Arm(f"hn_g{g}", f"(f) HN-CLIP γ={g}", terms=_hn(g)) for g in (0.25, 0.75, 1.0)],
+        Arm("lora_infonce", "(g) LoRA InfoNCE", LORA, terms=INFONCE),
+        Arm("lora_hn", "(g) LoRA HN-CLIP", LORA, terms=_hn()),
+        Arm("hn_learn_s", "(h) HN-CLIP, learnable s", ("model.logit_scale_learnable=true",), terms=_hn()),
+    ]
+
+
+def arms(full: bool) -> list[Arm]:
+    return core_arms() + (full_arms() if full else [])
+
+
+def term_overrides(arm: Arm) -> list[str]:
+    return [f"loss.terms.{name}={spec}" for name, spec in arm.terms.items()]

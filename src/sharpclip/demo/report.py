@@ -1,0 +1,248 @@
+"""The demo's table, claim verdicts, figures and report files (report.md, report.json) from the measured arms.
+
+`results` maps an arm name to {"label", "seeds": {seed: {"test": evaluate_model(...), "train": training_stats(...),
+"seconds": float}}}; the "init" entry holds the stage-A model's test metrics (no fine-tuning, one "seed").
+Across seeds every number is reported as mean ± sample standard deviation; gains over InfoNCE are paired by seed.
+The claims are HN-CLIP's (§2.1 saturation, Table 1, Table 3, Fig. 4) and CLIP-IN's (edit negatives, MMVP); each
+verdict says what was measured, so a reader can disagree with the rule.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+Results = dict[str, dict[str, Any]]
+BASELINE = "infonce"
+COLUMNS = [  # (header, section, key, gain over InfoNCE?)
+    ("R@1 t2i", "test", "t2i_R@1", False),
+    ("R@1 i2t", "test", "i2t_R@1", False),
+    ("R@5 t2i", "test", "t2i_R@5", False),
+    ("R@5 i2t", "test", "i2t_R@5", False),
+    ("R@10 t2i", "test", "t2i_R@10", False),
+    ("R@10 i2t", "test", "i2t_R@10", False),
+    ("mean R@1", "test", "mean_R@1", True),
+    ("within-family R@1", "test", "within_mean_R@1", True),
+    ("MMVP pairs", "test", "mmvp", True),
+    ("caption sim", "test", "pairwise_sim", False),
+    ("hardest sim", "test", "hardest_sim", False),
+    ("sat. batches ep1 %", "train", "sat_batches_ep1", False),
+    ("sat. rows ep1 %", "train", "sat_rows_ep1", False),
+    ("s at end", "train", "final_scale", False),
+]
+
+
+def values(results: Results, arm: str, section: str, key: str) -> list[float]:
+    seeds = results.get(arm, {}).get("seeds", {})
+    found = [s.get(section, {}).get(key) for _, s in sorted(seeds.items())]
+    return [float(v) for v in found if v is not None]
+
+
+def gains(results: Results, arm: str, key: str, base: str = BASELINE) -> list[float]:
+    """Per-seed differences arm − base of a test metric (seeds both have)."""
+    a, b = results.get(arm, {}).get("seeds", {}), results.get(base, {}).get("seeds", {})
+    both = [s for s in sorted(set(a) & set(b)) if key in a[s]["test"] and key in b[s]["test"]]
+    return [a[s]["test"][key] - b[s]["test"][key] for s in both]
+
+
+def summary(xs: list[float]) -> tuple[float, float | None] | None:
+    if not xs:
+        return None
+    return statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else None
+
+
+def fmt(xs: list[float], digits: int = 1, sign: bool = False) -> str:
+    s = summary(xs)
+    if s is None:
+        return "–"
+    mean, spread = s
+    text = f"{mean:+.{digits}f}" if sign else f"{mean:.{digits}f}"
+    return text if spread is None else f"{text} ± {spread:.{digits}f}"
+
+
+def _digits(key: str) -> int:
+    return 3 if key.endswith("_sim") else 1
+
+
+def table_rows(results: Results) -> tuple[list[str], list[list[str]]]:
+    head = ["objective"]
+    for header, _, _, gain in COLUMNS:
+        head += [header] + (["Δ"] if gain else [])
+    head += ["train s"]
+    rows = []
+    for arm, entry in results.items():
+        row = [entry["label"]]
+        for _, section, key, gain in COLUMNS:
+            row.append(fmt(values(results, arm, section, key), _digits(key)))
+            if gain:
+                row.append("–" if arm in (BASELINE, "init") else fmt(gains(results, arm, key), 1, sign=True))
+        row.append(fmt([s["seconds"] for s in entry["seeds"].values() if "seconds" in s], 0))
+        rows.append(row)
+    return head, rows
+
+
+def markdown_table(results: Results) -> str:
+    head, rows = table_rows(results)
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def console_table(results: Results) -> str:
+    head, rows = table_rows(results)
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+
+    def line(r: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+
+    return "\n".join([line(head), "-" * (sum(widths) + 2 * len(widths)), *map(line, rows)])
+
+
+# -- claims ------------------------------------------------------------------------------------------------------
+def noise(results: Results, key: str = "mean_R@1") -> float:
+    """Two binomial standard errors of a difference of two arms' `key` at this test size (√2 · SE of one arm).
+
+    A gain counts when it beats this and twice the seed spread of the paired differences (see `_gain_verdict`)."""
+    tests = [s["test"] for s in results.get(BASELINE, {}).get("seeds", {}).values()]
+    if not tests:
+        return math.inf
+    p, n = tests[0][key] / 100.0, tests[0]["test_pairs"]
+    return 2 * math.sqrt(2) * 100.0 * math.sqrt(max(p * (1 - p), 1e-4) / n)
+
+
+def _gain_verdict(results: Results, arm: str, base: str, key: str, what: str) -> dict[str, str]:
+    g = gains(results, arm, key, base)
+    if not g:
+        return {"claim": what, "measured": "not run (needs --full)", "verdict": "not run"}
+    s = summary(g)
+    assert s is not None
+    mean, spread = s
+    bar = max(noise(results, key), 2 * spread if spread else 0.0)
+    verdict = "holds" if mean > bar else "does not hold" if mean < -bar else "inconclusive (within noise)"
+    seeds = f"{len(g)} seed{'s' * (len(g) > 1)}"
+    pair = f"{results[arm]['label']} − {results[base]['label']}"
+    measured = f"{pair}: {fmt(g, 1, sign=True)} {key} ({seeds}; noise ±{bar:.1f})"
+    return {"claim": what, "measured": measured, "verdict": verdict}
+
+
+def _saturation(results: Results) -> dict[str, str]:
+    t = lambda k: values(results, BASELINE, "train", k)  # noqa: E731
+    measured = (
+        f"InfoNCE arm, first epoch: {fmt(t('sat_batches_ep1'))}% of batches and {fmt(t('sat_rows_ep1'))}% of rows "
+        f"with loss < 1e-3; lowest batch InfoNCE {fmt(t('min_infonce'), 4)}; exact-zero fp32 gradient in "
+        f"{fmt(t('zero_grad_infonce_ep1'))}% of measured first-epoch steps ({fmt(t('zero_grad_infonce'))}% overall)"
+    )
+    batches, zeros, rows = (summary(t(k)) for k in ("sat_batches_ep1", "zero_grad_infonce", "sat_rows_ep1"))
+    if batches and batches[0] > 0 and zeros and zeros[0] > 0:
+        verdict = "holds"
+    elif (batches and batches[0] > 0) or (rows and rows[0] > 0):
+        verdict = "partly (rows or batches saturate, no exact-zero gradients)"
+    else:
+        verdict = "does not hold at this scale"
+    return {"claim": "InfoNCE saturates under the strong init (HN-CLIP §2.1)", "measured": measured, "verdict": verdict}
+
+
+def _active(results: Results) -> dict[str, str]:
+    hn, base = values(results, "hn", "train", "active_batches"), values(results, BASELINE, "train", "active_batches")
+    ratio = values(results, BASELINE, "train", "grad_ratio_hn_over_infonce")
+    measured = (
+        f"batches with training loss ≥ 1e-3: HN-CLIP {fmt(hn)}%, InfoNCE {fmt(base)}%; "
+        f"‖∇L_HN‖ / ‖∇L_CLIP‖ on the InfoNCE trajectory {fmt(ratio, 2)}"
+    )
+    kept = bool(hn) and min(hn) == 100.0
+    rescued = bool(base) and min(base) < 100.0
+    verdict = "holds" if kept and rescued else "holds trivially (InfoNCE batches never died)" if kept else "no"
+    return {"claim": "the boost keeps batches active (HN-CLIP Fig. 4)", "measured": measured, "verdict": verdict}
+
+
+def _plateau(results: Results) -> dict[str, str]:
+    arms = {0.25: "hn_g0.25", 0.5: "hn", 0.75: "hn_g0.75", 1.0: "hn_g1.0"}
+    got = {g: summary(gains(results, a, "mean_R@1")) for g, a in arms.items()}
+    if any(v is None for v in got.values()):
+        return {"claim": "γ plateau (HN-CLIP Table 3a)", "measured": "not run (needs --full)", "verdict": "not run"}
+    means = {g: v[0] for g, v in got.items() if v is not None}
+    measured = "mean R@1 gain over InfoNCE by γ: " + ", ".join(f"{g}: {m:+.1f}" for g, m in means.items())
+    bar = noise(results)
+    high = [means[g] for g in (0.5, 0.75, 1.0)]
+    if min(high) > 0 and max(high) - min(high) <= bar:
+        verdict = "holds (γ ≥ 0.5 all gain, within noise of each other)"
+    elif max(high) - min(high) <= bar:
+        verdict = "flat but no gain over InfoNCE"
+    else:
+        verdict = "does not hold (gain varies with γ beyond noise)"
+    return {"claim": "γ plateau (HN-CLIP Table 3a)", "measured": measured, "verdict": verdict}
+
+
+def _scale(results: Results) -> dict[str, str]:
+    what = "a learnable logit scale sinks under the margin (prototype: 48 → 18)"
+    learned = values(results, "hn_learn_s", "train", "final_scale")
+    if not learned:
+        return {"claim": what, "measured": "not run (needs --full)", "verdict": "not run"}
+    frozen = values(results, "hn", "train", "final_scale")
+    measured = f"s after fine-tuning from 100: learnable {fmt(learned)}, frozen {fmt(frozen)}"
+    return {"claim": what, "measured": measured, "verdict": "holds" if max(learned) < 90.0 else "does not hold"}
+
+
+def claims(results: Results) -> list[dict[str, str]]:
+    return [
+        _saturation(results),
+        _active(results),
+        _gain_verdict(results, "hn", BASELINE, "mean_R@1", "HN-CLIP gains R@1 over InfoNCE (Table 1)"),
+        _gain_verdict(results, "hn", BASELINE, "within_mean_R@1", "... and within-family R@1 (near-duplicates)"),
+        _gain_verdict(results, "hn", "hn_frozen", "mean_R@1", "recomputed Ḡ beats Ḡ frozen at init (Table 3c)"),
+        _plateau(results),
+        _gain_verdict(results, "hn_tok", "hn", "mean_R@1", "the token-level term adds on top of the boost (eq. 3)"),
+        _gain_verdict(results, "lora_hn", "lora_infonce", "mean_R@1", "the boost helps the LoRA run (Table 4)"),
+        _gain_verdict(results, "clipin", "clipin_noedit", "mmvp", "edit hard negatives raise pair accuracy (CLIP-IN)"),
+        _gain_verdict(results, "clipin", BASELINE, "mmvp", "CLIP-IN stage 2 beats InfoNCE on MMVP-style pairs"),
+        _gain_verdict(results, "hn_learn_s", "hn", "mean_R@1", "learnable s does as well as frozen s (R@1)"),
+        _scale(results),
+    ]
+
+
+def claims_markdown(items: list[dict[str, str]]) -> str:
+    lines = ["| claim | measured | verdict |", "|---|---|---|"]
+    lines += [f"| {c['claim']} | {c['measured']} | {c['verdict']} |" for c in items]
+    return "\n".join(lines) + "\n"
+
+
+# -- figures and files -------------------------------------------------------------------------------------------
+def write_figures(results: Results, run_dirs: dict[str, Path], geometry: dict[str, dict], out: Path) -> list[Path]:
+    """Fig. 4 along the InfoNCE arm, convergence (validation mean R@1 per epoch), caption geometry per arm."""
+    from sharpclip.analysis import dynamics, plots
+
+    written: list[Path] = []
+    diag = run_dirs.get(BASELINE, Path("-")) / "diagnostics.jsonl"
+    if diag.is_file():
+        dyn = dynamics.gradient_dynamics(dynamics.read_diagnostics(diag))
+        written += plots.fig_gradient_dynamics(dyn, out / "gradient_dynamics")
+    curves = {results[a]["label"]: dynamics.convergence(d, "mean_R@1") for a, d in run_dirs.items()}
+    written += plots.fig_convergence(curves, out / "convergence")
+    written += plots.fig_geometry_summary(geometry, out / "geometry")
+    written += plots.fig_caption_similarity(geometry, out / "caption_similarity")
+    return written
+
+
+def report_markdown(results: Results, items: list[dict[str, str]], header: str, figures: list[Path]) -> str:
+    pngs = [p for p in figures if p.suffix == ".png"]
+    return (
+        f"# sharpclip demo\n\n{header}\n\n## Results (test split)\n\n{markdown_table(results)}\n"
+        "R@K in %, both directions over all test pairs; within-family R@1: gallery = the query's 6 near-duplicates; "
+        "MMVP pairs: % of SynthDense MMVP-style pairs with both statements right; caption sim / hardest sim: mean "
+        "pairwise and mean hardest-companion cosine of the test captions; sat.: share of training batches / rows "
+        "with InfoNCE < 1e-3 in the first epoch; Δ: gain over InfoNCE, paired by seed; mean ± sample std over seeds."
+        f"\n\n## Claims\n\n{claims_markdown(items)}\n## Figures\n\n" + "".join(f"![{p.stem}]({p.name})\n" for p in pngs)
+    )
+
+
+def write_report(results: Results, meta: dict[str, Any], figures: list[Path], out: Path) -> list[Path]:
+    items = claims(results)
+    header = "\n".join(f"- {k}: {v}" for k, v in meta.items() if not isinstance(v, dict | list))
+    md = out / "report.md"
+    md.write_text(report_markdown(results, items, header, figures))
+    js = out / "report.json"
+    js.write_text(json.dumps({"meta": meta, "claims": items, "results": results}, indent=2, default=str) + "\n")
+    return [md, js]

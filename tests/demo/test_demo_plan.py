@@ -1,0 +1,44 @@
+"""Every demo arm is a valid config whose objective builds, the arms differ only where they should, and the arm
+selection refuses unknown names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sharpclip.demo import DemoOptions, select
+from sharpclip.demo.plan import PROFILES, arms
+from sharpclip.demo.stages import arm_config, init_config, init_key
+from sharpclip.losses import build_objective
+
+
+@pytest.mark.parametrize("arm", arms(full=True), ids=lambda a: a.name)
+def test_every_arm_is_a_valid_config(arm, tmp_path):
+    p = PROFILES["default"]
+    cfg = arm_config(p, arm, tmp_path / "init", tmp_path / "data", tmp_path / "run", seed=3, progress=False)
+    objective = build_objective(cfg.loss)
+    assert cfg.train.max_steps == p.steps and cfg.train.seed == 3 and cfg.train.batch_size == p.batch_size
+    assert cfg.model.context_length == p.context_length  # the init's 32 positions stretched to the dense captions'
+    learnable = arm.name == "hn_learn_s"
+    assert cfg.model.logit_scale_learnable is learnable
+    assert (cfg.model.adapter.method == "lora") is arm.name.startswith("lora")
+    assert ("text_frozen" in objective.feature_keys) is (arm.name == "hn_frozen")
+    assert (cfg.data.train_split == "train+edits") is arm.name.startswith("clipin")
+    assert (cfg.train.diagnostics_every > 0) is (arm.name == "infonce")
+
+
+def test_init_config_and_key():
+    p = PROFILES["default"]
+    cfg = init_config(p, Path("/tmp/x"), progress=False)
+    assert cfg.data.train_split == "coarse_colours" and cfg.model.tiny.context_length == p.init_context_length
+    assert cfg.train.max_steps == p.init_steps and cfg.model.logit_scale_learnable
+    assert init_key(p) == init_key(PROFILES["default"]) != init_key(PROFILES["quick"])
+
+
+def test_select_arms():
+    names = [a.name for a in select(DemoOptions(only=("hn_frozen",)))]
+    assert names == ["infonce", "hn_frozen"]
+    assert [a.name for a in select(DemoOptions())] == ["infonce", "hn", "hn_tok", "clipin"]
+    with pytest.raises(ValueError, match="unknown nope"):
+        select(DemoOptions(only=("nope",)))

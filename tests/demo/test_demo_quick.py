@@ -1,0 +1,36 @@
+"""End to end: `sharpclip demo --quick` completes on CPU and its report has a row for every objective (issue 7).
+
+This is the CI run of the demo (the quick sizes take about a minute on 2 cores, pre-training included); it asserts
+completion and the report's shape only, never the numbers, which a model of this size does not make meaningful.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sharpclip.cli import main
+from sharpclip.demo.plan import arms
+
+
+@pytest.mark.slow
+def test_demo_quick_writes_every_row(tmp_path, capsys):
+    out, cache = tmp_path / "demo", tmp_path / "cache"
+    assert main(["demo", "--quick", "--out", str(out), "--cache", str(cache), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "pre-training the strong initialisation" in printed
+    report = json.loads((out / "report.json").read_text())
+    markdown = (out / "report.md").read_text()
+    for arm in arms(full=False):
+        assert arm.name in report["results"], arm.name
+        assert f"| {arm.label} |" in markdown, arm.label
+        assert arm.label in printed
+        seed = report["results"][arm.name]["seeds"]["0"]
+        assert {"t2i_R@1", "i2t_R@10", "within_mean_R@1", "mmvp", "pairwise_sim"} <= set(seed["test"])
+    assert len(report["claims"]) >= 8
+    for figure in ("gradient_dynamics", "convergence", "geometry", "caption_similarity"):
+        assert (out / f"{figure}.png").stat().st_size > 0, figure
+    # a second demo reuses the cached initialisation instead of pre-training again
+    assert main(["demo", "--quick", "--out", str(tmp_path / "again"), "--cache", str(cache), "--no-progress"]) == 0
+    assert "reusing the cached init" in capsys.readouterr().out
