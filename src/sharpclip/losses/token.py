@@ -51,8 +51,9 @@ def token_similarities(
         patches = image_tokens[start : start + chunk_size]
         patch_mask = image_token_mask[start : start + chunk_size]
         sim = torch.einsum("cpd,tld->ctpl", patches, text_tokens)  # (c, B_txt, P, L)
-        invalid = ~(patch_mask[:, None, :, None] & text_token_mask[None, :, None, :])
-        sim.masked_fill_(invalid, float("-inf"))
+        # two broadcast masks, not their (c, B_txt, P, L) product: autograd keeps each mask for the backward
+        sim.masked_fill_(~text_token_mask[None, :, None, :], float("-inf"))
+        sim.masked_fill_(~patch_mask[:, None, :, None], float("-inf"))
         best_word = sim.max(dim=3).values  # (c, B_txt, P)
         best_patch = sim.max(dim=2).values  # (c, B_txt, L)
         i2t.append(_masked_mean(best_word, patch_mask[:, None, :]))
