@@ -100,7 +100,7 @@ def test_non_finite_steps_are_skipped_then_stop_the_run(tmp_path, caplog):
 
 def test_bf16_autocast_and_gradient_checkpointing_train(tmp_path):
     trainer = _trainer(tmp_path, epochs=1, max_steps=2, precision="bf16", grad_checkpointing=True)
-    assert trainer.model.hf_model.is_gradient_checkpointing
+    assert trainer.model.hf_model.is_activation_checkpointing
     before = trainer.model.hf_model.text_projection.weight.detach().clone()
     trainer.fit()
     steps = [r for r in _records(tmp_path / "run" / "metrics.jsonl") if "loss" in r]

@@ -79,8 +79,8 @@ class Trainer:
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         self.logger = RunLogger(self.run_dir, self.is_main, cfg.tensorboard, cfg.wandb)
-        if cfg.grad_checkpointing:
-            getattr(model, "hf_model", model).gradient_checkpointing_enable({"use_reentrant": False})
+        if cfg.grad_checkpointing:  # transformers' activation checkpointing of every tower layer
+            getattr(model, "hf_model", model).activation_checkpointing_enable({"use_reentrant": False})
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.cfg.precision != "bf16":
