@@ -75,6 +75,7 @@ class Trainer:
         self.scheduler = build_scheduler(self.optimizer, cfg.warmup_steps, self.total_steps, cfg.min_lr_ratio)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.state = TrainerState()
+        self._resume_rng: dict | None = None  # RNG states to restore once the resumed epoch's iterator exists
         self.is_main = distributed.rank() == 0
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -112,7 +113,7 @@ class Trainer:
         self.model.train()
         self.loader.set_epoch(self.state.epoch)
         batches = iter(self.loader)
-        if getattr(self, "_resume_rng", None) is not None:  # after the iterator drew its seed (see resume)
+        if self._resume_rng is not None:  # after the iterator drew its seed (see resume)
             checkpoint.set_rng_state(self._resume_rng)
             self._resume_rng = None
         saturated = []
