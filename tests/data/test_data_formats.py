@@ -7,7 +7,7 @@ import logging
 import pytest
 from data_helpers import FIXTURES, cfg_for
 
-from sharpclip.data import EditSample, read_samples
+from sharpclip.data import BadSampleReport, EditSample, read_samples
 from sharpclip.data.images import load_image
 
 
@@ -138,3 +138,19 @@ def test_generic_renamed_columns(tmp_path):
 def test_missing_release_folder_says_what_to_check(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"docci_descriptions\.jsonlines.*data\.root"):
         read_samples(cfg_for("docci", tmp_path), "test")
+
+
+@pytest.mark.parametrize(
+    ("fmt", "split", "opened"),
+    [
+        ("vg", "train", ["train_split.json", "paragraphs_v1.json"]),
+        ("ultraedit", "FreeForm_0", ["data/FreeForm_0-00000-of-00001.parquet"]),
+        ("generic", "folder", ["folder/x.txt", "folder/y.txt"]),
+        ("dci", "all", [f"densely_captioned_images/annotations/sa_{n}.json" for n in (1543972, 1543980, 1554200)]),
+    ],
+)
+def test_readers_record_the_annotation_files_they_open(fmt, split, opened):
+    report = BadSampleReport("skip")
+    read_samples(cfg_for(fmt), split, report)
+    read_samples(cfg_for(fmt), split, report)  # a file read twice is listed once
+    assert [p.relative_to(FIXTURES / fmt).as_posix() for p in report.files] == opened

@@ -24,6 +24,15 @@ EXPECTED = {  # format: (images, captions) in the fixture's test split
     "karpathy": (2, 10),
     "generic": (2, 2),
 }
+READS = {  # format: the annotation files its reader opens for the test split, relative to the fixture root
+    "docci": ["docci_descriptions.jsonlines"],  # not docci_test.json: that is GOAL's list, unread without list_file
+    "dci": ["densely_captioned_images/splits.json", "densely_captioned_images/complete/sa_1554200.json"],
+    "long_dci": ["dci_long.csv"],
+    "urban1k": ["Urban1k/caption/1.txt", "Urban1k/caption/2.txt", "Urban1k/caption/10.txt"],
+    "sharegpt4v": ["share-captioner_coco_lcs_sam_1246k_1107.json"],
+    "karpathy": ["dataset_coco.json"],
+    "generic": ["test.csv"],
+}
 
 
 class PixelHashEmbedder:
@@ -53,3 +62,11 @@ def test_retrieval_over_release_fixture(fmt: str) -> None:
     assert r["t2i"]["R@50"] == 100.0 and r["i2t"]["R@50"] == 100.0  # galleries < 50: every positive is ranked
     assert 0.0 <= r["t2i"]["R@1"] <= 100.0 and r["t2i"]["mean_rank"] >= 1.0
     assert res.datasets[fmt]["files"] and all(len(f["sha256"]) == 64 for f in res.datasets[fmt]["files"])
+
+
+@pytest.mark.parametrize("fmt", sorted(READS))
+def test_manifest_lists_exactly_the_files_the_reader_opened(fmt: str) -> None:
+    cfg = EvalConfig(suites=[fmt], roots={fmt: str(FIXTURES / fmt)}, recall_k=[1], progress=False)
+    record = run_suite(PixelHashEmbedder(), cfg).datasets[fmt]
+    assert [str(Path(f["path"]).relative_to(FIXTURES / fmt)) for f in record["files"]] == READS[fmt]
+    assert "sha256_of_sorted_list" not in record["images"]  # eval.hash_images is off by default

@@ -164,6 +164,46 @@ def test_suite_over_fixtures(data_root: Path, tmp_path: Path) -> None:
     assert set(manifest["datasets"]) == set(suites)
 
 
+def test_each_suite_records_only_its_own_files(tmp_path: Path) -> None:
+    """Urban-1K and DOCCI side by side in one data root with no per-suite folder: both suites fall back to the root,
+    and each manifest record lists only the annotation files its own reader opened."""
+    import shutil
+
+    fixtures = Path(__file__).parents[1] / "fixtures" / "data"
+    for fmt in ("urban1k", "docci"):
+        shutil.copytree(fixtures / fmt, tmp_path, dirs_exist_ok=True)
+    _mmvp(tmp_path / "mmvp")
+    (tmp_path / "mmvp" / "notes.txt").write_text("not read by the MMVP reader\n")
+    cfg = EvalConfig(suites=["urban1k", "docci", "mmvp"], data_root=str(tmp_path), recall_k=[1], progress=False)
+    datasets = run_suite(ColourEmbedder(), cfg).datasets
+    listed = {
+        name: [Path(f["path"]).relative_to(tmp_path).as_posix() for f in d["files"]] for name, d in datasets.items()
+    }
+    assert listed == {
+        "urban1k": ["Urban1k/caption/1.txt", "Urban1k/caption/2.txt", "Urban1k/caption/10.txt"],
+        "docci": ["docci_descriptions.jsonlines"],
+        "mmvp": ["mmvp/Questions.csv"],
+    }
+    assert datasets["urban1k"]["images"]["count"] == 3 and datasets["docci"]["images"]["count"] == 3
+
+
+@pytest.mark.parametrize("hash_images", [False, True])
+def test_zeroshot_hashes_images_only_under_hash_images(
+    data_root: Path, monkeypatch: pytest.MonkeyPatch, hash_images: bool
+) -> None:
+    from sharpclip.eval import manifest
+
+    hashed: list[Path] = []
+    real = manifest.sha256_file
+    monkeypatch.setattr(manifest, "sha256_file", lambda path, *a: hashed.append(Path(path)) or real(path, *a))
+    cfg = EvalConfig(suites=["zeroshot"], data_root=str(data_root), hash_images=hash_images, progress=False)
+    record = run_suite(ColourEmbedder(), cfg).datasets["zeroshot"]
+    assert record["files"] == []  # an image folder per class: no annotation file
+    assert record["images"]["count"] == 4 and record["images"]["bytes"] > 0
+    assert len(hashed) == (4 if hash_images else 0)
+    assert ("sha256_of_sorted_list" in record["images"]) == hash_images
+
+
 def test_synthdense_style_pairs_scored_like_mmvp(tmp_path: Path) -> None:
     a, b = _img(tmp_path / "a.png", "red"), _img(tmp_path / "b.png", "blue")
     c, d = _img(tmp_path / "c.png", "green"), _img(tmp_path / "d.png", "green")

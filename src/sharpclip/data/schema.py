@@ -90,21 +90,34 @@ class BadSampleError(ValueError):
 
 @dataclass
 class BadSampleReport:
-    """Bad samples met so far under a policy: `error` raises at the first, `skip` records and goes on."""
+    """What a reader met: bad samples under a policy (`error` raises at the first, `skip` records and goes on), and
+    the annotation files it opened, in first-read order (`files`: what the eval manifest hashes)."""
 
     policy: str = "error"  # error | skip
     items: list[BadSample] = field(default_factory=list)
+    files: list[Path] = field(default_factory=list)
+    _seen: set[Path] = field(default_factory=set, init=False, repr=False, compare=False)
+
+    def read_file(self, path: Path) -> Path:
+        """Record that annotation file `path` is being read (once, however often it is opened); returns `path`."""
+        if path not in self._seen:
+            self._seen.add(path)
+            self.files.append(path)
+        return path
 
     def add(self, bad: BadSample) -> None:
+        """Raise `BadSampleError` under `error`; record `bad` under `skip`."""
         if self.policy != "skip":
             raise BadSampleError(bad)
         self.items.append(bad)
 
     def extend(self, bads: list[BadSample]) -> None:
+        """`add` each of `bads`."""
         for bad in bads:
             self.add(bad)
 
     def summary(self) -> str:
+        """Counts per reason and the first ten bad samples, for the log."""
         if not self.items:
             return "no bad samples"
         counts = Counter(b.reason.split(":")[0] for b in self.items)

@@ -2,9 +2,11 @@
 
 Two runs whose manifests agree (except timestamps) evaluated the same weights on the same bytes the same way:
 model identity and a hash of its weights, image size / interpolation / mean / std, text context length and how many
-captions were truncated, the prompt set, the ranking tie policy and metric definitions, and every dataset file read
-(annotation files with size and sha256; images counted with their total size, hashed only on request since a
-benchmark's images run to gigabytes).
+captions were truncated, the prompt set, the ranking tie policy and metric definitions, and every dataset file read:
+the annotation files each reader reports having opened (`files` of a RetrievalSet / ChoiceSet / ClassificationSet,
+filled by the format readers through `BadSampleReport.read_file`), with size and sha256, and nothing else under the
+suite's root; images counted with their total size, hashed only under `eval.hash_images` (a benchmark's images run
+to gigabytes).
 """
 
 from __future__ import annotations
@@ -20,11 +22,9 @@ import torch
 
 from sharpclip.eval.metrics import METRIC_DEFINITIONS, TIE_POLICY
 
-ANNOTATION_SUFFIXES = (".json", ".jsonl", ".jsonlines", ".csv", ".tsv", ".txt", ".parquet")
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif")
-
 
 def sha256_file(path: str | Path, block: int = 1 << 20) -> str:
+    """Hex sha256 of a file's bytes, read in `block`-sized chunks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(block):
@@ -43,6 +43,7 @@ def weights_sha256(module: torch.nn.Module) -> str:
 
 
 def file_record(path: Path) -> dict[str, Any]:
+    """{path, bytes, sha256} of one file."""
     return {"path": str(path), "bytes": path.stat().st_size, "sha256": sha256_file(path)}
 
 
@@ -59,15 +60,6 @@ def dataset_record(files: Iterable[Path], images: Sequence[Any] = (), hash_image
             h.update(f"{p.name}|{sha256_file(p)}\n".encode())
         record["images"]["sha256_of_sorted_list"] = h.hexdigest()
     return record
-
-
-def annotation_files(root: str | Path, limit: int = 10_000) -> list[Path]:
-    """The annotation files under a benchmark's root (what a retrieval reader reads besides images)."""
-    root = Path(root)
-    if root.is_file():
-        return [root]
-    found = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in ANNOTATION_SUFFIXES)
-    return found[:limit]
 
 
 def preprocessing_record(preprocess: Any) -> dict[str, Any]:
@@ -98,6 +90,7 @@ def model_record(model: torch.nn.Module, name: str = "") -> dict[str, Any]:
 
 
 def environment_record() -> dict[str, Any]:
+    """Versions of python, torch, transformers and sharpclip (None where not importable)."""
     versions = {"python": platform.python_version(), "torch": torch.__version__}
     for pkg in ("transformers", "sharpclip"):
         try:

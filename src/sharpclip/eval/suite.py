@@ -23,7 +23,7 @@ import torch
 from sharpclip.config import DataConfig, EvalConfig
 from sharpclip.eval import pair_data, pairs
 from sharpclip.eval.embed import CachedEmbedder, Embedder, ModelEmbedder
-from sharpclip.eval.manifest import annotation_files, dataset_record
+from sharpclip.eval.manifest import dataset_record
 from sharpclip.eval.pair_data import ChoiceSet
 from sharpclip.eval.retrieval import RetrievalSet, evaluate_retrieval, from_samples
 from sharpclip.eval.zeroshot import PROMPT_SETS, ClassificationSet, evaluate_zeroshot, read_csv, read_image_folder
@@ -37,9 +37,9 @@ def _retrieval_set(name: str, data_cfg: DataConfig, split: str) -> RetrievalSet:
     from sharpclip.data.formats import FORMATS
     from sharpclip.data.schema import BadSampleReport
 
-    root = Path(data_cfg.root)
-    samples = FORMATS[data_cfg.format](root, split, data_cfg, BadSampleReport("error"))
-    return from_samples(name, samples, annotation_files(root))
+    report = BadSampleReport("error")
+    samples = FORMATS[data_cfg.format](Path(data_cfg.root), split, data_cfg, report)
+    return from_samples(name, samples, report.files)  # the annotation files the reader opened, nothing else
 
 
 def suite_data_config(name: str, fmt: str, root: Path, cfg: EvalConfig) -> DataConfig:

@@ -28,7 +28,8 @@ PROMPT_SETS: dict[str, tuple[str, ...]] = {
 
 @dataclass
 class ClassificationSet:
-    """images: (N,) paths; labels: (N,) class indices into classnames."""
+    """images: (N,) paths; labels: (N,) class indices into classnames; files: the annotation files read (a CSV; none
+    for an image folder, whose images the manifest counts, and hashes only under eval.hash_images)."""
 
     name: str
     images: list[Path]
@@ -48,7 +49,7 @@ def read_image_folder(root: str | Path, name: str = "image_folder") -> Classific
         files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
         images += files
         labels += [c] * len(files)
-    return ClassificationSet(name, images, labels, [p.name.replace("_", " ") for p in classes], list(images))
+    return ClassificationSet(name, images, labels, [p.name.replace("_", " ") for p in classes])
 
 
 def read_csv(path: str | Path, image_root: str | Path | None = None, name: str = "csv") -> ClassificationSet:

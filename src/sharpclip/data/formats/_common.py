@@ -1,7 +1,9 @@
 """Helpers shared by the format readers: reading annotation files, checking records, naming where things are.
 
-A reader returns the samples of one split. A record it cannot use (malformed, empty caption) goes to the
-`BadSampleReport`, which raises or records it by policy; a missing annotation file is a setup error and always raises.
+A reader returns the samples of one split and records every annotation file it opens in the report
+(`BadSampleReport.read_file`: the eval manifest hashes exactly those). A record it cannot use (malformed, empty
+caption) goes to the `BadSampleReport`, which raises or records it by policy; a missing annotation file is a setup
+error and always raises.
 Records a protocol leaves out on purpose (DCI's empty `extra_caption`, VG's duplicate ids) are logged, not reported.
 """
 
@@ -24,14 +26,16 @@ def require_file(path: Path, what: str) -> Path:
 
 
 def require_dir(path: Path, what: str) -> Path:
+    """`path` if it is a folder; otherwise a FileNotFoundError that says what was expected there."""
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: {what} folder not found; check data.root (see the README's Data section)")
     return path
 
 
-def load_json(path: Path, what: str) -> Any:
-    """The parsed JSON file; a missing or invalid file raises with the path and the parser's line/column."""
-    require_file(path, what)
+def load_json(path: Path, what: str, report: BadSampleReport) -> Any:
+    """The parsed JSON file (recorded in `report` as read); a missing or invalid file raises with the path and the
+    parser's line/column."""
+    report.read_file(require_file(path, what))
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
@@ -41,7 +45,7 @@ def load_json(path: Path, what: str) -> Any:
 
 def iter_jsonl(path: Path, report: BadSampleReport):
     """(where, record) for each non-blank line of a JSON Lines file; a line that is not a JSON object is reported."""
-    require_file(path, "JSON Lines file")
+    report.read_file(require_file(path, "JSON Lines file"))
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
@@ -88,5 +92,6 @@ def note_left_out(fmt: str, count: int, why: str) -> None:
 
 
 def check_split(fmt: str, split: str, known: tuple[str, ...]) -> None:
+    """Raise a ValueError naming the format's splits unless `split` is one of them."""
     if split not in known:
         raise ValueError(f"{fmt}: unknown split {split!r}; this format has {', '.join(known)}")

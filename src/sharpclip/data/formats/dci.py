@@ -35,10 +35,10 @@ def dataset_dir(root: Path) -> Path:
     return nested if (nested / "photos").is_dir() else root
 
 
-def _split_files(base: Path, split: str) -> list[Path]:
+def _split_files(base: Path, split: str, report: BadSampleReport) -> list[Path]:
     if split == "all":
         return sorted(require_dir(base / "annotations", "DCI annotations/").glob("*.json"))
-    names = load_json(base / "splits.json", "DCI splits.json")
+    names = load_json(base / "splits.json", "DCI splits.json", report)
     if not isinstance(names, dict) or split not in names:
         raise ValueError(f"{base / 'splits.json'}: expected a JSON object with a {split!r} list")
     # splits.json names files in complete/; fall back to annotations/ for releases that lack complete/
@@ -62,7 +62,7 @@ def _read_one(path: Path, mode: str, report: BadSampleReport) -> PairSample | st
         report.add(BadSample(where, rid, "missing file: annotation listed in splits.json does not exist"))
         return None
     try:
-        record = load_json(path, "DCI annotation")
+        record = load_json(path, "DCI annotation", report)
     except ValueError as err:
         report.add(BadSample(where, rid, f"malformed record: {err}"))
         return None
@@ -87,7 +87,7 @@ def read(root: Path, split: str, cfg: DataConfig, report: BadSampleReport) -> li
         return read_goal_list(root / cfg.list_file, require_dir(base / "photos", "DCI photos/"), report)
     check_split("dci", split, SPLITS)
     samples, left_out = [], 0
-    for path in _split_files(base, split):
+    for path in _split_files(base, split, report):
         got = _read_one(path, cfg.dci_caption, report)
         left_out += got == "left out"
         if isinstance(got, PairSample):

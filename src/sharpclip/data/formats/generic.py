@@ -37,7 +37,7 @@ def _records(path: Path, report: BadSampleReport) -> Iterator[tuple[str, dict]]:
     if path.suffix in (".jsonl", ".json"):
         yield from iter_jsonl(path, report)
         return
-    with open(path, encoding="utf-8", newline="") as f:
+    with open(report.read_file(path), encoding="utf-8", newline="") as f:
         for i, row in enumerate(csv.DictReader(f, delimiter="\t" if path.suffix == ".tsv" else ",")):
             yield f"{path}:row {i + 1}", {k: v for k, v in row.items() if v not in (None, "")}
 
@@ -106,7 +106,7 @@ def _read_folder(folder: Path, report: BadSampleReport) -> list[PairSample]:
         elif stem not in images:
             report.add(BadSample(str(texts[stem]), stem, f"missing file: no image {stem}.jpg/.png for the caption"))
         else:
-            caption = texts[stem].read_text(encoding="utf-8").strip()
+            caption = report.read_file(texts[stem]).read_text(encoding="utf-8").strip()
             if caption_ok(caption, str(texts[stem]), stem, report):
                 samples.append(PairSample(id=stem, image=images[stem], caption=caption, source=str(texts[stem])))
     return samples

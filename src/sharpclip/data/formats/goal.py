@@ -15,7 +15,7 @@ from sharpclip.data.schema import BadSampleReport, PairSample
 
 def read_goal_list(list_file: Path, image_dir: Path, report: BadSampleReport) -> list[PairSample]:
     """One `PairSample` per entry; id = the image's base name without extension."""
-    entries = load_json(list_file, "GOAL-style {filename, caption} list")
+    entries = load_json(list_file, "GOAL-style {filename, caption} list", report)
     if not isinstance(entries, list):
         raise ValueError(f"{list_file}: expected a JSON list of {{filename, caption}} objects")
     samples = []

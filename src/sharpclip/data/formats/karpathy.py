@@ -45,7 +45,7 @@ def _sample(record: object, where: str, image_dir: Path, report: BadSampleReport
 def read(root: Path, split: str, cfg: DataConfig, report: BadSampleReport) -> list[PairSample]:
     check_split("karpathy", split, ("train", "val", "test"))
     path = _annotation_file(root, cfg)
-    data = load_json(path, "Karpathy split JSON")
+    data = load_json(path, "Karpathy split JSON", report)
     if not isinstance(data, dict) or not isinstance(data.get("images"), list):
         raise ValueError(f"{path}: expected an object with an 'images' list (Karpathy split format)")
     wanted = {"train", "restval"} if split == "train" else {split}

@@ -22,7 +22,7 @@ def read(root: Path, split: str, cfg: DataConfig, report: BadSampleReport) -> li
     path = require_file(root / (cfg.annotation_file or TSV), "Long-DCI dci_long.csv")
     image_dir = root / "photos" if (root / "photos").is_dir() else root
     samples = []
-    with open(path, encoding="utf-8", newline="") as f:
+    with open(report.read_file(path), encoding="utf-8", newline="") as f:
         reader = csv.DictReader(f, delimiter="\t")  # quoted fields may hold newlines, as pandas writes them
         if reader.fieldnames is None or not {"filepath", "title"} <= set(reader.fieldnames):
             raise ValueError(f"{path}: expected a tab-separated header 'filepath<TAB>title', got {reader.fieldnames}")

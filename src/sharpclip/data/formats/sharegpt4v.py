@@ -41,7 +41,7 @@ def _sample(record: object, index: int, root: Path, where: str, report: BadSampl
 def read(root: Path, split: str, cfg: DataConfig, report: BadSampleReport) -> list[PairSample]:
     check_split("sharegpt4v", split, ("train", "test"))
     path = root / (cfg.annotation_file or ANNOTATIONS)
-    records = load_json(path, "ShareGPT4V annotation JSON")
+    records = load_json(path, "ShareGPT4V annotation JSON", report)
     if not isinstance(records, list):
         raise ValueError(f"{path}: expected a JSON list of conversation records")
     n = cfg.sharegpt4v_test_size

@@ -35,7 +35,7 @@ def shards(root: Path, split: str) -> list[Path]:
 def _rows(path: Path, report: BadSampleReport):
     import pyarrow.parquet as pq  # optional dependency: pip install -e ".[parquet]"
 
-    pf = pq.ParquetFile(path)
+    pf = pq.ParquetFile(report.read_file(path))
     missing = [c for c in (*TEXT, *IMAGES) if c not in pf.schema_arrow.names]
     if missing:
         raise ValueError(f"{path}: not an UltraEdit shard; missing column(s) {', '.join(missing)}")

@@ -26,7 +26,7 @@ def read(root: Path, split: str, cfg: DataConfig, report: BadSampleReport) -> li
     samples = []
     for path in sorted(require_dir(base / "caption", "Urban-1K caption/").glob("*.txt"), key=_key):
         try:
-            text = path.read_text(encoding="utf-8")
+            text = report.read_file(path).read_text(encoding="utf-8")
         except UnicodeDecodeError as err:
             report.add(BadSample(str(path), path.stem, f"malformed record: not UTF-8 text ({err.reason})"))
             continue

@@ -24,12 +24,12 @@ def _image_path(root: Path, url: str, image_id: int) -> Path:
 
 def read(root: Path, split: str, cfg: DataConfig, report: BadSampleReport) -> list[PairSample]:
     check_split("vg", split, ("train", "val", "test"))
-    wanted = load_json(root / f"{split}_split.json", f"VG {split}_split.json")
+    wanted = load_json(root / f"{split}_split.json", f"VG {split}_split.json", report)
     wanted = {int(i) for i in wanted}
     path = root / PARAGRAPHS
     seen: set[int] = set()
     samples, duplicates = [], 0
-    for i, record in enumerate(load_json(path, "VG paragraphs_v1.json")):
+    for i, record in enumerate(load_json(path, "VG paragraphs_v1.json", report)):
         where = f"{path}[{i}]"
         got = fields(record, ("url", "image_id", "paragraph"), where, str(i), report)
         if got is None:
