@@ -7,8 +7,10 @@ into a `BadSample` naming the record.
 from __future__ import annotations
 
 import io
-from functools import lru_cache
+import os
+from collections import OrderedDict
 from pathlib import Path
+from typing import Any
 
 from PIL import Image
 
@@ -32,16 +34,69 @@ def describe(source: ImageSource) -> str:
     return f"<{type(source).__name__}>"
 
 
-@lru_cache(maxsize=4)  # per process: consecutive rows of one row group (the usual access) decode it once
-def _row_group_column(file: str, row_group: int, column: str) -> list:
-    import pyarrow.parquet as pq  # optional dependency: only UltraEdit-style parquet needs it
+PARQUET_CACHE_BYTES = 256 << 20  # per process: the decoded column chunks kept for the next samples
+PARQUET_OPEN_FILES = 8  # per process: open parquet files (their footers are parsed once)
 
-    table = pq.ParquetFile(file).read_row_group(row_group, columns=[column])
-    return table.column(column).to_pylist()
+
+class _ParquetCache:
+    """Per-process LRU of open parquet files and of decoded (file, row group, column) chunks, bounded in bytes.
+
+    pyarrow (so HF datasets) checks its 1 MiB page limit only every 1,024 values, so a row group of fewer rows (HF
+    image datasets: 100) holds each column in one data page and one cell costs reading its whole column chunk. The
+    cache lets a cell's neighbours (sequential reads, a locality-aware order) reuse that read; under a uniform shuffle
+    over many row groups nearly every cell misses. Only the requested cell becomes a Python object.
+    """
+
+    def __init__(self, max_bytes: int, max_files: int) -> None:
+        self.max_bytes, self.max_files = max_bytes, max_files
+        self.clear()
+
+    def clear(self) -> None:
+        """Close the files and drop every chunk (also done in a forked DataLoader worker on first use)."""
+        for handle in getattr(self, "files", {}).values():
+            handle.close()
+        self.pid = os.getpid()
+        self.files: OrderedDict[str, Any] = OrderedDict()
+        self.chunks: OrderedDict[tuple[str, int, str], Any] = OrderedDict()
+        self.nbytes = 0
+        self.reads = 0  # column chunks read from disk, for tests and measurements
+
+    def _file(self, path: str) -> Any:
+        import pyarrow.parquet as pq  # optional dependency: only UltraEdit-style parquet needs it
+
+        if path not in self.files:
+            self.files[path] = pq.ParquetFile(path)
+            while len(self.files) > self.max_files:
+                self.files.popitem(last=False)[1].close()
+        self.files.move_to_end(path)
+        return self.files[path]
+
+    def column(self, cell: ParquetCell) -> Any:
+        """The Arrow array of the cell's (file, row group, column), from the cache or read once."""
+        if os.getpid() != self.pid:  # a forked worker: start empty rather than share the parent's handles
+            self.clear()
+        key = (cell.file, cell.row_group, cell.column)
+        if key in self.chunks:
+            self.chunks.move_to_end(key)
+            return self.chunks[key]
+        chunk = self._file(cell.file).read_row_group(cell.row_group, columns=[cell.column]).column(0)
+        self.reads += 1
+        if chunk.nbytes <= self.max_bytes:
+            self.chunks[key] = chunk
+            self.nbytes += chunk.nbytes
+            while self.nbytes > self.max_bytes:
+                self.nbytes -= self.chunks.popitem(last=False)[1].nbytes
+        return chunk
+
+
+_PARQUET = _ParquetCache(PARQUET_CACHE_BYTES, PARQUET_OPEN_FILES)
 
 
 def _cell_bytes(cell: ParquetCell) -> bytes:
-    value = _row_group_column(cell.file, cell.row_group, cell.column)[cell.row]
+    column = _PARQUET.column(cell)
+    if not 0 <= cell.row < len(column):
+        raise ImageLoadError(f"missing file: {describe(cell)} is past the row group's {len(column)} rows")
+    value = column[cell.row].as_py()  # this cell only
     data = value.get("bytes") if isinstance(value, dict) else value
     if not data:
         raise ImageLoadError(f"missing file: no image bytes in {describe(cell)}")
