@@ -80,6 +80,7 @@ def read_edit_samples(cfg: DataConfig, report: BadSampleReport | None = None) ->
 
 
 def image_transform(cfg: DataConfig) -> ClipImageTransform:
+    """CLIP eval preprocessing at data.image_size with data.image_mean / data.image_std."""
     return ClipImageTransform(cfg.image_size, cfg.image_mean, cfg.image_std)
 
 

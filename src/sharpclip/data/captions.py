@@ -41,12 +41,15 @@ class CaptionLoader:
         return len(self.sampler)
 
     def set_epoch(self, epoch: int) -> None:
+        """Reseed the caption order for `epoch`."""
         self.sampler.set_epoch(epoch)
 
     def state_dict(self) -> dict[str, int]:
+        """The sampler's resume state: epoch, batches done, seed."""
         return self.sampler.state_dict()
 
     def load_state_dict(self, state: dict[str, int]) -> None:
+        """Resume at the recorded epoch after the batches already done."""
         self.sampler.load_state_dict(state)
 
     def __iter__(self) -> Iterator[Batch]:

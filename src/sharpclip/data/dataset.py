@@ -118,6 +118,7 @@ class SampleDataset(Dataset):
         self.epoch = epoch
 
     def caption_of(self, i: int) -> str:
+        """Row i's caption; for a several-caption sample, one drawn by (seed, epoch, i)."""
         row = self.rows[i]
         if row.caption is not None:
             return row.caption
@@ -143,6 +144,7 @@ class Collator:
         self.tokenize, self.with_short = tokenize, with_short
 
     def __call__(self, items: list[Item | BadSample]) -> Batch:
+        """Tokenise and stack the good items into a `Batch`; bad ones go to `Batch.skipped`."""
         good = [it for it in items if isinstance(it, Item)]
         skipped = [it for it in items if isinstance(it, BadSample)]
         if not good:
@@ -207,15 +209,18 @@ class SampleLoader(DataLoader):
         return new
 
     def set_epoch(self, epoch: int) -> None:
+        """Set the epoch of the dataset (caption draw) and of the batch sampler (order)."""
         self.dataset.set_epoch(epoch)
         if hasattr(self.batch_sampler, "set_epoch"):
             self.batch_sampler.set_epoch(epoch)
 
     def state_dict(self) -> dict[str, int]:
+        """The batch sampler's state with the batches this loader has yielded."""
         state = self.batch_sampler.state_dict()
         return {**state, "batches_done": self.consumed}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
+        """Resume mid-epoch from `state_dict()`'s output."""
         self.batch_sampler.load_state_dict(state)
         self.dataset.set_epoch(state["epoch"])
         self.consumed = state["batches_done"]

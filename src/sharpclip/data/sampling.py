@@ -81,6 +81,7 @@ class GroupBatchSampler:
             self.epoch, self.start = epoch, 0
 
     def state_dict(self) -> dict[str, int]:
+        """Epoch, batches already yielded on this rank and seed: enough to resume."""
         return {"epoch": self.epoch, "batches_done": self.start, "seed": self.seed}
 
     def load_state_dict(self, state: dict[str, int]) -> None:

@@ -95,6 +95,7 @@ class Scene:
     objects: tuple[Obj, ...]  # sorted by cell
 
     def with_objects(self, objects: list[Obj] | tuple[Obj, ...]) -> Scene:
+        """The same background with `objects`, sorted by cell."""
         return Scene(self.background, tuple(sorted(objects, key=lambda o: o.cell)))
 
 

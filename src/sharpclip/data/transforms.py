@@ -43,11 +43,13 @@ class ClipImageTransform:
         return image if new_size == (w, h) else image.resize(new_size, Image.BICUBIC)
 
     def center_crop(self, image: Image.Image) -> Image.Image:
+        """The central `size` × `size` square."""
         w, h = image.size
         top, left = (h - self.size) // 2, (w - self.size) // 2
         return image.crop((left, top, left + self.size, top + self.size))
 
     def __call__(self, image: Image.Image) -> Tensor:
+        """RGB, resize, centre crop, scale to [0, 1], normalise: (3, size, size) float32."""
         pixels = np.asarray(self.center_crop(self.resize(to_rgb(image))), dtype=np.float32)
         chw = pixels.transpose(2, 0, 1) / 255.0
         return torch.from_numpy((chw - self.mean) / self.std)
@@ -66,6 +68,7 @@ class TextTokenizer:
         self.eos = tokenizer.eos_token_id
 
     def __call__(self, texts: Sequence[str]) -> tuple[Tensor, Tensor]:
+        """(input_ids, attention_mask), each (B, context_length) long, eos kept in truncated rows."""
         enc = self.tokenizer(
             list(texts), padding="max_length", truncation=True, max_length=self.context_length, return_tensors="pt"
         )

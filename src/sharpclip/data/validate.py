@@ -58,12 +58,15 @@ class ValidationReport:
 
     @property
     def ok(self) -> bool:
+        """True when no error was found."""
         return not self.errors
 
     def to_json(self) -> dict:
+        """Every field plus `ok`, JSON-serialisable."""
         return {**asdict(self), "ok": self.ok}
 
     def summary(self) -> str:
+        """Counts, errors by kind, duplicates and token lengths as human-readable lines."""
         lines = [
             f"{self.format} {self.split} at {self.root}: {self.samples} samples, {self.images} images, "
             f"{self.captions} captions"
@@ -203,4 +206,5 @@ def config_for(target: str, overrides: Sequence[str] = (), fmt: str | None = Non
 
 
 def default_split(cfg: DataConfig) -> str:
+    """The split `validate-data` checks when none is given: the format's default, else data.train_split."""
     return DEFAULT_SPLIT.get(cfg.format, cfg.train_split)

@@ -52,17 +52,21 @@ def load_image(ref: ImageRef | str | Path) -> Any:
 class Embedder(Protocol):
     """What evaluators need: L2-normalised embeddings, (N, D), for images and for captions."""
 
-    def images(self, refs: Sequence[ImageRef | str | Path]) -> Tensor: ...
+    def images(self, refs: Sequence[ImageRef | str | Path]) -> Tensor:
+        """(N, D) L2-normalised image embeddings, in the order of `refs`."""
 
-    def texts(self, captions: Sequence[str]) -> Tensor: ...
+    def texts(self, captions: Sequence[str]) -> Tensor:
+        """(N, D) L2-normalised caption embeddings, in the order of `captions`."""
 
 
 class DualEncoderLike(Protocol):
     """The part of sharpclip.models.DualEncoder used here; both return an object with `.embedding` (B, D)."""
 
-    def encode_image(self, pixel_values: Tensor, tokens: bool = False) -> Any: ...
+    def encode_image(self, pixel_values: Tensor, tokens: bool = False) -> Any:
+        """Embeddings of a (B, 3, H, W) pixel batch."""
 
-    def encode_text(self, input_ids: Tensor, attention_mask: Tensor | None = None, tokens: bool = False) -> Any: ...
+    def encode_text(self, input_ids: Tensor, attention_mask: Tensor | None = None, tokens: bool = False) -> Any:
+        """Embeddings of a (B, L) token batch."""
 
 
 class TokenizerLike(Protocol):
@@ -71,9 +75,11 @@ class TokenizerLike(Protocol):
 
     context_length: int
 
-    def __call__(self, texts: Sequence[str]) -> tuple[Tensor, Tensor]: ...
+    def __call__(self, texts: Sequence[str]) -> tuple[Tensor, Tensor]:
+        """(input_ids, attention_mask), each (B, L)."""
 
-    def lengths(self, texts: Sequence[str]) -> list[int]: ...
+    def lengths(self, texts: Sequence[str]) -> list[int]:
+        """Untruncated token counts, bos and eos included."""
 
 
 def _embedding(out: Any) -> Tensor:
@@ -116,6 +122,7 @@ class ModelEmbedder:
 
     @torch.no_grad()
     def images(self, refs: Sequence[Any]) -> Tensor:
+        """Load, preprocess and encode `refs` in batches of `batch_size`; (N, D) on the CPU."""
         out = []
         for s in self._batches(refs, "images"):
             pixels = torch.stack([self.preprocess(_load(r)) for r in refs[s : s + self.batch_size]])
@@ -124,6 +131,7 @@ class ModelEmbedder:
 
     @torch.no_grad()
     def texts(self, captions: Sequence[str]) -> Tensor:
+        """Tokenise and encode `captions` in batches, counting those over the context length."""
         out = []
         for s in self._batches(captions, "captions"):
             batch = list(captions[s : s + self.batch_size])
@@ -150,7 +158,9 @@ class CachedEmbedder:
         return torch.stack([cache[k] for k in keys])
 
     def images(self, refs: Sequence[ImageRef | str | Path]) -> Tensor:
+        """Image embeddings, computing only refs not seen before."""
         return self._lookup(list(refs), self._img, self.inner.images)
 
     def texts(self, captions: Sequence[str]) -> Tensor:
+        """Caption embeddings, computing only captions not seen before."""
         return self._lookup(list(captions), self._txt, self.inner.texts)

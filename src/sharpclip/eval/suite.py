@@ -103,6 +103,7 @@ def suite_root(name: str, cfg: EvalConfig) -> Path:
 
 
 def load_eval_set(name: str, cfg: EvalConfig, data: DataConfig | None = None) -> EvalSet:
+    """Read suite `name` from its root (see `suite_root`; "retrieval" reads data.root)."""
     if name not in DATASETS:
         raise ValueError(f"eval suite {name!r} is unknown; choose from {', '.join(sorted(DATASETS))}")
     root = Path(cfg.data_root) if name == "retrieval" else suite_root(name, cfg)  # "retrieval" reads data.root
@@ -119,6 +120,7 @@ def choice_scores(embedder: Embedder, cs: ChoiceSet) -> torch.Tensor:
 
 
 def score_choice_set(embedder: Embedder, cs: ChoiceSet) -> dict[str, Any]:
+    """The metrics of a pair-choice set, by its kind's scorer in eval/pairs.py."""
     s = choice_scores(embedder, cs)
     if cs.kind == "mmvp":
         qids = cs.extra.get("qids")
@@ -146,6 +148,7 @@ def load_prompts(spec: str) -> tuple[str, ...]:
 
 
 def evaluate_set(embedder: Embedder, es: EvalSet, cfg: EvalConfig) -> dict[str, Any]:
+    """The metrics of one eval set, with a `task` key naming the protocol."""
     if isinstance(es, RetrievalSet):
         return {"task": "retrieval", **evaluate_retrieval(embedder, es, cfg.recall_k, cfg.chunk_size)}
     if isinstance(es, ChoiceSet):

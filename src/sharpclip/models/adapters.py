@@ -45,6 +45,7 @@ def add_adapters(model: HFDualEncoder, cfg: AdapterConfig) -> None:
 
 
 def is_adapted(model: HFDualEncoder) -> bool:
+    """True when the backbone is wrapped by peft (LoRA / DoRA adapters)."""
     return hasattr(model.backbone, "merge_and_unload")
 
 

@@ -205,6 +205,7 @@ def save_checkpoint(model: HFDualEncoder, directory: str | Path, cfg: ModelConfi
 
 
 def save_processors(model: HFDualEncoder, directory: Path) -> None:
+    """Save the tokenizer and image processor, where present, beside the weights."""
     if model.tokenizer is not None:
         model.tokenizer.save_pretrained(directory)
     if model.image_processor is not None:

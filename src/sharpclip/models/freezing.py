@@ -47,6 +47,7 @@ def _set_base_grad(module: nn.Module, flag: bool) -> None:
 
 
 def apply_freezing(model: HFDualEncoder, cfg: FreezeConfig) -> None:
+    """Lock the towers `cfg` names, leaving their `*_unlocked_layers` last layers trainable."""
     if cfg.vision:
         lock_tower(model, "vision", cfg.vision_unlocked_layers)
     if cfg.text:

@@ -40,14 +40,17 @@ class HFDualEncoder(DualEncoder):
 
     @property
     def text_model(self) -> nn.Module:
+        """The transformers text tower."""
         return self.hf_model.text_model
 
     @property
     def vision_model(self) -> nn.Module:
+        """The transformers vision tower."""
         return self.hf_model.vision_model
 
     @property
     def logit_scale(self) -> nn.Parameter:
+        """The backbone's log-scale parameter (the loss uses its exp)."""
         return self.hf_model.logit_scale
 
 
@@ -55,6 +58,7 @@ class CLIPDualEncoder(HFDualEncoder):
     """`transformers.CLIPModel` (OpenAI CLIP, Long-CLIP after conversion, any HF CLIP fine-tune)."""
 
     def encode_image(self, pixel_values: Tensor, tokens: bool = False) -> Embeddings:
+        """Projected pooled embedding; with `tokens`, projected post-layernormed patches (CLS dropped)."""
         out = self.vision_model(pixel_values=pixel_values)
         proj = self.hf_model.visual_projection
         emb = normalize(proj(out.pooler_output))
@@ -65,6 +69,7 @@ class CLIPDualEncoder(HFDualEncoder):
         return Embeddings(emb, patches, mask)
 
     def encode_text(self, input_ids: Tensor, attention_mask: Tensor | None = None, tokens: bool = False) -> Embeddings:
+        """Projected eos embedding; with `tokens`, projected token states and a real-token mask (else up to eos)."""
         out = self.text_model(input_ids=input_ids, attention_mask=attention_mask)
         proj = self.hf_model.text_projection
         emb = normalize(proj(out.pooler_output))
@@ -82,6 +87,7 @@ class SiglipDualEncoder(HFDualEncoder):
 
     @property
     def logit_bias(self) -> nn.Parameter:
+        """The backbone's learnable sigmoid-loss bias."""
         return self.hf_model.logit_bias
 
     def _vision(self, pixel_values: Tensor) -> tuple[Any, Tensor]:
@@ -91,6 +97,7 @@ class SiglipDualEncoder(HFDualEncoder):
         return out, mask
 
     def encode_image(self, pixel_values: Tensor, tokens: bool = False) -> Embeddings:
+        """Attention-pooled embedding; with `tokens`, the post-layernormed patches."""
         out, mask = self._vision(pixel_values)
         emb = normalize(out.pooler_output)
         if not tokens:
@@ -98,6 +105,7 @@ class SiglipDualEncoder(HFDualEncoder):
         return Embeddings(emb, normalize(out.last_hidden_state), mask)
 
     def encode_text(self, input_ids: Tensor, attention_mask: Tensor | None = None, tokens: bool = False) -> Embeddings:
+        """Last-position embedding (no attention mask passed); with `tokens`, head-projected states."""
         out = self.text_model(input_ids=input_ids)  # no attention_mask: see the module docstring
         emb = normalize(out.pooler_output)
         if not tokens:

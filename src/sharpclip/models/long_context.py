@@ -24,6 +24,7 @@ KEEP_KEY = "sharpclip_keep_positions"  # text-config attribute: rows read from t
 
 
 def stretched_length(length: int, keep: int, factor: int) -> int:
+    """Positions after the stretch: f·L − (f−1)·k."""
     return factor * length - (factor - 1) * keep
 
 
@@ -67,12 +68,15 @@ class KeptPositionEmbedding(nn.Embedding):
         self.register_buffer("kept", weight[:keep].detach().clone())
 
     def table(self) -> Tensor:
+        """(L, D): the frozen kept rows, then the trainable rows of `weight`."""
         return torch.cat([self.kept, self.weight[self.keep :]])
 
     def forward(self, position_ids: Tensor) -> Tensor:
+        """Look `position_ids` up in `table()`."""
         return F.embedding(position_ids, self.table())
 
     def folded(self) -> nn.Embedding:
+        """A plain `nn.Embedding` holding `table()`, for export."""
         emb = nn.Embedding(self.num_embeddings, self.embedding_dim)
         emb.weight.data.copy_(self.table().detach())
         return emb

@@ -53,6 +53,7 @@ class Rotary(nn.Module):
         return torch.arange(length, device=device, dtype=torch.float32)[:, None] * inv[None]
 
     def forward(self, x: Tensor) -> Tensor:
+        """`x` rotated by position, in its own dtype (computed in float32)."""
         ang = self.angles(x.shape[-2], x.device)
         cos, sin = ang.cos(), ang.sin()
         pairs = x.float().unflatten(-1, (-1, 2))  # (..., L, d_h/2, 2)
@@ -102,10 +103,12 @@ class TokenEmbeddings(nn.Module):
     def forward(
         self, input_ids: Tensor | None = None, position_ids: Tensor | None = None, inputs_embeds: Tensor | None = None
     ) -> Tensor:
+        """Token embeddings of `input_ids`, or `inputs_embeds` as given; positions are ignored."""
         return self.token_embedding(input_ids) if inputs_embeds is None else inputs_embeds
 
 
 def is_rope(text_model: nn.Module) -> bool:
+    """True when the text tower was converted by `to_rope`."""
     return isinstance(text_model.embeddings, TokenEmbeddings)
 
 

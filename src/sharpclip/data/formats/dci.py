@@ -82,6 +82,7 @@ def _read_one(path: Path, mode: str, report: BadSampleReport) -> PairSample | st
 
 
 def read(root: Path, split: str, cfg: DataConfig, report: BadSampleReport) -> list[PairSample]:
+    """DCI samples of `split` (or of the GOAL list `data.list_file`), captions by `data.dci_caption`."""
     base = dataset_dir(root)
     if cfg.list_file:
         return read_goal_list(root / cfg.list_file, require_dir(base / "photos", "DCI photos/"), report)

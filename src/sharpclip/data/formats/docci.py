@@ -35,6 +35,7 @@ def _read_all(root: Path, report: BadSampleReport) -> list[tuple[str, PairSample
 
 
 def read(root: Path, split: str, cfg: DataConfig, report: BadSampleReport) -> list[PairSample]:
+    """DOCCI samples of `split` under `data.docci_test` (or of the GOAL list `data.list_file`)."""
     if cfg.list_file:
         return read_goal_list(root / cfg.list_file, require_dir(root / "images", "DOCCI images/"), report)
     check_split("docci", split, SPLITS)

@@ -113,6 +113,7 @@ def _read_folder(folder: Path, report: BadSampleReport) -> list[PairSample]:
 
 
 def read(root: Path, split: str, cfg: DataConfig, report: BadSampleReport) -> list[Sample]:
+    """Samples from the split's table file, else from its folder of image + `.txt` pairs."""
     table = _table_file(root, split)
     if table is not None:
         return _read_table(table, cfg, report)

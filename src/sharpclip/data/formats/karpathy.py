@@ -43,6 +43,7 @@ def _sample(record: object, where: str, image_dir: Path, report: BadSampleReport
 
 
 def read(root: Path, split: str, cfg: DataConfig, report: BadSampleReport) -> list[PairSample]:
+    """One sample per image of `split` (train includes restval), with up to 5 captions."""
     check_split("karpathy", split, ("train", "val", "test"))
     path = _annotation_file(root, cfg)
     data = load_json(path, "Karpathy split JSON", report)

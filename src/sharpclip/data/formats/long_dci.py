@@ -18,6 +18,7 @@ TSV = "dci_long.csv"
 
 
 def read(root: Path, split: str, cfg: DataConfig, report: BadSampleReport) -> list[PairSample]:
+    """Long-DCI samples in `dci_long.csv` row order."""
     check_split("long_dci", split, ("test", "all"))
     path = require_file(root / (cfg.annotation_file or TSV), "Long-DCI dci_long.csv")
     image_dir = root / "photos" if (root / "photos").is_dir() else root

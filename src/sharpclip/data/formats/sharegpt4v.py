@@ -39,6 +39,7 @@ def _sample(record: object, index: int, root: Path, where: str, report: BadSampl
 
 
 def read(root: Path, split: str, cfg: DataConfig, report: BadSampleReport) -> list[PairSample]:
+    """ShareGPT4V samples: the first `data.sharegpt4v_test_size` records (test) or the rest (train)."""
     check_split("sharegpt4v", split, ("train", "test"))
     path = root / (cfg.annotation_file or ANNOTATIONS)
     records = load_json(path, "ShareGPT4V annotation JSON", report)

@@ -23,6 +23,7 @@ IMAGES = ("source_image", "edited_image")
 
 
 def shards(root: Path, split: str) -> list[Path]:
+    """The split's parquet shards under `root/data` (or `root`), sorted; raises when none match."""
     folder = root / "data" if (root / "data").is_dir() else root
     files = sorted(folder.glob("*.parquet"))
     if split != "train":
@@ -67,6 +68,7 @@ def _sample(path: Path, rg: int, row: int, rec: dict, report: BadSampleReport) -
 
 
 def read(root: Path, split: str, cfg: DataConfig, report: BadSampleReport) -> list[EditSample]:
+    """One `EditSample` per row of the split's shards, images left in the file as `ParquetCell`s."""
     samples = []
     for path in shards(root, split):
         for rg, row, rec in _rows(path, report):

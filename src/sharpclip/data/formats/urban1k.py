@@ -19,6 +19,7 @@ def _key(path: Path) -> tuple[int, str]:
 
 
 def read(root: Path, split: str, cfg: DataConfig, report: BadSampleReport) -> list[PairSample]:
+    """Urban-1K samples in numeric order (or of the GOAL list `data.list_file`)."""
     base = root / "Urban1k" if (root / "Urban1k").is_dir() else root
     if cfg.list_file:
         return read_goal_list(root / cfg.list_file, require_dir(base / "image", "Urban-1K image/"), report)

@@ -23,6 +23,7 @@ def _image_path(root: Path, url: str, image_id: int) -> Path:
 
 
 def read(root: Path, split: str, cfg: DataConfig, report: BadSampleReport) -> list[PairSample]:
+    """VG paragraph samples of the ids in `<split>_split.json`, first record per id."""
     check_split("vg", split, ("train", "val", "test"))
     wanted = load_json(root / f"{split}_split.json", f"VG {split}_split.json", report)
     wanted = {int(i) for i in wanted}
