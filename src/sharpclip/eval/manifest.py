@@ -55,9 +55,9 @@ def dataset_record(files: Iterable[Path], images: Sequence[Any] = (), hash_image
     existing = [p for p in dict.fromkeys(image_paths) if p.is_file()]
     record["images"] = {"count": len(existing), "bytes": sum(p.stat().st_size for p in existing)}
     if hash_images:
-        h = hashlib.sha256()
-        for p in existing:
-            h.update(f"{p.name}|{sha256_file(p)}\n".encode())
+        h = hashlib.sha256()  # over "name|sha256" lines sorted, so the digest does not depend on reading order
+        for line in sorted(f"{p.name}|{sha256_file(p)}\n" for p in existing):
+            h.update(line.encode())
         record["images"]["sha256_of_sorted_list"] = h.hexdigest()
     return record
 
