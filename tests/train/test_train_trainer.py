@@ -193,3 +193,35 @@ def test_two_processes_end_with_the_weights_of_one(tmp_path, uninterrupted):
     weights = load_file(tmp_path / "ddp.safetensors")
     for key, value in uninterrupted.items():
         assert torch.allclose(weights[key], value, atol=2e-5, rtol=1e-4), key
+
+
+def test_tensorboard_and_wandb_sinks_receive_every_step(tmp_path, monkeypatch):
+    """The optional sinks are wired to the same records as metrics.jsonl (fake modules stand in for the extras)."""
+    import types
+
+    calls: dict[str, list] = {"tb": [], "wandb": []}
+
+    class Writer:
+        def __init__(self, logdir):
+            calls["tb_dir"] = logdir
+
+        def add_scalar(self, key, value, step):
+            calls["tb"].append((key, step))
+
+        def close(self):
+            calls["tb_closed"] = True
+
+    class Run:
+        def log(self, numbers, step):
+            calls["wandb"].append((sorted(numbers), step))
+
+        def finish(self):
+            calls["wandb_finished"] = True
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=Writer))
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=lambda **kwargs: Run()))
+    trainer = _trainer(tmp_path, epochs=1, max_steps=2, tensorboard=True, wandb=True)
+    trainer.fit()
+    assert ("loss", 1) in calls["tb"] and ("loss", 2) in calls["tb"] and calls["tb_closed"]
+    assert [step for _, step in calls["wandb"]][:2] == [1, 2] and "lr" in calls["wandb"][0][0]
+    assert calls["wandb_finished"] and calls["tb_dir"].endswith("tensorboard")
