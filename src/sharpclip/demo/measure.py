@@ -79,7 +79,7 @@ def evaluate_model(model: Any, data: DataConfig, batch_size: int = 128) -> dict[
     out.update(within_family_r1(text @ image.t(), groups))
     out["within_mean_R@1"] = (out["within_t2i_R@1"] + out["within_i2t_R@1"]) / 2
     mmvp = score_choice_set(embed, read_synth_mmvp(data.root))
-    out["mmvp"] = mmvp["mean"]
+    out["mmvp"], out["mmvp_pairs"] = mmvp["mean"], mmvp["pairs"]
     out["mmvp_per_pattern"] = mmvp["per_pattern"]
     geometry = caption_geometry(text)
     out["geometry"] = geometry

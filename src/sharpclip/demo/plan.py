@@ -33,24 +33,26 @@ class Profile:
     width: int
     layers: int
     image_size: int
-    context_length: int = 144  # dense captions run to 141 tokens with bos/eos
+    context_length: int = 152  # dense captions run to 141 tokens with bos/eos; 152 = 20 + 11 · (32 − 20) (see below)
     patch_size: int = 8
     # SynthDense
     train_families: int = 1280  # independent scenes: 20 steps per epoch at batch 64
+    train_family_size: int = 1  # 1: independent scenes (the prototype's v1); 6: near-duplicate families in batches
     test_families: int = 100  # × 6 near-duplicates = 600 test pairs
     val_families: int = 40  # a second corpus (another seed): the per-epoch convergence curves
     edits: int = 512
-    mmvp_pairs: int = 10  # per visual pattern
+    mmvp_pairs: int = 30  # per visual pattern (6 patterns: 180 pairs)
     pretrain_scenes: int = 8192
     # stage A (the strong initialisation): shape + colour coarse captions (the prototype's A2), from scratch, at a
     # 32-token context (coarse captions have at most 25 tokens), then stretched to `context_length` by Long-CLIP's
-    # rule (first 20 positions kept and frozen, the rest interpolated): the text tower costs ~4.5× less in stage A
+    # rule (first 20 positions kept and frozen, the other 12 interpolated by an integer factor, here 11): the text
+    # tower costs ~4.5× less in stage A
     init_steps: int = 600
     init_lr: float = 1e-3
     init_batch_size: int = 128
     init_context_length: int = 32
     # stage B (each arm): batch 64, as the feasibility notes suggest for saturation (fewer negatives to beat)
-    steps: int = 80  # 4 epochs
+    steps: int = 160  # 8 epochs
     batch_size: int = 64
     lr: float = 3e-4
     diagnostics: int = 10  # gradient measurements in the InfoNCE arm (each costs two extra forward-backward passes)

@@ -109,7 +109,8 @@ def noise(results: Results, key: str = "mean_R@1") -> float:
     tests = [s["test"] for s in results.get(BASELINE, {}).get("seeds", {}).values()]
     if not tests:
         return math.inf
-    p, n = tests[0][key] / 100.0, tests[0]["test_pairs"]
+    n = tests[0]["mmvp_pairs"] if key == "mmvp" else tests[0]["test_pairs"]
+    p = tests[0][key] / 100.0
     return 2 * math.sqrt(2) * 100.0 * math.sqrt(max(p * (1 - p), 1e-4) / n)
 
 

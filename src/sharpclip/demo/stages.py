@@ -5,7 +5,7 @@ shape + colour coarse captions ("a picture of a red circle, ..."), the recipe th
 (shared/reference/synthdense-feasibility.md: shapes-only captions were too weak). It is made once and cached under
 `<cache>/demo-init-<key>/`, the key hashing everything that determines it, so a second demo reuses it. Coarse
 captions fit in 32 tokens, so stage A trains a 32-position text tower, and stage B stretches it to the dense captions'
-144 by Long-CLIP's rule (models.long_context: 20 positions kept and frozen, the rest interpolated), as Long-CLIP
+152 by Long-CLIP's rule (models.long_context: 20 positions kept and frozen, the rest interpolated), as Long-CLIP
 extends CLIP's 77.
 
 Stage B: one fine-tuning run per arm (demo.plan) on the dense captions, from the cached init, with the same seed and
@@ -33,8 +33,8 @@ INIT_VERSION = 1  # bump when stage A's recipe changes, so caches of the old one
 def corpus(p: Profile) -> SynthDenseConfig:
     """The fine-tuning corpus: independent training scenes (the prototype's v1), test families, edits, MMVP pairs."""
     return SynthDenseConfig(
-        resolution=p.image_size, train_families=p.train_families, test_families=p.test_families, pretrain_scenes=0,
-        edits=p.edits, mmvp_pairs=p.mmvp_pairs,
+        resolution=p.image_size, train_families=p.train_families, train_family_size=p.train_family_size,
+        test_families=p.test_families, pretrain_scenes=0, edits=p.edits, mmvp_pairs=p.mmvp_pairs,
     )  # fmt: skip
 
 
