@@ -56,7 +56,7 @@ class FreezeConfig:
 @dataclass
 class TinyConfig:
     """Sizes of the tiny presets (models.tiny): the defaults are the unit-test size; the demo's SynthDense model
-    (demo.plan) is width 64, 2 + 2 layers, patch 8, 48 px, context 144."""
+    (demo.plan) is width 64, 2 + 2 layers, patch 8, 48 px, context 152."""
 
     width: int = 32  # hidden size of both towers and the projection
     layers: int = 2  # per tower

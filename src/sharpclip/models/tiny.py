@@ -3,7 +3,7 @@
 They use the real transformers classes and file formats at toy sizes: by default 2 layers of width 32, 32×32 images in
 8×8 patches, and an offline word tokenizer (models.tokenizer). The text context matches the real towers (77 for CLIP,
 64 for SigLIP) so the Long-CLIP stretch (77 → 248, 64 → 196) runs on them unchanged. `config.TinyConfig`
-(`model.tiny.*`) changes every size, e.g. the demo's SynthDense model: width 64, 2 + 2 layers, 48 px, 144 positions
+(`model.tiny.*`) changes every size, e.g. the demo's SynthDense model: width 64, 2 + 2 layers, 48 px, 152 positions
 (dense captions run to 141 tokens).
 
 The pitfall they avoid (methods.md §8): HF CLIP pools at the first `eos_token_id`, 49407 by default; a toy vocabulary
