@@ -117,6 +117,8 @@ def run_arms(p: Profile, plan: list[Arm], init: Init, data: Any, validation: Any
         entry["seeds"][seed] = {"test": _slim(test), "train": training_stats(run_dir), "seconds": seconds}
         if seed == 0:
             run_dirs[arm.name], geometry[arm.label] = run_dir, test["geometry"]
+        # what is measured survives an interrupted demo (demo.report can tabulate it: report.markdown_table)
+        (out / "results.partial.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
         bar.write(f"{arm.label} (seed {seed}): mean R@1 {test['mean_R@1']:.1f}, within-family "
                   f"{test['within_mean_R@1']:.1f}, MMVP {test['mmvp']:.1f}  [{seconds:.0f} s]")  # fmt: skip
     bar.close()
