@@ -116,7 +116,7 @@ def run_arms(p: Profile, plan: list[Arm], init: Init, data: Any, validation: Any
         entry = results.setdefault(arm.name, {"label": arm.label, "seeds": {}})
         entry["seeds"][seed] = {"test": _slim(test), "train": training_stats(run_dir), "seconds": seconds}
         if seed == 0:
-            run_dirs[arm.name], geometry[arm.label] = run_dir, test["geometry"]
+            run_dirs[arm.name], geometry[arm.name] = run_dir, test["geometry"]  # short names: figure axis labels
         # what is measured survives an interrupted demo (demo.report can tabulate it: report.markdown_table)
         (out / "results.partial.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
         bar.write(f"{arm.label} (seed {seed}): mean R@1 {test['mean_R@1']:.1f}, within-family "
@@ -153,7 +153,7 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
     results, run_dirs, geometry = run_arms(p, plan, init, data, validation, opts, out)
     results = {"init": {"label": "stage-A init (no fine-tuning)", "seeds": {0: {"test": _slim(init_test),
                "seconds": init.seconds}}}, **results}  # fmt: skip
-    geometry = {"stage-A init": init_test["geometry"], **geometry}
+    geometry = {"init": init_test["geometry"], **geometry}
     figures = report.write_figures(results, run_dirs, geometry, out)
     meta = {
         "command": command_line(opts),
