@@ -77,7 +77,7 @@ def save(
     write_model(tmp)
     torch.save(training_state, tmp / TRAINING_STATE)
     (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=2))
-    _fault_point("checkpoint", step)
+    fault_point("checkpoint", step)
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -125,7 +125,7 @@ def prune(directory: Path, keep_last: int) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _fault_point(where: str, step: int) -> None:
+def fault_point(where: str, step: int) -> None:
     """Fault injection for crash tests: SHARPCLIP_FAULT=<where>:<step> kills the process here with SIGKILL."""
     if os.environ.get("SHARPCLIP_FAULT") == f"{where}:{step}":
         os.kill(os.getpid(), 9)

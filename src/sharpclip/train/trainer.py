@@ -119,14 +119,15 @@ class Trainer:
         saturated = []
         for batch in self._steps(batches):
             record = self._train_step(batch)
-            if record is not None:
-                if "infonce_monitor" in record:
-                    saturated.append(record["infonce_monitor"] < SATURATED)
-                bar.update(1)
-                bar.set_postfix(loss=f"{record['loss']:.4f}", scale=f"{record['logit_scale']:.1f}")
+            if record is None:  # a skipped (non-finite) step: nothing to count, log or save
+                continue
+            if "infonce_monitor" in record:
+                saturated.append(record["infonce_monitor"] < SATURATED)
+            bar.update(1)
+            bar.set_postfix(loss=f"{record['loss']:.4f}", scale=f"{record['logit_scale']:.1f}")
             if self.cfg.checkpoint_every and self.state.step % self.cfg.checkpoint_every == 0:
                 self.save()
-            checkpoint._fault_point("step", self.state.step)
+            checkpoint.fault_point("step", self.state.step)
         self._end_epoch(saturated)
 
     def _steps(self, batches: Iterable[Batch]) -> Iterable[Batch]:
