@@ -7,7 +7,8 @@ import pytest
 import torch
 from PIL import Image
 
-from sharpclip.data.transforms import CLIP_MEAN, CLIP_STD, ClipImageTransform, TextTokenizer
+from sharpclip.data.transforms import CLIP_MEAN, CLIP_STD, ClipImageTransform, TextTokenizer, model_transforms
+from sharpclip.models.tiny import tiny_model
 from sharpclip.models.tokenizer import build_word_tokenizer
 
 
@@ -87,8 +88,6 @@ def test_untruncated_lengths_include_bos_and_eos():
 
 @pytest.mark.parametrize("kind", ["clip", "siglip", "siglip2"])
 def test_model_transforms_feed_the_model_including_siglip2_naflex(kind):
-    from sharpclip.data.transforms import model_transforms
-    from sharpclip.models.tiny import tiny_model
 
     model = tiny_model(kind)
     image, text = model_transforms(model)
@@ -97,3 +96,17 @@ def test_model_transforms_feed_the_model_including_siglip2_naflex(kind):
     with torch.no_grad():
         assert model.encode_image(pixels).embedding.shape[0] == 1
         assert model.encode_text(ids, mask).embedding.shape[0] == 1
+
+
+@pytest.mark.parametrize(("w", "h", "mode"), [(300, 200, "RGB"), (37, 53, "RGBA"), (50, 20, "L")])
+def test_siglip_models_get_siglips_square_resize_not_clips_crop(w, h, mode):
+    from transformers import SiglipImageProcessorPil
+
+    model = tiny_model("siglip")
+    preprocess, _ = model_transforms(model)
+    assert not preprocess.crop and "no crop" in preprocess.interpolation
+    img = _image(w, h, mode, seed=w * h)
+    theirs = SiglipImageProcessorPil(size={"height": 32, "width": 32})(img, return_tensors="np")["pixel_values"][0]
+    torch.testing.assert_close(preprocess(img), torch.as_tensor(np.asarray(theirs)).float(), atol=1e-5, rtol=0)
+    clip_preprocess, _ = model_transforms(tiny_model("clip"))
+    assert clip_preprocess.crop and "centre crop" in clip_preprocess.interpolation

@@ -27,23 +27,45 @@ CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
 class ClipImageTransform:
-    """PIL image → (3, size, size) float32 tensor, exactly CLIP's eval preprocessing."""
+    """PIL image → (3, size, size) float32 tensor, exactly CLIP's eval preprocessing.
 
-    def __init__(self, size: int = 224, mean: Sequence[float] = CLIP_MEAN, std: Sequence[float] = CLIP_STD):
-        self.size = size
+    crop=False gives SigLIP's instead: the whole image resized to size × size (aspect not kept), no crop;
+    `resample` is a PIL filter code (3 bicubic, as CLIP and SigLIP; 2 bilinear).
+    """
+
+    def __init__(
+        self,
+        size: int = 224,
+        mean: Sequence[float] = CLIP_MEAN,
+        std: Sequence[float] = CLIP_STD,
+        crop: bool = True,
+        resample: int = Image.BICUBIC,
+    ):
+        self.size, self.crop, self.resample = size, crop, resample
         self.mean = np.asarray(mean, dtype=np.float32).reshape(3, 1, 1)
         self.std = np.asarray(std, dtype=np.float32).reshape(3, 1, 1)
 
+    @property
+    def interpolation(self) -> str:
+        """What the eval manifest records about the geometry of this preprocessing."""
+        name = {Image.BICUBIC: "bicubic", Image.BILINEAR: "bilinear"}.get(self.resample, str(self.resample))
+        how = "shorter side, then centre crop" if self.crop else "whole image to a square, no crop"
+        return f"{name} (PIL), {how}"
+
     def resize(self, image: Image.Image) -> Image.Image:
-        """Shorter side to `size`, bicubic; the longer side scaled and rounded down (torchvision / HF rule)."""
+        """Shorter side to `size`, the longer scaled and rounded down (torchvision / HF rule); no crop: size × size."""
         w, h = image.size
         short, long = (w, h) if w <= h else (h, w)
         new_long = int(self.size * long / short)
         new_size = (self.size, new_long) if w <= h else (new_long, self.size)
-        return image if new_size == (w, h) else image.resize(new_size, Image.BICUBIC)
+        if not self.crop:
+            new_size = (self.size, self.size)
+        return image if new_size == (w, h) else image.resize(new_size, self.resample)
 
     def center_crop(self, image: Image.Image) -> Image.Image:
-        """The central `size` × `size` square."""
+        """The central `size` × `size` square (the image itself when cropping is off: it is square already)."""
+        if not self.crop:
+            return image
         w, h = image.size
         top, left = (h - self.size) // 2, (w - self.size) // 2
         return image.crop((left, top, left + self.size, top + self.size))
@@ -109,5 +131,7 @@ def model_transforms(model, context_length: int | None = None) -> tuple[ClipImag
         size=model_image_size(model),
         mean=getattr(proc, "image_mean", None) or CLIP_MEAN,
         std=getattr(proc, "image_std", None) or CLIP_STD,
+        crop=proc is None or bool(getattr(proc, "do_center_crop", False)),  # SigLIP processors resize, never crop
+        resample=int(getattr(proc, "resample", None) or Image.BICUBIC),
     )
     return image, TextTokenizer(model.tokenizer, context_length or model.context_length)
