@@ -9,12 +9,22 @@ from _support.tiny_towers import OBJECTIVES, TinyTowers, make_batch, objective, 
 from sharpclip.train.accumulate import cached_gradient_step, concat_features, per_micro_batch_step
 
 
+def _grads(model):
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _assert_same_grads(expected, got):
+    assert expected.keys() == got.keys()
+    for key in expected:
+        assert torch.allclose(expected[key], got[key], atol=1e-6, rtol=0), key
+
+
 def _full_batch_grads(model, objective_fn, batch, seed):
     model.zero_grad()
     torch.manual_seed(seed)
     terms = objective_fn({**model.encode(batch), **model.model_inputs()})
     terms["loss"].backward()
-    return terms["loss"].detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return terms["loss"].detach(), _grads(model)
 
 
 def _cached_grads(model, objective_fn, batch, seed, micro=16):
@@ -23,7 +33,7 @@ def _cached_grads(model, objective_fn, batch, seed, micro=16):
     terms = cached_gradient_step(
         model.encode, split_batch(batch, micro), lambda f: objective_fn({**f, **model.model_inputs()})
     )
-    return terms["loss"], {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return terms["loss"], _grads(model)
 
 
 @pytest.mark.parametrize("name", list(OBJECTIVES))
@@ -33,9 +43,7 @@ def test_cached_accumulation_equals_full_batch(name):
     loss_full, grads_full = _full_batch_grads(model, objective(name), batch, seed=0)
     loss_acc, grads_acc = _cached_grads(model, objective(name), batch, seed=0)
     assert torch.allclose(loss_full, loss_acc, atol=1e-10)
-    assert grads_full.keys() == grads_acc.keys()
-    for key in grads_full:
-        assert torch.allclose(grads_full[key], grads_acc[key], atol=1e-6, rtol=0), key
+    _assert_same_grads(grads_full, grads_acc)
 
 
 def test_logit_scale_gradient_is_counted_once():
@@ -59,11 +67,10 @@ def test_dropout_model_matches_with_rng_replay():
     feats = concat_features([model.encode(mb) for mb in micro])
     ref_loss = obj({**feats, **model.model_inputs()})["loss"]
     ref_loss.backward()
-    ref = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    ref = _grads(model)
     loss, acc = _cached_grads(model, obj, batch, seed=5)
     assert torch.allclose(ref_loss.detach(), loss, atol=1e-10)
-    for key in ref:
-        assert torch.allclose(ref[key], acc[key], atol=1e-6, rtol=0), key
+    _assert_same_grads(ref, acc)
 
 
 def test_without_replay_dropout_would_not_match():
