@@ -123,6 +123,40 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
+def _add_blend(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("blend", help="WiSE-FT: blend a fine-tuned model with its initialisation (one α, or a sweep)")
+    p.add_argument("init", metavar="INIT", help="the initialisation the run started from (any model.name form)")
+    p.add_argument("finetuned", metavar="FINETUNED", help="a run directory or one of its checkpoints")
+    _config_args(p, "eval.data_root=/data/benchmarks (the suites --sweep evaluates)")
+    p.add_argument("--to", required=True, metavar="DIR", help="output folder (must be empty unless --force)")
+    how = p.add_mutually_exclusive_group(required=True)
+    how.add_argument("--alpha", type=float, help="θ = (1 − α)·θ_init + α·θ_finetuned, written as a checkpoint")
+    how.add_argument("--sweep", metavar="A,B,…", help="evaluate these αs: trade-off curve and the best guarded α")
+    p.add_argument("--target", default="", help="the metric --sweep maximises, SUITE/KEY (e.g. docci/mean_R@1)")
+    p.add_argument("--guard", action="append", default=[], metavar="SUITE/KEY[:MAX_DROP]",
+                   help="guarded metric (repeatable), e.g. zeroshot/top1:2.0: at most 2 points below INIT")  # fmt: skip
+    p.add_argument("--best", action="store_true", help="a run directory's best checkpoint (best.json), not its newest")
+    p.add_argument("--force", action="store_true", help="empty a non-empty --to folder first")
+
+    def run(args: argparse.Namespace) -> int:
+        from sharpclip.analysis.wise_ft import parse_alphas, run_blend
+        from sharpclip.eval.guards import Guard
+
+        try:
+            alphas = parse_alphas(args.sweep) if args.sweep else [args.alpha]
+            guards = [Guard.parse(g) for g in args.guard]
+            written = run_blend(
+                args.init, args.finetuned, args.to, _load(args), alphas, args.target, guards, args.best, args.force
+            )
+        except (OSError, ValueError, KeyError) as err:  # structure mismatch, unknown metric, non-empty --to
+            print(f"sharpclip blend: {' '.join(str(err).split())}", file=sys.stderr)
+            return 2
+        print("\n".join(f"wrote {p}" for p in written))
+        return 0
+
+    p.set_defaults(handler=run)
+
+
 def _add_distill(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("distill", help="distil the text tower into a RoPE text tower (CLIP-IN eq. 7 / TULIP)")
     _config_args(p, "model.name=/models/clip-vit-large-patch14; the model section names the teacher")
@@ -245,6 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_train,
         _add_objectives,
         _add_export,
+        _add_blend,
         _add_distill,
         _add_validate_data,
         _add_eval,

@@ -169,3 +169,32 @@ def fig_convergence(curves: dict[str, dict[str, list]], out: str | Path) -> tupl
     ax.set(xlabel="epoch", ylabel="R@1 (%)", title="convergence")
     ax.legend(fontsize=7)
     return _save(fig, curves, out)
+
+
+def fig_wise_ft(curve: dict[str, Any], out: str | Path) -> tuple[Path, Path]:
+    """WiSE-FT trade-off: the target metric against α, and each guard's change from the initial model against α.
+
+    curve: analysis.wise_ft.sweep's output ({"target", "guards", "points": [{alpha, target, deltas}], "best_alpha"}).
+    """
+    points = curve["points"]
+    alphas = [p["alpha"] for p in points]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    axes[0].plot(alphas, [p["target"] for p in points], marker="o", color="C0")
+    if curve["best_alpha"] is not None:
+        axes[0].axvline(curve["best_alpha"], ls=":", color="0.4", label=f"picked α = {curve['best_alpha']:g}")
+        axes[0].legend(loc="best", frameon=False)
+    axes[0].set(title=f"target: {curve['target']}", xlabel="α (0 = initialisation, 1 = fine-tuned)", ylabel="value")
+    markers = "sD^vP*X"
+    for i, guard in enumerate(curve["guards"]):
+        (line,) = axes[1].plot(
+            alphas, [p["deltas"][guard["metric"]] for p in points], marker=markers[i % 7], label=guard["metric"]
+        )
+        if guard["max_drop"] is not None:
+            axes[1].axhline(-guard["max_drop"], ls="--", color=line.get_color(), lw=1)
+    axes[1].axhline(0.0, color="0.7", lw=0.8)
+    axes[1].set(title="guards: Δ from the initialisation (dashed: floor)", xlabel="α", ylabel="Δ points")
+    if curve["guards"]:
+        axes[1].legend(loc="best", frameon=False, fontsize=8)
+    for ax in axes:
+        ax.set_xticks(alphas if len(alphas) <= 11 else ax.get_xticks())
+    return _save(fig, curve, out)
