@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from sharpclip.config import EvalConfig, load_config
 from sharpclip.data.images import to_rgb
@@ -68,7 +67,7 @@ def test_winoground_reads_the_extracted_zip_and_the_flat_layout(tmp_path: Path) 
     assert extracted.images[1][1] == ImageRef(str(hub / "data" / "images" / "ex_1_img_1.png"))
     flat = Path(shutil.move(hub / "data", tmp_path / "flat"))  # examples.jsonl + images/ at the root
     assert read_winoground(flat).texts == extracted.texts
-    with pytest.raises(FileNotFoundError, match="Winoground: examples.jsonl not found"):
+    with pytest.raises(FileNotFoundError, match=r"Winoground: examples\.jsonl not found"):
         read_winoground(tmp_path)
 
 
@@ -112,7 +111,7 @@ def test_karpathy_keeps_five_captions_per_image() -> None:
 def test_coco_and_flickr_suites_offer_both_protocols(suite: str, protocol: str, shape) -> None:
     cfg = EvalConfig(roots={suite: str(FIXTURES / suite)}, data_options={suite: {"coco_flickr_protocol": protocol}})
     if shape is None:  # the default, Karpathy's split JSON: the val2017 release folder has none
-        with pytest.raises(FileNotFoundError, match="dataset_coco.json"):
+        with pytest.raises(FileNotFoundError, match=r"dataset_coco\.json"):
             load_eval_set(suite, cfg)
         return
     es = load_eval_set(suite, cfg)
