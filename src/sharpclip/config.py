@@ -19,6 +19,9 @@ class ConfigError(ValueError):
     """A configuration value is unknown, mistyped or out of range; the message names the key and its source."""
 
 
+ALPHA_POLICIES = ("drop", "white")  # data.images.to_rgb: what becomes of transparent pixels
+
+
 def _check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ConfigError(f"{key}: {value!r} is not one of {', '.join(choices)}")
@@ -138,7 +141,15 @@ class DataConfig:
     caption_choice: str = "random"  # several captions per image (COCO/Flickr): first | random (per epoch) | all
     docci_test: str = "goal"  # goal: 5,100 = qual_test + test (GOAL) | test: the 5,000 `test` images (FineLIP)
     dci_caption: str = "extra"  # extra: extra_caption only (GOAL, Long-DCI) | short | short_extra
-    list_file: str = ""  # a GOAL-style [{filename, caption}] JSON; images found by file name in the format's folder
+    # GOAL-style [{filename, caption}] JSON lists (images found by file name in the format's folder). A list replaces
+    # one split only: `list_files[split]`, else `list_file` for the split its name says (`DCI_test.json`: test;
+    # `DCI_train_del_org.json`: train) or, when its name says none, for `list_split`. Other splits read the release.
+    list_file: str = ""
+    list_split: str = ""  # the split `list_file` replaces when its file name names none (or to override the name)
+    list_files: dict[str, str] = field(default_factory=dict)  # split -> list file, e.g. {train: ..., test: ...}
+    overlap: str = "error"  # train vs evaluation images shared: error (refuse to start) | warn (log the count, go on)
+    image_alpha: str = "drop"  # drop: PIL convert("RGB"), as OpenAI CLIP / open_clip / Long-CLIP | white: composite
+    coco_flickr_protocol: str = "karpathy"  # karpathy: Karpathy test splits | longclip: COCO val2017, all Flickr30k
     annotation_file: str = ""  # overrides the format's default annotation file name (ShareGPT4V, Karpathy)
     sharegpt4v_test_size: int = 1000  # Long-CLIP: the first 1,000 records are the test set
     image_field: str = "image"  # generic JSONL/CSV column names
@@ -158,6 +169,9 @@ class DataConfig:
         _check_choice("data.caption_choice", self.caption_choice, ("first", "random", "all"))
         _check_choice("data.docci_test", self.docci_test, ("goal", "test"))
         _check_choice("data.dci_caption", self.dci_caption, ("extra", "short", "short_extra"))
+        _check_choice("data.overlap", self.overlap, ("error", "warn"))
+        _check_choice("data.image_alpha", self.image_alpha, ALPHA_POLICIES)
+        _check_choice("data.coco_flickr_protocol", self.coco_flickr_protocol, ("karpathy", "longclip"))
         if self.context_length < 3:
             raise ConfigError(f"data.context_length: {self.context_length} leaves no room between bos and eos")
 
@@ -241,6 +255,7 @@ class EvalConfig:
     prompts: str = "photo"  # zero-shot prompt set: a name in eval.zeroshot.PROMPT_SETS or a file, one template a line
     zeroshot_k: list[int] = field(default_factory=lambda: [1, 5])
     hash_images: bool = False  # sha256 every image in the manifest (slow on large benchmarks)
+    image_alpha: str = "drop"  # transparency: drop (PIL convert("RGB"), every reference evaluator) | white
     output_dir: str = ""  # reports go here; default <train.output_dir>/eval
     device: str = "cpu"
     progress: bool = True
@@ -253,6 +268,7 @@ class EvalConfig:
         bad = [k for k in [*self.recall_k, *self.zeroshot_k] if k < 1]
         if bad:
             raise ConfigError(f"eval.recall_k / eval.zeroshot_k: values must be >= 1, got {bad}")
+        _check_choice("eval.image_alpha", self.image_alpha, ALPHA_POLICIES)
         self._check_data_options()
 
     def _check_data_options(self) -> None:

@@ -97,8 +97,8 @@ def test_malformed_json_line_and_missing_field(tmp_path):
 
 def test_malformed_dci_annotation_file_names_the_file(tmp_path):
     root = copy_fixture("dci", tmp_path)
-    (root / "densely_captioned_images" / "annotations" / "sa_1554200.json").write_text("{not json")
-    with pytest.raises(BadSampleError, match=r"sa_1554200.json: record sa_1554200: malformed record: .*line 1"):
+    (root / "densely_captioned_images" / "annotations" / "104-data.json").write_text("{not json")
+    with pytest.raises(BadSampleError, match=r"104-data.json: record 104-data: malformed record: .*line 1"):
         read_samples(cfg_for("dci", root), "all")
 
 

@@ -39,22 +39,42 @@ def test_goal_list_resolves_images_by_base_name_and_keeps_list_order():
     assert load_image(samples[1].image).size == (12, 8)
 
 
-def test_dci_extra_caption_rule_leaves_out_empty_and_logs_it(caplog):
+def test_dci_extra_caption_rule_leaves_out_only_empty_strings_as_tulip_and_logs_it(caplog):
     with caplog.at_level(logging.INFO, logger="sharpclip.data"):
         samples = read_samples(cfg_for("dci"), "all")
-    assert ids(samples) == ["sa_1543972", "sa_1554200"]  # sa_1543980 has extra_caption ""
-    assert samples[1].caption == "First paragraph.\nSecond paragraph."  # newlines kept (GOAL, TULIP)
-    assert samples[1].short_caption == "A short caption 1554200."
+    # annotations/<unit>-data.json sorted; 105 (sa_1554210) has extra_caption "" and is left out; 102's " \n" is kept,
+    # as TULIP's builder (len(extra_caption) == 0) keeps it
+    assert ids(samples) == ["sa_1543972", "sa_1543978", "sa_1543980", "sa_1554200"]
+    assert samples[1].caption == " \n"
+    assert samples[3].caption == "First paragraph.\nSecond paragraph."  # newlines kept (GOAL, TULIP)
+    assert samples[3].short_caption == "A short caption 1554200."
     assert "left out 1 records" in caplog.text
 
 
+def test_dci_real_naming_ids_and_photos_come_from_the_image_field():
+    base = FIXTURES / "dci" / "densely_captioned_images"
+    assert sorted(p.name for p in (base / "annotations").iterdir())[0] == "101-data.json"
+    sample = read_samples(cfg_for("dci"), "train")[0]
+    assert sample.id == "sa_1543972" and sample.image == base / "photos" / "sa_1543972.jpg"
+    assert sample.source.endswith("complete/101-data.json")
+
+
+def test_dci_missing_photos_names_photos_not_annotations(tmp_path):
+    import shutil
+
+    shutil.copytree(FIXTURES / "dci", tmp_path / "dci")
+    shutil.rmtree(tmp_path / "dci" / "densely_captioned_images" / "photos")  # before the SA-1B tar is extracted
+    with pytest.raises(FileNotFoundError, match=r"densely_captioned_images/photos: DCI photos/ .*folder not found"):
+        read_samples(cfg_for("dci", tmp_path / "dci"), "all")
+
+
 def test_dci_official_splits_and_caption_modes():
-    assert ids(read_samples(cfg_for("dci"), "test")) == ["sa_1554200"]
+    assert ids(read_samples(cfg_for("dci"), "test")) == ["sa_1543978", "sa_1554200"]
     assert read_samples(cfg_for("dci"), "valid") == []  # its only image has an empty extra_caption
     short = read_samples(cfg_for("dci", dci_caption="short"), "valid")
-    assert short[0].caption == "A short caption 1543980."
+    assert short[0].caption == "A short caption 1554210."
     both = read_samples(cfg_for("dci", dci_caption="short_extra"), "test")
-    assert both[0].caption == "A short caption 1554200.\nFirst paragraph.\nSecond paragraph."
+    assert both[1].caption == "A short caption 1554200.\nFirst paragraph.\nSecond paragraph."
 
 
 def test_dci_goal_list_with_goal_relative_paths():
@@ -63,11 +83,20 @@ def test_dci_goal_list_with_goal_relative_paths():
     assert samples[0].image == FIXTURES / "dci" / "densely_captioned_images" / "photos" / "sa_1543972.jpg"
 
 
-def test_long_dci_tsv_with_quoted_newline_and_tab():
+def test_long_dci_rows_as_tulip_builds_them_whitespace_title_kept():
     samples = read_samples(cfg_for("long_dci"), "test")
-    assert ids(samples) == ["sa_1543972", "sa_1554200"]
-    assert samples[1].caption == "First.\nSecond, with\ttab."
-    assert samples[1].image.is_file()
+    # the CSV TULIP's builder writes from the DCI fixture: 4 rows, one of them a quoted " \n" title
+    assert ids(samples) == ["sa_1543972", "sa_1543978", "sa_1543980", "sa_1554200"]
+    assert samples[1].caption == " \n"
+    assert samples[3].caption == "First paragraph.\nSecond paragraph."
+    assert all(s.image.is_file() for s in samples)
+
+
+def test_long_dci_an_empty_title_is_still_a_bad_sample(tmp_path):
+    (tmp_path / "dci_long.csv").write_text('filepath\ttitle\nsa_1.jpg\t""\nsa_2.jpg\tA title.\n', encoding="utf-8")
+    report = BadSampleReport("skip")
+    assert ids(read_samples(cfg_for("long_dci", tmp_path), "test", report)) == ["sa_2"]
+    assert [b.reason for b in report.items] == ["empty caption"]
 
 
 def test_urban1k_numeric_order_and_first_line_only():
@@ -146,7 +175,7 @@ def test_missing_release_folder_says_what_to_check(tmp_path):
         ("vg", "train", ["train_split.json", "paragraphs_v1.json"]),
         ("ultraedit", "FreeForm_0", ["data/FreeForm_0-00000-of-00001.parquet"]),
         ("generic", "folder", ["folder/x.txt", "folder/y.txt"]),
-        ("dci", "all", [f"densely_captioned_images/annotations/sa_{n}.json" for n in (1543972, 1543980, 1554200)]),
+        ("dci", "all", [f"densely_captioned_images/annotations/{u}-data.json" for u in range(101, 106)]),
     ],
 )
 def test_readers_record_the_annotation_files_they_open(fmt, split, opened):

@@ -39,10 +39,20 @@ def _hf(size: int):
 )
 def test_image_transform_matches_hf_clip_image_processor(w, h, mode, size):
     img = _image(w, h, mode, seed=w + h)
-    ours = ClipImageTransform(size)(img)
+    ours = ClipImageTransform(size, alpha="white")(img)  # HF's processor composites transparency onto white
     theirs = torch.as_tensor(np.asarray(_hf(size)(img, return_tensors="np")["pixel_values"][0]))
     assert ours.shape == (3, size, size) and ours.dtype == torch.float32
     torch.testing.assert_close(ours, theirs.float(), atol=1e-5, rtol=0)
+
+
+def test_default_alpha_policy_is_pil_convert_rgb_as_openai_clip_and_long_clip():
+    img = _image(37, 53, "RGBA", seed=7)
+    img.putpixel((18, 26), (10, 200, 30, 0))  # fully transparent: convert("RGB") keeps (10, 200, 30)
+    dropped = ClipImageTransform(32)(img)
+    theirs = _hf(32)(img.convert("RGB"), return_tensors="np")["pixel_values"][0]
+    torch.testing.assert_close(dropped, torch.as_tensor(np.asarray(theirs)).float(), atol=1e-5, rtol=0)
+    assert not torch.allclose(dropped, ClipImageTransform(32, alpha="white")(img))
+    assert ClipImageTransform(32).alpha == "drop" and model_transforms(tiny_model("clip"))[0].alpha == "drop"
 
 
 def test_image_transform_normalises_a_constant_image_to_the_formula():
@@ -103,7 +113,7 @@ def test_siglip_models_get_siglips_square_resize_not_clips_crop(w, h, mode):
     from transformers import SiglipImageProcessorPil
 
     model = tiny_model("siglip")
-    preprocess, _ = model_transforms(model)
+    preprocess, _ = model_transforms(model, alpha="white")  # HF's processor composites transparency onto white
     assert not preprocess.crop and "no crop" in preprocess.interpolation
     img = _image(w, h, mode, seed=w * h)
     theirs = SiglipImageProcessorPil(size={"height": 32, "width": 32})(img, return_tensors="np")["pixel_values"][0]

@@ -17,8 +17,8 @@ from sharpclip.eval.suite import load_eval_set, run_suite
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "data"
 EXPECTED = {  # format: (images, captions) in the fixture's test split
     "docci": (3, 3),
-    "dci": (1, 1),
-    "long_dci": (2, 2),
+    "dci": (2, 2),
+    "long_dci": (4, 4),
     "urban1k": (3, 3),
     "sharegpt4v": (4, 4),
     "karpathy": (2, 10),
@@ -26,7 +26,10 @@ EXPECTED = {  # format: (images, captions) in the fixture's test split
 }
 READS = {  # format: the annotation files its reader opens for the test split, relative to the fixture root
     "docci": ["docci_descriptions.jsonlines"],  # not docci_test.json: that is GOAL's list, unread without list_file
-    "dci": ["densely_captioned_images/splits.json", "densely_captioned_images/complete/sa_1554200.json"],
+    "dci": [
+        f"densely_captioned_images/{name}"
+        for name in ("splits.json", "complete/102-data.json", "complete/104-data.json")
+    ],
     "long_dci": ["dci_long.csv"],
     "urban1k": ["Urban1k/caption/1.txt", "Urban1k/caption/2.txt", "Urban1k/caption/10.txt"],
     "sharegpt4v": ["share-captioner_coco_lcs_sam_1246k_1107.json"],

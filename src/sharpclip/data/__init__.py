@@ -80,8 +80,8 @@ def read_edit_samples(cfg: DataConfig, report: BadSampleReport | None = None) ->
 
 
 def image_transform(cfg: DataConfig) -> ClipImageTransform:
-    """CLIP eval preprocessing at data.image_size with data.image_mean / data.image_std."""
-    return ClipImageTransform(cfg.image_size, cfg.image_mean, cfg.image_std)
+    """CLIP eval preprocessing at data.image_size with data.image_mean / data.image_std and data.image_alpha."""
+    return ClipImageTransform(cfg.image_size, cfg.image_mean, cfg.image_std, alpha=cfg.image_alpha)
 
 
 def default_tokenizer(cfg: DataConfig):

@@ -114,18 +114,34 @@ def image_bytes(source: ImageSource) -> bytes | None:
     return None
 
 
-def to_rgb(image: Image.Image) -> Image.Image:
-    """RGB, with any transparency composited onto white (HF CLIPImageProcessor's rule; OpenAI's drops alpha)."""
-    if "A" in image.getbands() or image.info.get("transparency") is not None:
-        rgba = image.convert("RGBA")
-        return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
-    return image.convert("RGB")
+def has_alpha(image: Image.Image) -> bool:
+    """True when the image carries transparency (an alpha band, or a palette / tRNS transparent colour)."""
+    return "A" in image.getbands() or image.info.get("transparency") is not None
+
+
+def to_rgb(image: Image.Image, alpha: str = "drop") -> Image.Image:
+    """The image in RGB, with transparency handled by `alpha`:
+
+    - `drop` (default): PIL `convert("RGB")`, which discards alpha and keeps the colour under it. OpenAI CLIP,
+      open_clip, Long-CLIP, GOAL, ARO and the DCI Winoground scorer all preprocess this way: an RGBA pixel
+      (10, 200, 30, 0) stays (10, 200, 30).
+    - `white`: composite onto white first (HF `CLIPImageProcessor`'s `convert_to_rgb`): that pixel becomes white.
+    - `keep`: RGBA when the image has transparency, else RGB, so a later `to_rgb` can still choose (decoding uses it).
+    """
+    if alpha not in ("drop", "white", "keep"):
+        raise ValueError(f"alpha policy {alpha!r}: expected drop, white or keep")
+    if not has_alpha(image) or alpha == "drop":
+        return image.convert("RGB")
+    rgba = image.convert("RGBA")
+    if alpha == "keep":
+        return rgba
+    return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
 
 
 def _decode(data: bytes | Path | str, name: str) -> Image.Image:
     try:
         with Image.open(io.BytesIO(data) if isinstance(data, bytes) else data) as img:
-            return to_rgb(img)  # converting forces the full decode, so truncated files fail here
+            return to_rgb(img, "keep")  # converting forces the full decode, so truncated files fail here
     except FileNotFoundError:
         raise ImageLoadError(f"missing file: {name} does not exist") from None
     except (OSError, ValueError, Image.DecompressionBombError) as err:
@@ -133,9 +149,10 @@ def _decode(data: bytes | Path | str, name: str) -> Image.Image:
 
 
 def load_image(source: ImageSource) -> Image.Image:
-    """The image as RGB; raises `ImageLoadError` when it is missing or corrupt."""
+    """The image as RGB, or RGBA when it has transparency (the image transform applies the alpha policy, `to_rgb`);
+    raises `ImageLoadError` when it is missing or corrupt."""
     if isinstance(source, Image.Image):
-        return to_rgb(source)
+        return to_rgb(source, "keep")
     if isinstance(source, ParquetCell):
         return _decode(_cell_bytes(source), describe(source))
     if isinstance(source, bytes):

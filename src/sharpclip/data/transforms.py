@@ -3,12 +3,13 @@
 Images follow OpenAI CLIP / Long-CLIP `_transform(n_px)` and HF `CLIPImageProcessor`: the shorter side is resized to
 `size` with PIL bicubic (the longer side to floor(size·long/short)), a centre crop of size×size is taken with the
 offset rounded down (HF; torchvision rounds to nearest, which can shift odd margins by one pixel), values are scaled
-to [0, 1] and normalised per channel; transparency is composited onto white first (HF's rule).
-tests/data check parity with `CLIPImageProcessorPil` on the same images.
+to [0, 1] and normalised per channel; transparency is dropped first with PIL `convert("RGB")` (OpenAI CLIP,
+open_clip and Long-CLIP; `alpha="white"` composites onto white, HF's rule). tests/data check parity with
+`CLIPImageProcessorPil` on the same (opaque) images.
 
 Text follows Long-CLIP `tokenize(truncate=True)` and HF `truncation=True`: bos + the first L−2 tokens + eos, padded to
 L = the model's context length (77, or 248 for Long-CLIP towers). The attention mask marks real tokens, since the pad
-id of OpenAI's tokenizer equals eos.
+id of OpenAI's tokenizer equals eos. OpenAI-vocabulary tokenizers first get OpenAI CLIP's text cleaning (data.text).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from PIL import Image
 from torch import Tensor
 
 from sharpclip.data.images import to_rgb
+from sharpclip.data.text import cleaning_for
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -30,7 +32,8 @@ class ClipImageTransform:
     """PIL image → (3, size, size) float32 tensor, exactly CLIP's eval preprocessing.
 
     crop=False gives SigLIP's instead: the whole image resized to size × size (aspect not kept), no crop;
-    `resample` is a PIL filter code (3 bicubic, as CLIP and SigLIP; 2 bilinear).
+    `resample` is a PIL filter code (3 bicubic, as CLIP and SigLIP; 2 bilinear); `alpha` is the transparency policy
+    of `data.images.to_rgb` (drop, the references' `convert("RGB")`, or white).
     """
 
     def __init__(
@@ -40,8 +43,9 @@ class ClipImageTransform:
         std: Sequence[float] = CLIP_STD,
         crop: bool = True,
         resample: int = Image.BICUBIC,
+        alpha: str = "drop",
     ):
-        self.size, self.crop, self.resample = size, crop, resample
+        self.size, self.crop, self.resample, self.alpha = size, crop, resample, alpha
         self.mean = np.asarray(mean, dtype=np.float32).reshape(3, 1, 1)
         self.std = np.asarray(std, dtype=np.float32).reshape(3, 1, 1)
 
@@ -72,7 +76,7 @@ class ClipImageTransform:
 
     def __call__(self, image: Image.Image) -> Tensor:
         """RGB, resize, centre crop, scale to [0, 1], normalise: (3, size, size) float32."""
-        pixels = np.asarray(self.center_crop(self.resize(to_rgb(image))), dtype=np.float32)
+        pixels = np.asarray(self.center_crop(self.resize(to_rgb(image, self.alpha))), dtype=np.float32)
         chw = pixels.transpose(2, 0, 1) / 255.0
         return torch.from_numpy((chw - self.mean) / self.std)
 
@@ -81,16 +85,23 @@ class TextTokenizer:
     """Captions → (input_ids, attention_mask), each (B, L) long, truncated to L with eos kept as the last token.
 
     tokenizer: any HF tokenizer with bos/eos added by its post-processor (CLIPTokenizer, the word tokenizer of
-    models.tokenizer); L = context_length.
+    models.tokenizer); L = context_length. Captions are cleaned first as the tokenizer's reference does
+    (`data.text.cleaning_for`: OpenAI CLIP's cleaning for OpenAI-vocabulary tokenizers, none for SigLIP's);
+    `cleaning` describes it for the eval manifest.
     """
 
     def __init__(self, tokenizer, context_length: int):
         self.tokenizer = tokenizer
         self.context_length = context_length
         self.eos = tokenizer.eos_token_id
+        self.clean, self.cleaning = cleaning_for(tokenizer)
+
+    def _cleaned(self, texts: Sequence[str]) -> list[str]:
+        return [self.clean(t) for t in texts] if self.clean is not None else list(texts)
 
     def __call__(self, texts: Sequence[str]) -> tuple[Tensor, Tensor]:
         """(input_ids, attention_mask), each (B, context_length) long, eos kept in truncated rows."""
+        texts = self._cleaned(texts)
         enc = self.tokenizer(
             list(texts), padding="max_length", truncation=True, max_length=self.context_length, return_tensors="pt"
         )
@@ -101,7 +112,7 @@ class TextTokenizer:
 
     def lengths(self, texts: Sequence[str]) -> list[int]:
         """Untruncated token counts, bos and eos included (for validation reports)."""
-        return [len(ids) for ids in self.tokenizer(list(texts), truncation=False, verbose=False)["input_ids"]]
+        return [len(ids) for ids in self.tokenizer(self._cleaned(texts), truncation=False, verbose=False)["input_ids"]]
 
 
 def model_image_size(model) -> int:
@@ -120,11 +131,14 @@ def model_image_size(model) -> int:
     )
 
 
-def model_transforms(model, context_length: int | None = None) -> tuple[ClipImageTransform, TextTokenizer]:
+def model_transforms(
+    model, context_length: int | None = None, alpha: str = "drop"
+) -> tuple[ClipImageTransform, TextTokenizer]:
     """The preprocessing a dual encoder was built for: its image size and mean/std, its tokenizer and context.
 
     model: a sharpclip DualEncoder (its `image_processor`, `tokenizer`, vision config (`model_image_size`),
-    `context_length`). Training and evaluation both use this, so they never disagree with the model.
+    `context_length`). Training and evaluation both use this, so they never disagree with the model. `alpha`: the
+    transparency policy (`data.image_alpha` in training, `eval.image_alpha` in evaluation; drop by default).
     """
     proc = getattr(model, "image_processor", None)
     image = ClipImageTransform(
@@ -133,5 +147,6 @@ def model_transforms(model, context_length: int | None = None) -> tuple[ClipImag
         std=getattr(proc, "image_std", None) or CLIP_STD,
         crop=proc is None or bool(getattr(proc, "do_center_crop", False)),  # SigLIP processors resize, never crop
         resample=int(getattr(proc, "resample", None) or Image.BICUBIC),
+        alpha=alpha,
     )
     return image, TextTokenizer(model.tokenizer, context_length or model.context_length)

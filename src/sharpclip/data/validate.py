@@ -1,7 +1,9 @@
 """Check a dataset before a run (`sharpclip validate-data`): what would break training or skew an evaluation.
 
 Errors (non-zero exit): malformed records, empty captions, missing files, unreadable images.
-Warnings: duplicate captions (false negatives for InfoNCE, zero margins for HN-CLIP) and duplicate images (by bytes).
+Warnings: duplicate captions (false negatives for InfoNCE, zero margins for HN-CLIP), duplicate images (by bytes)
+and repeated sample ids (each record stays its own item in evaluation, as in the reference evaluators; a repeated id
+pointing at different images usually means two annotation records for what the user thinks is one sample).
 Statistics: sample counts, the token-length distribution and the share of captions truncated at 77 (CLIP) and
 248 (Long-CLIP) tokens, bos and eos included.
 """
@@ -52,6 +54,9 @@ class ValidationReport:
     duplicate_captions: int = 0  # captions whose exact text occurs more than once
     duplicate_caption_examples: list[str] = field(default_factory=list)
     duplicate_images: int = 0  # images whose bytes occur more than once
+    repeated_ids: int = 0  # records whose id occurs more than once
+    repeated_ids_different_images: int = 0  # ... of which the records of one id name more than one image
+    repeated_id_examples: list[str] = field(default_factory=list)
     token_counter: str = ""
     token_lengths: dict[str, float] = field(default_factory=dict)  # min, mean, p50, p90, p99, max
     truncated_share: dict[str, float] = field(default_factory=dict)  # context length -> share of captions over it
@@ -77,6 +82,11 @@ class ValidationReport:
         if len(self.errors) > 20:
             lines.append(f"  ... and {len(self.errors) - 20} more")
         lines.append(f"duplicate captions: {self.duplicate_captions}; duplicate images: {self.duplicate_images}")
+        if self.repeated_ids:
+            lines.append(
+                f"repeated ids: {self.repeated_ids} records share an id ({self.repeated_ids_different_images} of them "
+                f"with different images), e.g. {', '.join(self.repeated_id_examples)}; each stays its own item"
+            )
         if self.token_lengths:
             t = self.token_lengths
             lines.append(
@@ -123,6 +133,18 @@ def _images_and_captions(samples: Sequence[Sample]) -> tuple[list[tuple[ImageSou
     return images, captions
 
 
+def repeated_ids(samples: Sequence[Sample]) -> tuple[int, int, list[str]]:
+    """(records whose id repeats, those among them whose id names several images, up to 5 such ids)."""
+    images: dict[str, list[str]] = {}
+    for s in samples:
+        source = s.source_image if isinstance(s, EditSample) else s.image
+        images.setdefault(s.id, []).append(str(getattr(source, "path", source)))
+    repeated = {i: srcs for i, srcs in images.items() if len(srcs) > 1}
+    different = {i: srcs for i, srcs in repeated.items() if len(set(srcs)) > 1}
+    examples = [f"{i} ({len(srcs)} records)" for i, srcs in list({**different, **repeated}.items())[:5]]
+    return sum(map(len, repeated.values())), sum(map(len, different.values())), examples
+
+
 def _length_stats(lengths: list[int]) -> tuple[dict[str, float], dict[str, float]]:
     if not lengths:
         return {}, {}
@@ -163,6 +185,7 @@ def validate(
     rep.duplicate_captions = sum(repeated.values())
     rep.duplicate_caption_examples = [t[:80] for t in list(repeated)[:5]]
     rep.duplicate_images = sum(n for n in Counter(digests).values() if n > 1)
+    rep.repeated_ids, rep.repeated_ids_different_images, rep.repeated_id_examples = repeated_ids(samples)
     counter = count_tokens or approximate_lengths
     rep.token_counter = token_counter or ("tokenizer" if count_tokens else "approximate: words and punctuation")
     rep.token_lengths, rep.truncated_share = _length_stats(counter(captions))

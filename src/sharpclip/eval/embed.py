@@ -20,28 +20,44 @@ from tqdm import tqdm
 
 @dataclass(frozen=True)
 class ImageRef:
-    """An image on disk; `bbox` = (x, y, w, h) is cropped to (x, y, x + w, y + h) before preprocessing (ARO)."""
+    """An image on disk, or `member` of the zip archive at `path` (a release shipped zipped: Winoground's
+    `data/images.zip`); `bbox` = (x, y, w, h) is cropped to (x, y, x + w, y + h) before preprocessing (ARO)."""
 
     path: str
     bbox: tuple[float, float, float, float] | None = None
+    member: str | None = None
+
+    def describe(self) -> str:
+        """`path`, or `path!member` for a zip member, for messages."""
+        return f"{self.path}!{self.member}" if self.member else self.path
+
+
+def _open(ref: ImageRef) -> Any:
+    from PIL import Image
+
+    if ref.member is None:
+        return Image.open(ref.path)
+    import io
+    import zipfile
+
+    with zipfile.ZipFile(ref.path) as archive:
+        return Image.open(io.BytesIO(archive.read(ref.member)))
 
 
 def load_image(ref: ImageRef | str | Path) -> Any:
-    """A PIL RGB image, cropped to the ref's bbox when it has one.
+    """A PIL image, RGB or (with transparency) RGBA, cropped to the ref's bbox when it has one.
 
-    Transparency is composited onto white with `data.images.to_rgb`, the conversion training uses, so a model is
-    evaluated on the pixels it was trained on.
+    Transparency is kept here; the preprocessing applies the alpha policy (`data.images.to_rgb`: by default PIL's
+    `convert("RGB")`, as the reference evaluators), so evaluation and training treat alpha the same way.
     """
-    from PIL import Image
-
     from sharpclip.data.images import to_rgb
 
     ref = ref if isinstance(ref, ImageRef) else ImageRef(str(ref))
     try:
-        with Image.open(ref.path) as im:
-            image = to_rgb(im)
-    except OSError as err:
-        raise FileNotFoundError(f"cannot read image {ref.path}: {err}; check --data-root and the files") from None
+        with _open(ref) as im:
+            image = to_rgb(im, "keep")
+    except (OSError, KeyError) as err:
+        raise FileNotFoundError(f"cannot read image {ref.describe()}: {err}; check --data-root and the files") from None
     if ref.bbox is not None:
         x, y, w, h = ref.bbox
         image = image.crop((x, y, x + w, y + h))

@@ -62,13 +62,21 @@ def dataset_record(files: Iterable[Path], images: Sequence[Any] = (), hash_image
     return record
 
 
+ALPHA_RECORD = {  # what each data.images.to_rgb policy does to a transparent pixel
+    "drop": 'drop: PIL convert("RGB"), alpha discarded, the colour under it kept (OpenAI CLIP, Long-CLIP, GOAL)',
+    "white": "white: composited onto white (HF CLIPImageProcessor's convert_to_rgb)",
+}
+
+
 def preprocessing_record(preprocess: Any) -> dict[str, Any]:
-    """Image size, interpolation, mean and std of a ClipImageTransform-like object (None where unknown)."""
+    """Image size, interpolation, alpha policy, mean and std of a ClipImageTransform-like object (None where
+    unknown)."""
     mean, std = getattr(preprocess, "mean", None), getattr(preprocess, "std", None)
     return {
         "class": type(preprocess).__name__,
         "image_size": getattr(preprocess, "size", None),
         "interpolation": getattr(preprocess, "interpolation", "bicubic (PIL), shorter side, then centre crop"),
+        "alpha": ALPHA_RECORD.get(getattr(preprocess, "alpha", None), getattr(preprocess, "alpha", None)),
         "mean": [float(x) for x in torch.as_tensor(mean).flatten()] if mean is not None else None,
         "std": [float(x) for x in torch.as_tensor(std).flatten()] if std is not None else None,
     }

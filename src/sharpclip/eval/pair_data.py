@@ -5,7 +5,9 @@ giving a (N, n_texts, n_images) tensor that eval/pairs.py scores. Layouts read h
 
 - MMVP-VLM: `Questions.csv` (Question ID, Type, Statement), images `MLLM_VLM Images/<Type of row 1>/<qid>.jpg`;
   consecutive rows form a pair; texts are "a photo of " + statement; the category is the CSV position (k // 15).
-- Winoground: `examples.jsonl` ({id, image_0, image_1, caption_0, caption_1, ...}) and `images/<stem>.<ext>`.
+- Winoground: `examples.jsonl` ({id, image_0, image_1, caption_0, caption_1, ...}) with `images/<stem>.png`, at the
+  root (flat) or as the HF hub snapshot of `facebook/winoground` has them: `data/examples.jsonl` with
+  `data/images.zip` (read in place, never extracted) or the zip extracted to `data/images/`.
 - SugarCrepe: `<name>.json` files {id: {filename, caption, negative_caption}}; images in a COCO val2017 folder.
 - SynthDense MMVP-style pairs: `mmvp.jsonl` from data.synthetic.generate, two rows per pair.
 - ARO: `visual_genome_relation.json` / `visual_genome_attribution.json` and `images/`; each item is cropped to its bbox.
@@ -20,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sharpclip.data.formats._common import release_dir
+from sharpclip.data.schema import BadSample, BadSampleReport
 from sharpclip.eval.embed import ImageRef
 from sharpclip.eval.pairs import mmvp_categories_by_position
 
@@ -38,7 +42,8 @@ class ChoiceSet:
     texts: list[list[str]]
     groups: list[Any]
     files: list[Path] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # per-item lists (MMVP: qids)
+    skipped: list[BadSample] = field(default_factory=list)  # items left out under on_bad_sample: skip
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -103,29 +108,64 @@ def read_synth_mmvp(root: str | Path) -> ChoiceSet:
     return cs
 
 
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")  # Winoground's images are PNG (some RGBA)
+
+
 def _find_image(folder: Path, stem: str) -> ImageRef:
-    for ext in (".png", ".jpg", ".jpeg"):  # the raw release's extension is unconfirmed (datasets.md §10)
+    for ext in IMAGE_EXTENSIONS:
         if (folder / f"{stem}{ext}").exists():
             return ImageRef(str(folder / f"{stem}{ext}"))
-    raise FileNotFoundError(f"Winoground: no image {stem}.png/.jpg in {folder}")
+    raise FileNotFoundError(f"no image {stem}.png/.jpg in {folder}")
 
 
-def read_winoground(root: str | Path) -> ChoiceSet:
-    """Winoground from `examples.jsonl` + `images/`."""
-    root = Path(root)
-    path = _need(root / "examples.jsonl", "Winoground")
+def winoground_images(base: Path) -> tuple[Any, list[Path]]:
+    """(stem -> ImageRef, the archive read if any) for a Winoground folder: `images/`, else `images.zip`, whose
+    members (`images/<stem>.png`, or at the zip's top level) are read in place."""
+    if (base / "images").is_dir():
+        return lambda stem: _find_image(base / "images", stem), []
+    archive = base / "images.zip"
+    if not archive.is_file():
+        raise FileNotFoundError(f"Winoground: neither {base / 'images'}/ nor {archive} found")
+    import zipfile
+
+    with zipfile.ZipFile(archive) as z:
+        members = {Path(n).stem: n for n in z.namelist() if Path(n).suffix.lower() in IMAGE_EXTENSIONS}
+
+    def find(stem: str) -> ImageRef:
+        if stem not in members:
+            raise FileNotFoundError(f"no image {stem}.png/.jpg in {archive}")
+        return ImageRef(str(archive), member=members[stem])
+
+    return find, [archive]
+
+
+def read_winoground(root: str | Path, report: BadSampleReport | None = None) -> ChoiceSet:
+    """Winoground from `examples.jsonl` + `images/` (or `images.zip`), at `root` or `root/data` (the HF layout).
+
+    A line that is not a Winoground example, or whose image is missing, goes to `report` (raising under its
+    default `error` policy; under `skip` the example is left out and counted)."""
+    report = report if report is not None else BadSampleReport("error")
+    base = release_dir(Path(root), "examples.jsonl", "Winoground")
+    path = report.read_file(base / "examples.jsonl")
+    find, archives = winoground_images(base)
     images, texts = [], []
-    with path.open() as f:
+    with path.open(encoding="utf-8") as f:
         for line_no, line in enumerate(f, 1):
             if not line.strip():
                 continue
+            ex: Any = None
             try:
                 ex = json.loads(line)
-                images.append([_find_image(root / "images", ex[k]) for k in ("image_0", "image_1")])
-                texts.append([ex["caption_0"], ex["caption_1"]])
-            except (KeyError, json.JSONDecodeError) as err:
-                raise ValueError(f"{path}:{line_no}: not a Winoground example ({err})") from None
-    return ChoiceSet("winoground", "winoground", images, texts, [""] * len(texts), [path])
+                pair = [find(ex[k]) for k in ("image_0", "image_1")]
+                captions = [ex["caption_0"], ex["caption_1"]]
+            except (KeyError, TypeError, json.JSONDecodeError, FileNotFoundError) as err:
+                kind = "missing file" if isinstance(err, FileNotFoundError) else "malformed record"
+                rid = str(ex.get("id", "?")) if isinstance(ex, dict) else "?"
+                report.add(BadSample(f"{path}:{line_no}", rid, f"{kind}: not a Winoground example ({err})"))
+                continue
+            images.append(pair)
+            texts.append(captions)
+    return ChoiceSet("winoground", "winoground", images, texts, [""] * len(texts), [path, *archives])
 
 
 def read_sugarcrepe(root: str | Path, image_dir: str | Path | None = None) -> ChoiceSet:

@@ -1,6 +1,6 @@
 """Pair-choice benchmarks scored exactly as their original scripts (pure functions of similarity scores).
 
-References (../shared/reference/datasets.md §7-8):
+References (the benchmarks' own scripts):
 
 - MMVP-VLM (tsb0601/MMVP `scripts/evaluate_vlm.py`): two images, two statements. For each statement the script takes
   the softmax over the two images of `logits_per_text` and predicts image 1 iff p(image 1) > 0.5, so image 2 wins a
@@ -9,7 +9,8 @@ References (../shared/reference/datasets.md §7-8):
   over patterns (what papers report; the script prints only the per-pattern values).
 - Winoground (run_winoground.py): text = s(c0,i0) > s(c1,i0) ∧ s(c1,i1) > s(c0,i1); image = s(c0,i0) > s(c0,i1) ∧
   s(c1,i1) > s(c1,i0); group = text ∧ image. Means over examples, in percent.
-- SugarCrepe (`main_eval.py:text_retrieval`): correct iff s(img, positive) > s(img, negative), per subset file.
+- SugarCrepe (`main_eval.py:text_retrieval`): correct iff s(img, positive) > s(img, negative), per subset file;
+  reported per subset and per family (replace, swap, add), as the paper's table.
 - ARO VG-Relation / VG-Attribution (`dataset_zoo/aro_datasets.py`, notebook "Replicate ARO!"): caption options are
   [false, true]; correct iff argmax == 1 (numpy argmax gives a tie to the false caption). VG-Relation: macro accuracy
   over relations after excluding `ARO_EXCLUDED_RELATIONS`; VG-Attribution: macro accuracy over attribute pairs
@@ -264,6 +265,29 @@ def sugarcrepe_scores(positive: Tensor, negative: Tensor, subsets: Sequence[str]
     if positive.shape != negative.shape or positive.ndim != 1:
         raise ValueError(f"positive and negative must be equal (N,) vectors; got {positive.shape}, {negative.shape}")
     return _by_group(positive > negative, subsets)
+
+
+SUGARCREPE_FAMILIES = {  # the paper's table: replace-obj/att/rel, swap-obj/att, add-obj/att
+    "replace": ("replace_obj", "replace_att", "replace_rel"),
+    "swap": ("swap_obj", "swap_att"),
+    "add": ("add_obj", "add_att"),
+}
+
+
+def sugarcrepe_report(per_subset: dict[str, float]) -> dict[str, object]:
+    """The numbers the SugarCrepe paper reports: accuracy per subset (its 7 files), the average within each family
+    present (replace, swap, add: the unweighted mean of its subsets), and `mean_of_subsets`, the unweighted mean of
+    every subset present (not a number the paper reports; kept under a name that says what it is)."""
+    families = {
+        family: sum(per_subset[m] for m in members if m in per_subset) / sum(m in per_subset for m in members)
+        for family, members in SUGARCREPE_FAMILIES.items()
+        if any(m in per_subset for m in members)
+    }
+    return {
+        "per_subset": dict(per_subset),
+        "per_family": families,
+        "mean_of_subsets": sum(per_subset.values()) / len(per_subset),
+    }
 
 
 def _aro_correct(scores: Tensor) -> Tensor:

@@ -26,6 +26,7 @@ class RetrievalSet:
     captions: list[str]
     caption_to_image: list[int]
     files: list[Path] = field(default_factory=list)
+    skipped: list[Any] = field(default_factory=list)  # data.schema.BadSample left out under on_bad_sample: skip
 
     def __post_init__(self) -> None:
         if len(self.captions) != len(self.caption_to_image):
@@ -52,13 +53,17 @@ def from_pairs(name: str, pairs: Iterable[tuple[Any, Any, str]], files: Sequence
 
 
 def from_samples(name: str, samples: Iterable[Any], files: Sequence[Path] = ()) -> RetrievalSet:
-    """From data.schema.PairSample-like objects (`id`, `image`, `caption`, optional `captions`): one image per sample,
-    every reference caption of it a positive (COCO/Flickr: 5). Edit samples have no retrieval view and are refused."""
+    """From data.schema.PairSample-like objects (`id`, `image`, `caption`, optional `captions`): one gallery image per
+    sample, every reference caption of it a positive (COCO/Flickr: 5, grouped by their readers).
+
+    Samples are never merged, whatever their ids: every reference long-caption evaluator scores an N × N matrix with
+    a diagonal ground truth, so two records sharing an id (or an image) stay two items, as there. Edit samples have
+    no retrieval view and are refused."""
     triples = []
-    for s in samples:
+    for i, s in enumerate(samples):
         if not hasattr(s, "caption"):
             raise ValueError(f"{name}: sample {getattr(s, 'id', '?')} is not an image-caption pair (an edit sample?)")
-        triples.extend((s.id, s.image, c) for c in (s.captions or [s.caption]))
+        triples.extend((i, s.image, c) for c in (s.captions or [s.caption]))
     return from_pairs(name, triples, files)
 
 

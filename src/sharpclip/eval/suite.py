@@ -4,10 +4,16 @@
     write_report(result, manifest, out_dir)                   -> eval_report.json, eval_report.md, eval_manifest.json
 
 Benchmark names (`DATASETS`): the retrieval formats of sharpclip.data.formats (docci, dci, long_dci, urban1k,
-sharegpt4v, karpathy = COCO/Flickr 5-caption, generic, vg), the pair-choice suites (mmvp, winoground, sugarcrepe,
-aro_relation, aro_attribution), SynthDense (synthdense: retrieval on its test split; synth_mmvp: its MMVP-style pairs,
-scored like MMVP-VLM per pattern), zeroshot (an image folder per class, or a CSV), and "retrieval" (the run's own
-data.format on data.eval_split). Other modules add theirs with `register_dataset`.
+sharegpt4v, karpathy = COCO/Flickr 5-caption, with `coco` and `flickr30k` the same reader under their own roots,
+generic, vg), the pair-choice suites (mmvp, winoground, sugarcrepe, aro_relation, aro_attribution), SynthDense
+(synthdense: retrieval on its test split; synth_mmvp: its MMVP-style pairs, scored like MMVP-VLM per pattern),
+zeroshot (an image folder per class, or a CSV), and "retrieval" (the run's own data.format on data.eval_split).
+Other modules add theirs with `register_dataset`.
+
+Bad samples follow each suite's `on_bad_sample` (`eval.data_options.<suite>.on_bad_sample`, default error): under
+`skip` a malformed record, an empty caption or a missing / unreadable image (every image is decoded once up front)
+leaves its item out, and the report and the manifest say how many were skipped. `run_eval` also refuses a suite
+that shares images with the run's training data (or warns, under data.overlap: warn).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from typing import Any
 import torch
 
 from sharpclip.config import DataConfig, EvalConfig
+from sharpclip.data.schema import BadSample, BadSampleReport
 from sharpclip.eval import pair_data, pairs
 from sharpclip.eval.embed import CachedEmbedder, Embedder, ModelEmbedder
 from sharpclip.eval.manifest import dataset_record
@@ -31,15 +38,78 @@ from sharpclip.eval.zeroshot import PROMPT_SETS, ClassificationSet, evaluate_zer
 EvalSet = RetrievalSet | ChoiceSet | ClassificationSet
 Reader = Callable[[Path, EvalConfig, "DataConfig | None"], EvalSet]
 RETRIEVAL_FORMATS = ("docci", "dci", "long_dci", "urban1k", "sharegpt4v", "karpathy", "generic", "vg")
+SUITE_FORMATS = {"coco": "karpathy", "flickr30k": "karpathy"}  # suites reading a format under another name
+
+
+def _image_problem(source: Any) -> str | None:
+    """Why an image cannot be used ("missing file: ..." / "unreadable image: ..."), or None when it decodes."""
+    from sharpclip.data.images import ImageLoadError
+    from sharpclip.data.images import load_image as load_source
+    from sharpclip.eval.embed import ImageRef, load_image
+
+    try:
+        load_image(source) if isinstance(source, ImageRef | str | Path) else load_source(source)
+    except FileNotFoundError as err:
+        return f"missing file: {err}"
+    except ImageLoadError as err:
+        return err.reason
+    return None
+
+
+def _usable(samples: list, report: BadSampleReport) -> list:
+    """Under `skip`, the samples whose image decodes (the others reported); under `error`, all of them (a bad
+    image then raises when it is embedded)."""
+    if report.policy != "skip":
+        return samples
+    kept = []
+    for s in samples:
+        problem = _image_problem(s.image)
+        if problem is None:
+            kept.append(s)
+        else:
+            report.add(BadSample(s.source or str(s.image), s.id, problem))
+    return kept
 
 
 def _retrieval_set(name: str, data_cfg: DataConfig, split: str) -> RetrievalSet:
     from sharpclip.data.formats import FORMATS
-    from sharpclip.data.schema import BadSampleReport
 
-    report = BadSampleReport("error")
-    samples = FORMATS[data_cfg.format](Path(data_cfg.root), split, data_cfg, report)
-    return from_samples(name, samples, report.files)  # the annotation files the reader opened, nothing else
+    report = BadSampleReport(data_cfg.on_bad_sample)
+    samples = _usable(FORMATS[data_cfg.format](Path(data_cfg.root), split, data_cfg, report), report)
+    es = from_samples(name, samples, report.files)  # the annotation files the reader opened, nothing else
+    es.skipped = list(report.items)
+    return es
+
+
+def _usable_choices(cs: ChoiceSet, report: BadSampleReport) -> ChoiceSet:
+    """Under `skip`, the items whose every image decodes (the others reported, `cs.skipped`)."""
+    if report.policy == "skip":
+        keep = []
+        for i, refs in enumerate(cs.images):
+            problems = [p for p in map(_image_problem, refs) if p is not None]
+            if problems:
+                report.add(BadSample(cs.name, f"item {i}", problems[0]))
+            keep.append(not problems)
+        cs = replace(
+            cs,
+            images=[x for x, k in zip(cs.images, keep, strict=True) if k],
+            texts=[x for x, k in zip(cs.texts, keep, strict=True) if k],
+            groups=[x for x, k in zip(cs.groups, keep, strict=True) if k],
+            extra={key: [x for x, k in zip(v, keep, strict=True) if k] for key, v in cs.extra.items()},
+        )
+    cs.skipped = list(report.items)
+    return cs
+
+
+def _choice_reader(name: str, read: Callable[..., ChoiceSet], with_report: bool = False) -> Reader:
+    """Pair-choice suite `name` under its `on_bad_sample` (eval.data_options.<name>); readers that take a report
+    also skip malformed records."""
+
+    def reader(root: Path, cfg: EvalConfig, data: DataConfig | None) -> ChoiceSet:
+        report = BadSampleReport(cfg.data_options.get(name, {}).get("on_bad_sample", "error"))
+        return _usable_choices(read(root, report) if with_report else read(root), report)
+
+    return reader
 
 
 def suite_data_config(name: str, fmt: str, root: Path, cfg: EvalConfig) -> DataConfig:
@@ -50,7 +120,7 @@ def suite_data_config(name: str, fmt: str, root: Path, cfg: EvalConfig) -> DataC
 
 def _data_reader(fmt: str, name: str) -> Reader:
     def read(root: Path, cfg: EvalConfig, data: DataConfig | None) -> RetrievalSet:
-        data_cfg = suite_data_config(name, fmt, root, cfg)
+        data_cfg = suite_data_config(name, SUITE_FORMATS.get(fmt, fmt), root, cfg)
         return _retrieval_set(name, data_cfg, data_cfg.eval_split)
 
     return read
@@ -69,15 +139,15 @@ def _zeroshot(root: Path, cfg: EvalConfig, data: DataConfig | None) -> Classific
 
 
 DATASETS: dict[str, Reader] = {
-    **{fmt: _data_reader(fmt, fmt) for fmt in RETRIEVAL_FORMATS},
+    **{fmt: _data_reader(fmt, fmt) for fmt in (*RETRIEVAL_FORMATS, *SUITE_FORMATS)},
     "retrieval": _run_data,
     "synthdense": _data_reader("generic", "synthdense"),  # SynthDense is written in the generic format (data.synthetic)
-    "synth_mmvp": lambda root, cfg, data: pair_data.read_synth_mmvp(root),
-    "mmvp": lambda root, cfg, data: pair_data.read_mmvp(root),
-    "winoground": lambda root, cfg, data: pair_data.read_winoground(root),
-    "sugarcrepe": lambda root, cfg, data: pair_data.read_sugarcrepe(root),
-    "aro_relation": lambda root, cfg, data: pair_data.read_aro(root, "relation"),
-    "aro_attribution": lambda root, cfg, data: pair_data.read_aro(root, "attribution"),
+    "synth_mmvp": _choice_reader("synth_mmvp", pair_data.read_synth_mmvp),
+    "mmvp": _choice_reader("mmvp", pair_data.read_mmvp),
+    "winoground": _choice_reader("winoground", pair_data.read_winoground, with_report=True),
+    "sugarcrepe": _choice_reader("sugarcrepe", pair_data.read_sugarcrepe),
+    "aro_relation": _choice_reader("aro_relation", lambda root: pair_data.read_aro(root, "relation")),
+    "aro_attribution": _choice_reader("aro_attribution", lambda root: pair_data.read_aro(root, "attribution")),
     "zeroshot": _zeroshot,
 }
 
@@ -128,8 +198,7 @@ def score_choice_set(embedder: Embedder, cs: ChoiceSet) -> dict[str, Any]:
     if cs.kind == "winoground":
         return pairs.winoground_scores(s)
     if cs.kind == "sugarcrepe":
-        per = pairs.sugarcrepe_scores(s[:, 0, 0], s[:, 1, 0], cs.groups)
-        return {"per_subset": per, "mean": sum(per.values()) / len(per)}
+        return pairs.sugarcrepe_report(pairs.sugarcrepe_scores(s[:, 0, 0], s[:, 1, 0], cs.groups))
     if cs.kind == "aro_relation":
         return pairs.aro_relation_scores(s[:, :, 0], cs.groups)
     if cs.kind == "aro_attribution":
@@ -178,12 +247,38 @@ def as_embedder(model: Any, cfg: EvalConfig) -> Embedder:
     from sharpclip.data.transforms import model_transforms
 
     model.to(cfg.device)
-    preprocess, tokenizer = model_transforms(model)
+    preprocess, tokenizer = model_transforms(model, alpha=cfg.image_alpha)
     return ModelEmbedder(model, preprocess, tokenizer, cfg.batch_size, cfg.device, cfg.progress)
 
 
-def run_suite(model: Any, cfg: EvalConfig, data: DataConfig | None = None) -> SuiteResult:
-    """Evaluate every suite of `cfg.suites`; each distinct image and caption is embedded once across suites."""
+def _image_files(es: EvalSet) -> list[Path]:
+    """The image files an eval set reads (zip members and non-file sources left out), for the overlap check."""
+    out = []
+    for ref in _eval_images(es):
+        if isinstance(ref, str | Path):
+            out.append(Path(ref))
+        elif getattr(ref, "member", None) is None and isinstance(getattr(ref, "path", None), str):
+            out.append(Path(ref.path))
+    return out
+
+
+def run_suite(
+    model: Any,
+    cfg: EvalConfig,
+    data: DataConfig | None = None,
+    train_images: list[Path] | None = None,
+    overlap: str = "error",
+) -> SuiteResult:
+    """Evaluate every suite of `cfg.suites`; each distinct image and caption is embedded once across suites.
+
+    train_images: the image files the model was trained on; a suite sharing any refuses to run (`overlap: error`,
+    before anything is embedded) or is logged (`warn`), naming how many (data.overlap)."""
+    from sharpclip.data.overlap import check_overlap
+
+    sets = {name: load_eval_set(name, cfg, data) for name in cfg.suites}
+    if train_images:
+        for name, es in sets.items():
+            check_overlap(train_images, _image_files(es), f"eval suite {name!r}", overlap)
     inner = as_embedder(model, cfg)
     embedder = CachedEmbedder(inner)
     was_training = getattr(model, "training", False)
@@ -191,18 +286,40 @@ def run_suite(model: Any, cfg: EvalConfig, data: DataConfig | None = None) -> Su
         model.eval()
     out = SuiteResult(embedder=inner)
     try:
-        for name in cfg.suites:
-            es = load_eval_set(name, cfg, data)
-            out.results[name] = evaluate_set(embedder, es, cfg)
+        for name, es in sets.items():
+            skipped = getattr(es, "skipped", [])
+            out.results[name] = {**evaluate_set(embedder, es, cfg), "skipped": len(skipped)}
             root = data.root if name == "retrieval" and data is not None else str(suite_root(name, cfg))
             out.datasets[name] = {
                 "root": root,
                 **dataset_record(es.files, _eval_images(es), cfg.hash_images),
+                "skipped": {"count": len(skipped), "samples": [str(b) for b in skipped[:20]]},
             }
     finally:
         if was_training:
             model.train()
     return out
+
+
+def training_images(data: DataConfig) -> list[Path]:
+    """The image files of the run's training split (and edit pairs), or [] when the config names no training data
+    (data.root empty) or it cannot be read here (logged: the overlap check is then not done)."""
+    if not data.root:
+        return []
+    from sharpclip.data import read_edit_samples, read_samples
+    from sharpclip.data.overlap import sample_images
+    from sharpclip.data.schema import log
+
+    lenient = replace(data, on_bad_sample="skip")
+    try:
+        samples = read_samples(lenient, data.train_split)
+        if data.edits_format:
+            samples += read_edit_samples(lenient)
+    except (OSError, ValueError) as err:
+        log.warning("eval: the training data (%s at %s) cannot be read, so the suites are not checked for "
+                    "overlap with it: %s", data.format, data.root, err)  # fmt: skip
+        return []
+    return sample_images(samples)
 
 
 def _fmt(x: Any) -> str:
@@ -254,6 +371,7 @@ def suite_manifest(result: SuiteResult, model: Any, cfg: EvalConfig, model_name:
     tok = getattr(emb, "tokenizer", None)
     text = {
         "tokenizer": type(getattr(tok, "tokenizer", tok)).__name__ if tok is not None else None,
+        "cleaning": getattr(tok, "cleaning", None),
         "context_length": getattr(tok, "context_length", None),
         "captions_embedded": getattr(emb, "num_captions", None),
         "captions_truncated": getattr(emb, "num_truncated", None),
@@ -277,12 +395,15 @@ def suite_manifest(result: SuiteResult, model: Any, cfg: EvalConfig, model_name:
 
 def run_eval(cfg: Any, model: Any = None) -> list[Path]:
     """Entry point for `sharpclip eval`: build the model (models.create_model) unless given, run the suite, write the
-    report, the markdown table and the manifest into eval.output_dir (default <train.output_dir>/eval)."""
+    report, the markdown table and the manifest into eval.output_dir (default <train.output_dir>/eval).
+
+    When the config names the training data (a recipe's data section), every suite is first checked against the
+    images of its training split: shared images refuse the run unless data.overlap=warn."""
     if model is None:
         from sharpclip.models.factory import create_model
 
         model = create_model(cfg.model)
-    result = run_suite(model, cfg.eval, cfg.data)
+    result = run_suite(model, cfg.eval, cfg.data, training_images(cfg.data), cfg.data.overlap)
     manifest = suite_manifest(result, model, cfg.eval, cfg.model.name)
     out_dir = cfg.eval.output_dir or str(Path(cfg.train.output_dir) / "eval")
     return write_report(result, manifest, out_dir, list(cfg.eval.recall_k))

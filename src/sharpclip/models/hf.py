@@ -57,6 +57,15 @@ class HFDualEncoder(DualEncoder):
 class CLIPDualEncoder(HFDualEncoder):
     """`transformers.CLIPModel` (OpenAI CLIP, Long-CLIP after conversion, any HF CLIP fine-tune)."""
 
+    def end_of_text_id(self) -> int:
+        """The tokenizer's end-of-text id; without a tokenizer, the config's, unless that is the legacy 2 of the
+        OpenAI conversions (openai/clip-vit-large-patch14's config.json), where eot is the last vocabulary id."""
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        if eos is not None:
+            return int(eos)
+        config = self.text_model.config
+        return config.vocab_size - 1 if config.eos_token_id == 2 else config.eos_token_id
+
     def encode_image(self, pixel_values: Tensor, tokens: bool = False) -> Embeddings:
         """Projected pooled embedding; with `tokens`, projected post-layernormed patches (CLS dropped)."""
         out = self.vision_model(pixel_values=pixel_values)
@@ -75,10 +84,8 @@ class CLIPDualEncoder(HFDualEncoder):
         emb = normalize(proj(out.pooler_output))
         if not tokens:
             return Embeddings(emb)
-        if attention_mask is None:
-            mask = first_eos_mask(input_ids, self.text_model.config.eos_token_id)
-        else:
-            mask = attention_mask.bool()
+        given = attention_mask is not None
+        mask = attention_mask.bool() if given else first_eos_mask(input_ids, self.end_of_text_id())
         return Embeddings(emb, normalize(proj(out.last_hidden_state)), mask)
 
 

@@ -46,15 +46,16 @@ def _setup_logging(run_dir: Path) -> None:
     log.setLevel(logging.INFO)
 
 
-def retrieval_validator(model: DualEncoder, data: DataConfig, split: str):
-    """A callback for the trainer: R@1/5/10 both directions on `split`, plus `mean_R@1` (the best-checkpoint key)."""
+def retrieval_validator(model: DualEncoder, data: DataConfig, split: str, samples: list | None = None):
+    """A callback for the trainer: R@1/5/10 both directions on `split` (its `samples` when already read), plus
+    `mean_R@1` (the best-checkpoint key)."""
     from sharpclip.data import read_samples
     from sharpclip.data.transforms import model_transforms
     from sharpclip.eval.embed import ModelEmbedder
     from sharpclip.eval.retrieval import evaluate_retrieval, from_samples
 
-    dataset = from_samples(split, read_samples(data, split))
-    preprocess, tokenizer = model_transforms(model)
+    dataset = from_samples(split, samples if samples is not None else read_samples(data, split))
+    preprocess, tokenizer = model_transforms(model, alpha=data.image_alpha)
 
     def evaluate(model: DualEncoder) -> dict[str, float]:
         embedder = ModelEmbedder(model, preprocess, tokenizer, batch_size=64, progress=False)
@@ -63,6 +64,18 @@ def retrieval_validator(model: DualEncoder, data: DataConfig, split: str):
         return {**flat, "mean_R@1": (flat["t2i_R@1"] + flat["i2t_R@1"]) / 2}
 
     return evaluate
+
+
+def checked_validation_samples(data: DataConfig, train_samples: list) -> list:
+    """The samples of `data.eval_split`, after refusing (or, under `data.overlap: warn`, reporting) any image they
+    share with the training samples."""
+    from sharpclip.data import read_samples
+    from sharpclip.data.overlap import check_overlap, sample_images
+
+    held_out = read_samples(data, data.eval_split)
+    what = f"validation split {data.eval_split!r} of {data.format} at {data.root or 'the cache'}"
+    check_overlap(sample_images(train_samples), sample_images(held_out), what, data.overlap)
+    return held_out
 
 
 def build_trainer(cfg: Config) -> Trainer:
@@ -79,7 +92,7 @@ def build_trainer(cfg: Config) -> Trainer:
     model = create_model(cfg.model)
     distributed.broadcast_parameters(model)
     objective = build_objective(cfg.loss)
-    preprocess, _ = model_transforms(model)
+    preprocess, _ = model_transforms(model, alpha=cfg.data.image_alpha)
     data = replace(cfg.data, context_length=model.context_length)
     if rank != 0:  # rank 0 reads first: a generated corpus (SynthDense) is written once, not by every rank at once
         distributed.barrier()
@@ -89,7 +102,10 @@ def build_trainer(cfg: Config) -> Trainer:
     )  # fmt: skip
     if rank == 0:
         distributed.barrier()
-    evaluate = retrieval_validator(model, data, data.eval_split) if cfg.train.eval_every else None
+    evaluate = None
+    if cfg.train.eval_every:
+        held_out = checked_validation_samples(data, loader.dataset.samples)
+        evaluate = retrieval_validator(model, data, data.eval_split, held_out)
     frozen = None
     if "text_frozen" in objective.feature_keys:  # HN-CLIP Table 3c: Ḡ from the initial text tower, frozen
         frozen = copy.deepcopy(model).eval().requires_grad_(False)

@@ -32,6 +32,16 @@ def require_dir(path: Path, what: str) -> Path:
     return path
 
 
+def release_dir(root: Path, marker: str, what: str, subfolders: tuple[str, ...] = ("", "data")) -> Path:
+    """The folder under `root` that holds `marker`: `root` itself (the flat layout) or one of `subfolders` (the HF
+    hub snapshot keeps a dataset's files under `data/`). Raises naming every place looked at."""
+    for sub in subfolders:
+        if (root / sub / marker).exists():
+            return root / sub
+    looked = ", ".join(str(root / sub / marker) for sub in subfolders)
+    raise FileNotFoundError(f"{what}: {marker} not found (looked for {looked}); point the root at the release folder")
+
+
 def load_json(path: Path, what: str, report: BadSampleReport) -> Any:
     """The parsed JSON file (recorded in `report` as read); a missing or invalid file raises with the path and the
     parser's line/column."""
@@ -74,12 +84,15 @@ def fields(record: Any, keys: tuple[str, ...], where: str, rid: str, report: Bad
     return tuple(record[k] for k in keys)
 
 
-def caption_ok(text: Any, where: str, rid: str, report: BadSampleReport) -> bool:
-    """True for a non-blank string; otherwise reports an empty caption (or a malformed one) and returns False."""
+def caption_ok(text: Any, where: str, rid: str, report: BadSampleReport, blank_ok: bool = False) -> bool:
+    """True for a non-blank string; otherwise reports an empty caption (or a malformed one) and returns False.
+
+    blank_ok: accept a whitespace-only caption (only "" is empty), as TULIP's Long-DCI builder and evaluator do.
+    """
     if not isinstance(text, str):
         report.add(BadSample(where, rid, f"malformed record: caption is {type(text).__name__}, not a string"))
         return False
-    if not text.strip():
+    if not (text if blank_ok else text.strip()):
         report.add(BadSample(where, rid, "empty caption"))
         return False
     return True

@@ -4,7 +4,7 @@ Each line is `{example_id, split, image_file, description}`, split in train | te
 Test protocols (`data.docci_test`):
 - `goal` (default, HN-CLIP/GOAL): 5,100 images, the 100 `qual_test` first, then the 5,000 `test`, each by example id;
 - `test`: the 5,000 `test` images only (FineLIP).
-`data.list_file` reads GOAL's own `docci_test.json` list instead.
+GOAL's own `docci_test.json` list replaces the split its name says (`data.list_file`; see formats.goal).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from sharpclip.config import DataConfig
 from sharpclip.data.formats._common import caption_ok, check_split, fields, iter_jsonl, require_dir
-from sharpclip.data.formats.goal import read_goal_list
+from sharpclip.data.formats.goal import list_for_split, read_goal_list
 from sharpclip.data.schema import BadSampleReport, PairSample
 
 DESCRIPTIONS = "docci_descriptions.jsonlines"
@@ -35,9 +35,10 @@ def _read_all(root: Path, report: BadSampleReport) -> list[tuple[str, PairSample
 
 
 def read(root: Path, split: str, cfg: DataConfig, report: BadSampleReport) -> list[PairSample]:
-    """DOCCI samples of `split` under `data.docci_test` (or of the GOAL list `data.list_file`)."""
-    if cfg.list_file:
-        return read_goal_list(root / cfg.list_file, require_dir(root / "images", "DOCCI images/"), report)
+    """DOCCI samples of `split` under `data.docci_test` (or of the GOAL list for it)."""
+    list_file = list_for_split(cfg, split)
+    if list_file:
+        return read_goal_list(root / list_file, require_dir(root / "images", "DOCCI images/"), report)
     check_split("docci", split, SPLITS)
     wanted = ("qual_test", "test") if split == "test" and cfg.docci_test == "goal" else (split,)
     rows = _read_all(root, report)

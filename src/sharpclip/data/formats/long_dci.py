@@ -1,7 +1,8 @@
 """Long-DCI (TULIP, Najdenkoska et al.): `dci_long.csv`, tab-separated, header `filepath<TAB>title`.
 
 Built by TULIP from DCI's `annotations/*.json` (sorted), `title` = the full `extra_caption` (no short caption), rows
-with an empty `extra_caption` dropped. Images are opened at `<root>/<filepath>`, or `<root>/photos/<filepath>` when
+with an empty `extra_caption` dropped (`len == 0`: a whitespace-only one is written, and kept here, since TULIP's
+`pd.read_csv` evaluator scores it). Images are opened at `<root>/<filepath>`, or `<root>/photos/<filepath>` when
 `root` is DCI's dataset folder. Test only: all-vs-all retrieval, R@1/5/10.
 """
 
@@ -30,7 +31,7 @@ def read(root: Path, split: str, cfg: DataConfig, report: BadSampleReport) -> li
         for i, row in enumerate(reader):
             where = f"{path}:row {i + 1}"
             got = fields(row, ("filepath", "title"), where, str(i), report)
-            if got is None or not caption_ok(got[1], where, Path(got[0]).stem, report):
+            if got is None or not caption_ok(got[1], where, Path(got[0]).stem, report, blank_ok=True):
                 continue
             samples.append(PairSample(id=Path(got[0]).stem, image=image_dir / got[0], caption=got[1], source=where))
     return samples

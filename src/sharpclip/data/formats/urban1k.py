@@ -10,7 +10,7 @@ from pathlib import Path
 
 from sharpclip.config import DataConfig
 from sharpclip.data.formats._common import caption_ok, check_split, require_dir
-from sharpclip.data.formats.goal import read_goal_list
+from sharpclip.data.formats.goal import list_for_split, read_goal_list
 from sharpclip.data.schema import BadSample, BadSampleReport, PairSample
 
 
@@ -19,10 +19,11 @@ def _key(path: Path) -> tuple[int, str]:
 
 
 def read(root: Path, split: str, cfg: DataConfig, report: BadSampleReport) -> list[PairSample]:
-    """Urban-1K samples in numeric order (or of the GOAL list `data.list_file`)."""
+    """Urban-1K samples in numeric order (or of the GOAL list for the split)."""
     base = root / "Urban1k" if (root / "Urban1k").is_dir() else root
-    if cfg.list_file:
-        return read_goal_list(root / cfg.list_file, require_dir(base / "image", "Urban-1K image/"), report)
+    list_file = list_for_split(cfg, split)
+    if list_file:
+        return read_goal_list(root / list_file, require_dir(base / "image", "Urban-1K image/"), report)
     check_split("urban1k", split, ("test",))
     samples = []
     for path in sorted(require_dir(base / "caption", "Urban-1K caption/").glob("*.txt"), key=_key):
