@@ -144,7 +144,7 @@ def _broken_long_dci(tmp_path: Path) -> Path:
 def test_a_bad_record_aborts_under_error_and_is_skipped_and_counted_under_skip(tmp_path: Path) -> None:
     root = _broken_long_dci(tmp_path)
     strict = EvalConfig(suites=["long_dci"], roots={"long_dci": str(root)}, progress=False)
-    with pytest.raises(ValueError, match="empty caption"):
+    with pytest.raises(ValueError, match=r"empty caption\. .*eval\.data_options\.long_dci\.on_bad_sample=skip"):
         run_suite(MeanColourEmbedder(), strict)
     lenient = EvalConfig(**{**strict.__dict__, "data_options": {"long_dci": {"on_bad_sample": "skip"}}})
     res = run_suite(MeanColourEmbedder(), lenient)

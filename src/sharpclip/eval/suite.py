@@ -74,7 +74,7 @@ def _usable(samples: list, report: BadSampleReport) -> list:
 def _retrieval_set(name: str, data_cfg: DataConfig, split: str) -> RetrievalSet:
     from sharpclip.data.formats import FORMATS
 
-    report = BadSampleReport(data_cfg.on_bad_sample)
+    report = BadSampleReport(data_cfg.on_bad_sample, setting=f"eval.data_options.{name}.on_bad_sample")
     samples = _usable(FORMATS[data_cfg.format](Path(data_cfg.root), split, data_cfg, report), report)
     es = from_samples(name, samples, report.files)  # the annotation files the reader opened, nothing else
     es.skipped = list(report.items)
@@ -106,7 +106,8 @@ def _choice_reader(name: str, read: Callable[..., ChoiceSet], with_report: bool 
     also skip malformed records."""
 
     def reader(root: Path, cfg: EvalConfig, data: DataConfig | None) -> ChoiceSet:
-        report = BadSampleReport(cfg.data_options.get(name, {}).get("on_bad_sample", "error"))
+        policy = cfg.data_options.get(name, {}).get("on_bad_sample", "error")
+        report = BadSampleReport(policy, setting=f"eval.data_options.{name}.on_bad_sample")
         return _usable_choices(read(root, report) if with_report else read(root), report)
 
     return reader
