@@ -238,3 +238,15 @@ def test_eval_after_dci_training_refuses_long_dci_unless_warned(tmp_path: Path) 
     cfg.data.overlap = "warn"
     report = json.loads(run_eval(cfg)[0].read_text())
     assert report["long_dci"]["images"] == 4 and report["dci"]["images"] == 2
+
+
+def test_eval_of_a_runs_checkpoint_finds_the_runs_training_data(tmp_path: Path) -> None:
+    from sharpclip.config import to_yaml
+    from sharpclip.eval.suite import training_data
+
+    run = load_config([CONFIGS / "hnclip_dci.yaml"], [f"data.root={FIXTURES / 'dci'}"])
+    (tmp_path / "run" / "checkpoints" / "step-000010").mkdir(parents=True)
+    (tmp_path / "run" / "config.yaml").write_text(to_yaml(run))
+    cfg = load_config(overrides=[f"model.name={tmp_path / 'run' / 'checkpoints' / 'step-000010'}"])
+    assert training_data(cfg).format == "dci" and training_data(cfg).root == str(FIXTURES / "dci")
+    assert training_data(load_config(overrides=["model.name=tiny-clip"])).root == ""  # not a run's checkpoint
