@@ -280,6 +280,8 @@ class EvalConfig:
                         f"eval.data_options.{suite}.{key}: not a data option a suite can set; "
                         f"use one of {', '.join(sorted(allowed))} (a suite's root is eval.roots.{suite})"
                     )
+            if "on_bad_sample" in options:  # pair-choice suites read it without building a DataConfig
+                _check_choice(f"eval.data_options.{suite}.on_bad_sample", options["on_bad_sample"], ("error", "skip"))
 
 
 @dataclass

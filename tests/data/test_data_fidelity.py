@@ -153,6 +153,8 @@ def test_a_training_run_whose_validation_shares_images_refuses_to_start(tmp_path
         build_trainer(load_config(overrides=[*base, "data.list_files={test: DCI_test.json}"]))
     assert build_trainer(load_config(overrides=base)) is not None  # official train vs official test: disjoint
     build_trainer(load_config(overrides=[*base, "data.list_files={test: DCI_test.json}", "data.overlap=warn"]))
+    goal = "data.list_files={train: DCI_train_del_org.json, test: DCI_test.json}"  # GOAL's protocol end to end
+    assert build_trainer(load_config(overrides=[*base, goal])) is not None
 
 
 # ---- repeated ids: reported, never merged ----

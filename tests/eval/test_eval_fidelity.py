@@ -144,7 +144,7 @@ def _broken_long_dci(tmp_path: Path) -> Path:
 def test_a_bad_record_aborts_under_error_and_is_skipped_and_counted_under_skip(tmp_path: Path) -> None:
     root = _broken_long_dci(tmp_path)
     strict = EvalConfig(suites=["long_dci"], roots={"long_dci": str(root)}, progress=False)
-    with pytest.raises(ValueError, match="empty caption"):
+    with pytest.raises(ValueError, match=r"empty caption\. .*eval\.data_options\.long_dci\.on_bad_sample=skip"):
         run_suite(MeanColourEmbedder(), strict)
     lenient = EvalConfig(**{**strict.__dict__, "data_options": {"long_dci": {"on_bad_sample": "skip"}}})
     res = run_suite(MeanColourEmbedder(), lenient)
@@ -238,3 +238,15 @@ def test_eval_after_dci_training_refuses_long_dci_unless_warned(tmp_path: Path) 
     cfg.data.overlap = "warn"
     report = json.loads(run_eval(cfg)[0].read_text())
     assert report["long_dci"]["images"] == 4 and report["dci"]["images"] == 2
+
+
+def test_eval_of_a_runs_checkpoint_finds_the_runs_training_data(tmp_path: Path) -> None:
+    from sharpclip.config import to_yaml
+    from sharpclip.eval.suite import training_data
+
+    run = load_config([CONFIGS / "hnclip_dci.yaml"], [f"data.root={FIXTURES / 'dci'}"])
+    (tmp_path / "run" / "checkpoints" / "step-000010").mkdir(parents=True)
+    (tmp_path / "run" / "config.yaml").write_text(to_yaml(run))
+    cfg = load_config(overrides=[f"model.name={tmp_path / 'run' / 'checkpoints' / 'step-000010'}"])
+    assert training_data(cfg).format == "dci" and training_data(cfg).root == str(FIXTURES / "dci")
+    assert training_data(load_config(overrides=["model.name=tiny-clip"])).root == ""  # not a run's checkpoint

@@ -83,9 +83,9 @@ class BadSample:
 class BadSampleError(ValueError):
     """A bad sample under `on_bad_sample: error`; the message names the file, the record and what to do."""
 
-    def __init__(self, bad: BadSample):
+    def __init__(self, bad: BadSample, setting: str = "data.on_bad_sample"):
         self.bad = bad
-        super().__init__(f"{bad}. Fix or remove the record, or set data.on_bad_sample=skip to skip and count it.")
+        super().__init__(f"{bad}. Fix or remove the record, or set {setting}=skip to skip and count it.")
 
 
 @dataclass
@@ -96,6 +96,7 @@ class BadSampleReport:
     policy: str = "error"  # error | skip
     items: list[BadSample] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)
+    setting: str = "data.on_bad_sample"  # the key that sets `policy`, named in the error (eval: per suite)
     _seen: set[Path] = field(default_factory=set, init=False, repr=False, compare=False)
 
     def read_file(self, path: Path) -> Path:
@@ -108,7 +109,7 @@ class BadSampleReport:
     def add(self, bad: BadSample) -> None:
         """Raise `BadSampleError` under `error`; record `bad` under `skip`."""
         if self.policy != "skip":
-            raise BadSampleError(bad)
+            raise BadSampleError(bad, self.setting)
         self.items.append(bad)
 
     def extend(self, bads: list[BadSample]) -> None:

@@ -74,7 +74,7 @@ def _usable(samples: list, report: BadSampleReport) -> list:
 def _retrieval_set(name: str, data_cfg: DataConfig, split: str) -> RetrievalSet:
     from sharpclip.data.formats import FORMATS
 
-    report = BadSampleReport(data_cfg.on_bad_sample)
+    report = BadSampleReport(data_cfg.on_bad_sample, setting=f"eval.data_options.{name}.on_bad_sample")
     samples = _usable(FORMATS[data_cfg.format](Path(data_cfg.root), split, data_cfg, report), report)
     es = from_samples(name, samples, report.files)  # the annotation files the reader opened, nothing else
     es.skipped = list(report.items)
@@ -106,7 +106,8 @@ def _choice_reader(name: str, read: Callable[..., ChoiceSet], with_report: bool 
     also skip malformed records."""
 
     def reader(root: Path, cfg: EvalConfig, data: DataConfig | None) -> ChoiceSet:
-        report = BadSampleReport(cfg.data_options.get(name, {}).get("on_bad_sample", "error"))
+        policy = cfg.data_options.get(name, {}).get("on_bad_sample", "error")
+        report = BadSampleReport(policy, setting=f"eval.data_options.{name}.on_bad_sample")
         return _usable_choices(read(root, report) if with_report else read(root), report)
 
     return reader
@@ -301,6 +302,24 @@ def run_suite(
     return out
 
 
+RUN_CONFIG = "config.yaml"  # the resolved config a training run writes (train.run.RESOLVED_CONFIG)
+
+
+def training_data(cfg: Any) -> DataConfig:
+    """The data a model was trained on: the config's own data section when it names a root (a recipe passed to
+    `sharpclip eval`), else the `config.yaml` of the run whose checkpoint `model.name` is
+    (`RUN/checkpoints/step-N`), else the config's (empty) data section."""
+    if cfg.data.root:
+        return cfg.data
+    model = Path(cfg.model.name).expanduser()
+    run_config = model.parent.parent / RUN_CONFIG if model.parent.name == "checkpoints" else None
+    if run_config is None or not run_config.is_file():
+        return cfg.data
+    from sharpclip.config import load_config
+
+    return load_config(run_config).data
+
+
 def training_images(data: DataConfig) -> list[Path]:
     """The image files of the run's training split (and edit pairs), or [] when the config names no training data
     (data.root empty) or it cannot be read here (logged: the overlap check is then not done)."""
@@ -397,13 +416,15 @@ def run_eval(cfg: Any, model: Any = None) -> list[Path]:
     """Entry point for `sharpclip eval`: build the model (models.create_model) unless given, run the suite, write the
     report, the markdown table and the manifest into eval.output_dir (default <train.output_dir>/eval).
 
-    When the config names the training data (a recipe's data section), every suite is first checked against the
-    images of its training split: shared images refuse the run unless data.overlap=warn."""
+    When the training data is known (the config's data section, or the run that wrote the checkpoint being
+    evaluated), every suite is first checked against the images of its training split: shared images refuse the
+    run unless data.overlap=warn."""
     if model is None:
         from sharpclip.models.factory import create_model
 
         model = create_model(cfg.model)
-    result = run_suite(model, cfg.eval, cfg.data, training_images(cfg.data), cfg.data.overlap)
+    trained_on = training_data(cfg)
+    result = run_suite(model, cfg.eval, cfg.data, training_images(trained_on), trained_on.overlap)
     manifest = suite_manifest(result, model, cfg.eval, cfg.model.name)
     out_dir = cfg.eval.output_dir or str(Path(cfg.train.output_dir) / "eval")
     return write_report(result, manifest, out_dir, list(cfg.eval.recall_k))
