@@ -81,7 +81,8 @@ def _captions_per_epoch(loader, epochs: int) -> list[list[str]]:
     out = []
     for epoch in range(epochs):
         loader.set_epoch(epoch)
-        out.append([tok.decode(ids[m.bool()][1:-1]) for b in loader for ids, m in zip(b.input_ids, b.attention_mask)])
+        rows = [(ids, m) for b in loader for ids, m in zip(b.input_ids, b.attention_mask, strict=True)]
+        out.append([tok.decode(ids[m.bool()][1:-1]) for ids, m in rows])
     return out
 
 

@@ -127,7 +127,7 @@ def test_cuda_without_cuda_and_a_missing_index_are_config_errors(monkeypatch):
         ConfigError, match=r"^eval\.device: cuda:3 does not exist .* available: cpu, cuda:0 \.\. cuda:0"
     ):
         devices.resolve_device("cuda:3", "eval.device")
-    with pytest.raises(ConfigError, match="train.device: 'gpu' is not a device"):
+    with pytest.raises(ConfigError, match=r"train\.device: 'gpu' is not a device"):
         load_config(overrides=["train.device=gpu"])
 
 
@@ -142,7 +142,7 @@ def test_bf16_on_a_gpu_without_it_names_the_key_and_the_alternative(monkeypatch)
 
 def test_the_trainer_refuses_cuda_on_a_machine_without_it(tmp_path, monkeypatch):
     _fake_cuda(monkeypatch, 0)
-    with pytest.raises(ConfigError, match="train.device"):
+    with pytest.raises(ConfigError, match=r"^train\.device"):
         _trainer(tmp_path, "cuda")
 
 
@@ -156,7 +156,7 @@ def test_num_workers_auto_is_this_ranks_cores_capped_at_eight(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # four ranks share the node's 12 cores
     assert devices.resolve_num_workers("auto") == 3
     assert devices.resolve_num_workers(0) == 0 and devices.resolve_num_workers("5") == 5
-    with pytest.raises(ConfigError, match="data.num_workers"):
+    with pytest.raises(ConfigError, match=r"^data\.num_workers"):
         load_config(overrides=["data.num_workers=many"])
 
 
