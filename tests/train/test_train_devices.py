@@ -146,6 +146,20 @@ def test_the_trainer_refuses_cuda_on_a_machine_without_it(tmp_path, monkeypatch)
         _trainer(tmp_path, "cuda")
 
 
+def test_tf32_is_on_by_default_and_switchable():
+    from sharpclip.config import TrainConfig
+
+    assert TrainConfig().tf32 is True and TrainConfig().device == "auto"
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        devices.set_tf32(True)
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+        devices.set_tf32(False)
+        assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
 def test_num_workers_auto_is_this_ranks_cores_capped_at_eight(monkeypatch):
     monkeypatch.setattr(devices.os, "sched_getaffinity", lambda _: set(range(2)), raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)

@@ -4,7 +4,7 @@
     torchrun --nproc_per_node 2 -m sharpclip train configs/hnclip_docci.yaml   (each rank: batch_size / world)
 
 `train.device` (auto: cuda:<LOCAL_RANK> with CUDA, else cpu) is resolved first: it picks the process group's
-backend, the TF32 setting applies to it, the model is moved there before rank 0's weights are broadcast, and the
+backend, the model is moved there before rank 0's weights are broadcast, and the
 loader pins its batches when it is a GPU. The resolved devices are logged and recorded at the top of config.yaml.
 
 The model decides the preprocessing: images at its own size and mean/std, captions at its own context length
@@ -81,9 +81,7 @@ def build_trainer(cfg: Config) -> Trainer:
     if cfg.train.batch_size % world:
         raise ConfigError(f"train.batch_size ({cfg.train.batch_size}) must be divisible by the {world} processes")
     device = devices.resolve_device(cfg.train.device, "train.device")
-    devices.check_precision(cfg.train.precision, device, "train.precision")
-    if device.type == "cuda":
-        devices.set_tf32(cfg.train.tf32)
+    devices.check_precision(cfg.train.precision, device, "train.precision")  # before the model is built
     seed_everything(cfg.train.seed)
     model = create_model(cfg.model).to(device)
     distributed.broadcast_parameters(model)

@@ -73,6 +73,8 @@ class Trainer:
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.device = devices.resolve_device(cfg.device, "train.device")
         devices.check_precision(cfg.precision, self.device, "train.precision")
+        if self.device.type == "cuda":
+            devices.set_tf32(cfg.tf32)
         model.to(self.device)
         for frozen in (frozen_text, getattr(encoder, "teacher", None)):
             if frozen is not None:
