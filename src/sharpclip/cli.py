@@ -7,6 +7,7 @@ Each subcommand is added by one `_add_<name>` function; its handler imports what
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -51,7 +52,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         # with --resume and no recipe: the run's own resolved config, plus any new overrides
         cfg = load_run_config(args.resume, overrides) if args.resume and not files else _load(args)
         state = run_train(cfg, resume=args.resume)
-        print(f"trained {state.step} steps ({state.seen} samples); run directory: {cfg.train.output_dir}")
+        if int(os.environ.get("RANK", 0)) == 0:  # under torchrun: one summary, not one per rank
+            print(f"trained {state.step} steps ({state.seen} samples); run directory: {cfg.train.output_dir}")
         return 0
 
     p.set_defaults(handler=run)

@@ -7,6 +7,7 @@ that name the source (file or override) and the full key, and validates choices 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,14 @@ ALPHA_POLICIES = ("drop", "white")  # data.images.to_rgb: what becomes of transp
 def _check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ConfigError(f"{key}: {value!r} is not one of {', '.join(choices)}")
+
+
+DEVICE_SPEC = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")  # what sharpclip.devices.resolve_device accepts
+
+
+def _check_device(key: str, value: str) -> None:
+    if not DEVICE_SPEC.match(value):
+        raise ConfigError(f"{key}: {value!r} is not a device; use auto, cpu, cuda or cuda:N")
 
 
 @dataclass
@@ -126,7 +135,13 @@ class DataConfig:
     root: str = ""  # the release folder, laid out as the README's Data section shows
     train_split: str = "train"
     eval_split: str = "test"
-    num_workers: int = 0
+    # loader processes: auto = the cores available to this rank (affinity / ranks on the node), at most 8; 0 decodes
+    # in the training process. Pinned memory on CUDA, workers kept across epochs, each `prefetch_factor` batches ahead
+    num_workers: int | str = "auto"
+    prefetch_factor: int = 2
+    # JPEG draft decoding (PIL Image.draft): the decoder's own 1/2-1/8 DCT downscale when the photo is at least twice
+    # the model's input, before the exact resize. Training only; evaluation has its own switch (eval.jpeg_draft)
+    jpeg_draft: bool = True
     on_bad_sample: str = "error"  # error | skip (skipped samples are counted and reported at the end of each epoch)
     # preprocessing (CLIP's: shorter side resized bicubic, centre crop, normalise; tokens truncated, eos kept last)
     image_size: int = 224
@@ -174,6 +189,10 @@ class DataConfig:
         _check_choice("data.coco_flickr_protocol", self.coco_flickr_protocol, ("karpathy", "longclip"))
         if self.context_length < 3:
             raise ConfigError(f"data.context_length: {self.context_length} leaves no room between bos and eos")
+        if self.num_workers != "auto" and not (str(self.num_workers).isdigit()):
+            raise ConfigError(f"data.num_workers: {self.num_workers!r} is neither auto nor a number >= 0")
+        if self.prefetch_factor < 1:
+            raise ConfigError(f"data.prefetch_factor: must be >= 1, got {self.prefetch_factor}")
 
 
 @dataclass
@@ -215,8 +234,11 @@ class TrainConfig:
     warmup_steps: int = 0
     min_lr_ratio: float = 0.0  # the cosine schedule ends at lr * min_lr_ratio
     grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
+    device: str = "auto"  # auto (cuda:<LOCAL_RANK> when CUDA is available, else cpu) | cpu | cuda | cuda:N
     precision: str = "fp32"  # fp32 | bf16 (autocast on the towers; losses in fp32)
-    grad_checkpointing: bool = False
+    tf32: bool = True  # TF32 matmuls on CUDA (fp32 accumulation); no effect on the CPU
+    compile: bool = False  # torch.compile the two towers (the first steps pay for compilation)
+    grad_checkpointing: bool = False  # recompute each tower layer in backward (activation memory of one layer)
     checkpoint_every: int = 0  # optimiser steps between checkpoints (0: at the end of each epoch only)
     keep_last: int = 2  # checkpoints kept besides the best
     eval_every: int = 1  # epochs between evaluations (0: never)
@@ -231,6 +253,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _check_choice("train.accumulation", self.accumulation, ("exact", "per_micro_batch"))
         _check_choice("train.precision", self.precision, ("fp32", "bf16"))
+        _check_device("train.device", self.device)
         if self.batch_size % self.micro_batch_size:
             raise ConfigError(
                 f"train.batch_size ({self.batch_size}) must be a multiple of train.micro_batch_size "
@@ -257,7 +280,8 @@ class EvalConfig:
     hash_images: bool = False  # sha256 every image in the manifest (slow on large benchmarks)
     image_alpha: str = "drop"  # transparency: drop (PIL convert("RGB"), every reference evaluator) | white
     output_dir: str = ""  # reports go here; default <train.output_dir>/eval
-    device: str = "cpu"
+    device: str = "auto"  # auto | cpu | cuda | cuda:N, as train.device
+    jpeg_draft: bool = False  # JPEG draft decoding (see data.jpeg_draft); off: scores from the exact full decode
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -265,6 +289,7 @@ class EvalConfig:
             raise ConfigError(
                 f"eval.chunk_size and eval.batch_size must be >= 1, got {self.chunk_size}, {self.batch_size}"
             )
+        _check_device("eval.device", self.device)
         bad = [k for k in [*self.recall_k, *self.zeroshot_k] if k < 1]
         if bad:
             raise ConfigError(f"eval.recall_k / eval.zeroshot_k: values must be >= 1, got {bad}")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import torch
 from safetensors.torch import save_file
 
 from _support.tiny_towers import TinyTowers, make_batch, objective, split_batch
@@ -17,7 +18,7 @@ from sharpclip.train.accumulate import cached_gradient_step
 
 
 def main(out: str, objectives: list[str], batch_size: int) -> None:
-    distributed.init_from_env("gloo")
+    distributed.init_from_env(torch.device("cpu"))
     rank, world = distributed.rank(), distributed.world_size()
     half = batch_size // world
     local = split_batch(make_batch(batch_size, seed=1), half)[rank]  # trimmed to this rank's longest caption

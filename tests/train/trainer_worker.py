@@ -8,6 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import torch
 from omegaconf import OmegaConf
 from safetensors.torch import save_file
 
@@ -20,7 +21,7 @@ from sharpclip.train.trainer import Trainer
 
 
 def main(run_dir: str, out: str, args: list[str]) -> None:
-    distributed.init_from_env("gloo")
+    distributed.init_from_env(torch.device("cpu"))
     resume = "resume" in args
     dropout = 0.1 if "dropout" in args else 0.0
     overrides = [a for a in args if "=" in a]

@@ -84,6 +84,9 @@ def image_transform(cfg: DataConfig) -> ClipImageTransform:
     return ClipImageTransform(cfg.image_size, cfg.image_mean, cfg.image_std, alpha=cfg.image_alpha)
 
 
+_config_transform = image_transform  # for build_loader, whose `image_transform` argument shadows the name
+
+
 def default_tokenizer(cfg: DataConfig):
     """SynthDense's word-level CLIP tokenizer; other formats need the model's tokenizer passed explicitly."""
     if cfg.format != "synthdense":
@@ -94,8 +97,14 @@ def default_tokenizer(cfg: DataConfig):
     return build_word_tokenizer(vocabulary(), model_max_length=cfg.context_length)
 
 
-def build_dataset(cfg: DataConfig, split: str, transform=None, seed: int = 0) -> SampleDataset:
-    """Rows of `split`, decoded and preprocessed on access (`transform`: PIL → (3, H, W); CLIP's by default)."""
+def build_dataset(
+    cfg: DataConfig, split: str, transform=None, seed: int = 0, draft_size: int | None = None
+) -> SampleDataset:
+    """Rows of `split`, decoded and preprocessed on access (`transform`: PIL → (3, H, W); CLIP's by default).
+
+    draft_size: JPEGs decode at the decoder's smallest DCT scale whose sides stay >= this (see data.images); None: in
+    full.
+    """
     report = BadSampleReport(cfg.on_bad_sample)
     samples = read_samples(cfg, split, report)
     if cfg.edits_format and split == cfg.train_split:
@@ -110,7 +119,20 @@ def build_dataset(cfg: DataConfig, split: str, transform=None, seed: int = 0) ->
         group_batches=cfg.group_batches,
         seed=seed,
         report=report,
+        draft_size=draft_size,
     )
+
+
+def loader_options(cfg: DataConfig, pin_memory: bool = False) -> dict:
+    """DataLoader keyword arguments for workers: `num_workers` resolved (auto: this rank's cores, at most 8), workers
+    kept across epochs and `prefetch_factor` batches ahead each, pinned host memory for non-blocking copies to CUDA."""
+    from sharpclip.devices import resolve_num_workers
+
+    workers = resolve_num_workers(cfg.num_workers)
+    options: dict = {"num_workers": workers, "pin_memory": pin_memory}
+    if workers > 0:
+        options.update(persistent_workers=True, prefetch_factor=cfg.prefetch_factor)
+    return options
 
 
 def build_loader(
@@ -124,14 +146,21 @@ def build_loader(
     world_size: int = 1,
     seed: int = 0,
     train: bool | None = None,
+    pin_memory: bool = False,
+    pad_to_context: bool = False,
 ) -> SampleLoader:
     """A DataLoader of `Batch`es for `split`; this rank's share of every epoch, deterministic per seed and epoch.
 
     train: shuffle and drop the last partial batch (default: split == cfg.train_split); evaluation keeps release
     order and every row. batch_size: rows per batch on this rank (an edit pair is two rows).
+    pin_memory: batches in page-locked memory (training on CUDA), so the copy to the GPU overlaps compute.
+    pad_to_context: captions padded to the full context, not the batch's longest (the model's `pads_to_context`).
+    JPEG draft decoding (`data.jpeg_draft`) applies to training loaders, at the image transform's `size`.
     """
     train = split == cfg.train_split if train is None else train
-    dataset = build_dataset(cfg, split, image_transform, seed)
+    transform = image_transform if image_transform is not None else _config_transform(cfg)
+    draft = getattr(transform, "size", None) if train and cfg.jpeg_draft else None
+    dataset = build_dataset(cfg, split, transform, seed, draft)
     sampler = GroupBatchSampler(
         [r.unit for r in dataset.rows],
         batch_size,
@@ -143,8 +172,9 @@ def build_loader(
         rank=rank,
         world_size=world_size,
     )
-    tokenize = TextTokenizer(tokenizer if tokenizer is not None else default_tokenizer(cfg), cfg.context_length)
+    tokenizer = tokenizer if tokenizer is not None else default_tokenizer(cfg)
+    tokenize = TextTokenizer(tokenizer, cfg.context_length, pad_to_context)
     with_short = any(getattr(s, "short_caption", None) for s in dataset.samples)
     return SampleLoader(
-        dataset, batch_sampler=sampler, collate_fn=Collator(tokenize, with_short), num_workers=cfg.num_workers
+        dataset, batch_sampler=sampler, collate_fn=Collator(tokenize, with_short), **loader_options(cfg, pin_memory)
     )

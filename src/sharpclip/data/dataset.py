@@ -104,18 +104,27 @@ class SampleDataset(Dataset):
         group_batches: bool = True,
         seed: int = 0,
         report: BadSampleReport | None = None,
+        draft_size: int | None = None,
     ):
         self.samples = list(samples)
         self.rows = build_rows(self.samples, caption_choice, group_batches)
-        self.transform, self.on_bad_sample, self.seed, self.epoch = transform, on_bad_sample, seed, 0
+        self.transform, self.on_bad_sample, self.seed = transform, on_bad_sample, seed
+        self.draft_size = draft_size  # JPEG draft decoding to this side (data.images.request_draft); None: off
+        # in shared memory, so persistent DataLoader workers see the epoch the main process sets
+        self._epoch = torch.zeros(1, dtype=torch.long).share_memory_()
         self.report = report or BadSampleReport(on_bad_sample)  # bad records met while reading the files
 
     def __len__(self) -> int:
         return len(self.rows)
 
+    @property
+    def epoch(self) -> int:
+        """The epoch whose caption draw `caption_of` makes."""
+        return int(self._epoch[0])
+
     def set_epoch(self, epoch: int) -> None:
-        """Select the per-epoch caption draw (caption_choice: random); workers are re-created per epoch."""
-        self.epoch = epoch
+        """Select the per-epoch caption draw (caption_choice: random), in every worker too."""
+        self._epoch.fill_(epoch)
 
     def caption_of(self, i: int) -> str:
         """Row i's caption; for a several-caption sample, one drawn by (seed, epoch, i)."""
@@ -128,7 +137,7 @@ class SampleDataset(Dataset):
     def __getitem__(self, i: int) -> Item | BadSample:
         row = self.rows[i]
         try:
-            pixels = self.transform(load_image(row.image))
+            pixels = self.transform(load_image(row.image, self.draft_size))
         except ImageLoadError as err:
             bad = BadSample(self.samples[row.sample].source or describe(row.image), row.id, err.reason)
             if self.on_bad_sample != "skip":

@@ -7,9 +7,13 @@ to [0, 1] and normalised per channel; transparency is dropped first with PIL `co
 open_clip and Long-CLIP; `alpha="white"` composites onto white, HF's rule). tests/data check parity with
 `CLIPImageProcessorPil` on the same (opaque) images.
 
-Text follows Long-CLIP `tokenize(truncate=True)` and HF `truncation=True`: bos + the first L−2 tokens + eos, padded to
-L = the model's context length (77, or 248 for Long-CLIP towers). The attention mask marks real tokens, since the pad
-id of OpenAI's tokenizer equals eos. OpenAI-vocabulary tokenizers first get OpenAI CLIP's text cleaning (data.text).
+Text follows Long-CLIP `tokenize(truncate=True)` and HF `truncation=True`: bos + the first L−2 tokens + eos, L = the
+model's context length (77, or 248 for Long-CLIP towers). The attention mask marks real tokens, since the pad id of
+OpenAI's tokenizer equals eos. OpenAI-vocabulary tokenizers first get OpenAI CLIP's text cleaning (data.text).
+A batch is padded to its longest caption rounded up to a multiple of 8 (at most L), not
+to L: a causal text tower that pools its eos token (CLIP, the RoPE tower) computes the same embedding either way,
+since no real position attends to a later one, and a batch of 30-token captions does not pay for 248 positions.
+SigLIP attends to its padding and pools the last position, so its towers keep the full padding (`pad_to_context`).
 """
 
 from __future__ import annotations
@@ -81,31 +85,48 @@ class ClipImageTransform:
         return torch.from_numpy((chw - self.mean) / self.std)
 
 
+PAD_MULTIPLE = 8  # tensor-core friendly widths; also bounds how many distinct shapes torch.compile sees
+
+
 class TextTokenizer:
-    """Captions → (input_ids, attention_mask), each (B, L) long, truncated to L with eos kept as the last token.
+    """Captions → (input_ids, attention_mask), each (B, W) long, truncated to L with eos kept as the last token.
 
     tokenizer: any HF tokenizer with bos/eos added by its post-processor (CLIPTokenizer, the word tokenizer of
-    models.tokenizer); L = context_length. Captions are cleaned first as the tokenizer's reference does
-    (`data.text.cleaning_for`: OpenAI CLIP's cleaning for OpenAI-vocabulary tokenizers, none for SigLIP's);
-    `cleaning` describes it for the eval manifest.
+    models.tokenizer); L = context_length. W = the longest caption rounded up to a multiple of 8, at most L; W = L
+    when `pad_to_context` (SigLIP, whose tower reads the padding). Captions are cleaned first as the tokenizer's
+    reference does (`data.text.cleaning_for`: OpenAI CLIP's cleaning for OpenAI-vocabulary tokenizers, none for
+    SigLIP's); `cleaning` describes it for the eval manifest.
     """
 
-    def __init__(self, tokenizer, context_length: int):
+    def __init__(self, tokenizer, context_length: int, pad_to_context: bool = False):
         self.tokenizer = tokenizer
         self.context_length = context_length
+        self.pad_to_context = pad_to_context
         self.eos = tokenizer.eos_token_id
         self.clean, self.cleaning = cleaning_for(tokenizer)
 
     def _cleaned(self, texts: Sequence[str]) -> list[str]:
         return [self.clean(t) for t in texts] if self.clean is not None else list(texts)
 
+    def width(self, longest: int) -> int:
+        """The padded width of a batch whose longest (truncated) caption has `longest` tokens."""
+        if self.pad_to_context:
+            return self.context_length
+        return min(self.context_length, -(-longest // PAD_MULTIPLE) * PAD_MULTIPLE)
+
     def __call__(self, texts: Sequence[str]) -> tuple[Tensor, Tensor]:
-        """(input_ids, attention_mask), each (B, context_length) long, eos kept in truncated rows."""
+        """(input_ids, attention_mask), each (B, W) long, eos kept in truncated rows."""
         texts = self._cleaned(texts)
         enc = self.tokenizer(
-            list(texts), padding="max_length", truncation=True, max_length=self.context_length, return_tensors="pt"
+            list(texts), padding="longest", truncation=True, max_length=self.context_length, return_tensors="pt"
         )
         ids, mask = enc["input_ids"].long(), enc["attention_mask"].long()
+        extra = self.width(ids.shape[1]) - ids.shape[1]
+        if extra > 0:  # on the side the tokenizer pads
+            pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos
+            side = (extra, 0) if getattr(self.tokenizer, "padding_side", "right") == "left" else (0, extra)
+            ids = torch.nn.functional.pad(ids, side, value=pad_id)
+            mask = torch.nn.functional.pad(mask, side, value=0)
         full = mask.sum(1) == self.context_length
         ids[full, -1] = torch.where(ids[full, -1] == self.eos, ids[full, -1], self.eos)  # a tokenizer that cut eos
         return ids, mask
@@ -149,4 +170,5 @@ def model_transforms(
         resample=int(getattr(proc, "resample", None) or Image.BICUBIC),
         alpha=alpha,
     )
-    return image, TextTokenizer(model.tokenizer, context_length or model.context_length)
+    pad_to_context = bool(getattr(model, "pads_to_context", False))
+    return image, TextTokenizer(model.tokenizer, context_length or model.context_length, pad_to_context)

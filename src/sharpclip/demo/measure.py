@@ -61,6 +61,7 @@ def evaluate_model(model: Any, data: DataConfig, batch_size: int = 128) -> dict[
     """Every test metric of the module docstring for `model` on SynthDense at `data.root` (generated already)."""
     from sharpclip.data import read_samples
     from sharpclip.data.transforms import model_transforms
+    from sharpclip.devices import resolve_device
     from sharpclip.eval.embed import ModelEmbedder
     from sharpclip.eval.metrics import pairs_from_caption_index, retrieval_metrics
     from sharpclip.eval.pair_data import read_synth_mmvp
@@ -68,6 +69,7 @@ def evaluate_model(model: Any, data: DataConfig, batch_size: int = 128) -> dict[
 
     samples = read_samples(data, "test")
     preprocess, tokenizer = model_transforms(model)
+    model = model.to(resolve_device("auto", "eval.device"))  # on the GPU when there is one (the embedder follows)
     embed = ModelEmbedder(model.eval(), preprocess, tokenizer, batch_size=batch_size, progress=False)
     with torch.no_grad():
         image = embed.images([s.image for s in samples]).float()

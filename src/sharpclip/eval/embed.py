@@ -44,17 +44,21 @@ def _open(ref: ImageRef) -> Any:
         return Image.open(io.BytesIO(archive.read(ref.member)))
 
 
-def load_image(ref: ImageRef | str | Path) -> Any:
+def load_image(ref: ImageRef | str | Path, draft_size: int | None = None) -> Any:
     """A PIL image, RGB or (with transparency) RGBA, cropped to the ref's bbox when it has one.
 
     Transparency is kept here; the preprocessing applies the alpha policy (`data.images.to_rgb`: by default PIL's
     `convert("RGB")`, as the reference evaluators), so evaluation and training treat alpha the same way.
+    draft_size: JPEG draft decoding (`data.images.request_draft`) to sides >= this; never for a ref with a bbox,
+    whose coordinates are the full image's.
     """
-    from sharpclip.data.images import to_rgb
+    from sharpclip.data.images import request_draft, to_rgb
 
     ref = ref if isinstance(ref, ImageRef) else ImageRef(str(ref))
     try:
         with _open(ref) as im:
+            if draft_size and ref.bbox is None:
+                request_draft(im, draft_size)
             image = to_rgb(im, "keep")
     except (OSError, KeyError) as err:
         raise FileNotFoundError(f"cannot read image {ref.describe()}: {err}; check --data-root and the files") from None
@@ -98,17 +102,24 @@ class TokenizerLike(Protocol):
         """Untruncated token counts, bos and eos included."""
 
 
+def _model_device(model: Any) -> torch.device:
+    """The device of a module's first parameter; the CPU for anything else."""
+    params = getattr(model, "parameters", None)
+    first = next(iter(params()), None) if callable(params) else None
+    return first.device if first is not None else torch.device("cpu")
+
+
 def _embedding(out: Any) -> Tensor:
     emb = out.embedding if hasattr(out, "embedding") else out
     return torch.nn.functional.normalize(emb.float(), dim=-1)
 
 
-def _load(ref: Any) -> Any:
+def _load(ref: Any, draft_size: int | None = None) -> Any:
     if isinstance(ref, ImageRef | str | Path):
-        return load_image(ref)
+        return load_image(ref, draft_size)
     from sharpclip.data.images import load_image as load_source  # bytes, PIL images, parquet cells
 
-    return load_source(ref)
+    return load_source(ref, draft_size)
 
 
 class ModelEmbedder:
@@ -116,6 +127,8 @@ class ModelEmbedder:
 
     preprocess: PIL image -> (3, H, W) tensor (data.transforms.ClipImageTransform). tokenizer: a `TokenizerLike`
     (data.transforms.TextTokenizer). `num_truncated` counts captions longer than the context length.
+    device: where inputs go; default the model's own (its parameters' device), so a model trained on a GPU is
+    evaluated there. jpeg_draft: JPEG draft decoding to the preprocessing's size (off by default: exact pixels).
     """
 
     def __init__(
@@ -124,11 +137,14 @@ class ModelEmbedder:
         preprocess: Callable[[Any], Tensor],
         tokenizer: TokenizerLike,
         batch_size: int = 64,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         progress: bool = True,
+        jpeg_draft: bool = False,
     ) -> None:
         self.model, self.preprocess, self.tokenizer = model, preprocess, tokenizer
-        self.batch_size, self.device, self.progress = batch_size, torch.device(device), progress
+        self.batch_size, self.progress = batch_size, progress
+        self.device = torch.device(device) if device is not None else _model_device(model)
+        self.draft_size = getattr(preprocess, "size", None) if jpeg_draft else None
         self.num_captions = 0
         self.num_truncated = 0
 
@@ -141,7 +157,7 @@ class ModelEmbedder:
         """Load, preprocess and encode `refs` in batches of `batch_size`; (N, D) on the CPU."""
         out = []
         for s in self._batches(refs, "images"):
-            pixels = torch.stack([self.preprocess(_load(r)) for r in refs[s : s + self.batch_size]])
+            pixels = torch.stack([self.preprocess(_load(r, self.draft_size)) for r in refs[s : s + self.batch_size]])
             out.append(_embedding(self.model.encode_image(pixels.to(self.device))).cpu())
         return torch.cat(out)
 

@@ -246,10 +246,12 @@ def as_embedder(model: Any, cfg: EvalConfig) -> Embedder:
     if isinstance(model, Embedder):
         return model
     from sharpclip.data.transforms import model_transforms
+    from sharpclip.devices import resolve_device
 
-    model.to(cfg.device)
+    device = resolve_device(cfg.device, "eval.device")
+    model.to(device)
     preprocess, tokenizer = model_transforms(model, alpha=cfg.image_alpha)
-    return ModelEmbedder(model, preprocess, tokenizer, cfg.batch_size, cfg.device, cfg.progress)
+    return ModelEmbedder(model, preprocess, tokenizer, cfg.batch_size, device, cfg.progress, cfg.jpeg_draft)
 
 
 def _image_files(es: EvalSet) -> list[Path]:
@@ -402,13 +404,19 @@ def suite_manifest(result: SuiteResult, model: Any, cfg: EvalConfig, model_name:
         "mmvp_prefix": pair_data.MMVP_PROMPT,
     }
     is_module = isinstance(model, torch.nn.Module)
+    image = preprocessing_record(getattr(emb, "preprocess", None))
+    if getattr(emb, "draft_size", None):  # recorded only when used: the pixels are not the full decode's
+        image["jpeg_draft"] = f"JPEG decoded at the smallest DCT scale keeping both sides >= {emb.draft_size} px"
+    settings = asdict(cfg)
+    if getattr(emb, "device", None) is not None:
+        settings["device"] = str(emb.device)  # the resolved device, not "auto"
     return build_manifest(
         model=model_record(model, model_name) if is_module else {"name": model_name, "class": type(model).__name__},
-        image=preprocessing_record(getattr(emb, "preprocess", None)),
+        image=image,
         text=text,
         prompts=prompts,
         datasets=result.datasets,
-        settings=asdict(cfg),
+        settings=settings,
     )
 
 

@@ -86,6 +86,12 @@ class DualEncoder(nn.Module, ABC):
         """The vision tower (a transformers `*VisionModel`): embeddings, encoder.layers, post_layernorm."""
 
     @property
+    def pads_to_context(self) -> bool:
+        """True when captions must be padded to the full context (the tower reads its padding, as SigLIP's does);
+        False lets batches be padded to their longest caption (causal towers that pool eos: CLIP, RoPE)."""
+        return False
+
+    @property
     def context_length(self) -> int:
         """The longest caption (in tokens) the text tower accepts."""
         return int(self.text_model.config.max_position_embeddings)

@@ -68,7 +68,9 @@ def finish(student: HFDualEncoder, settings: DistillSettings) -> HFDualEncoder:
 def agreement(teacher: HFDualEncoder, student: HFDualEncoder, captions: Sequence[str]) -> float:
     """Mean cosine between teacher and student embeddings on `captions` truncated to the teacher's context."""
     ids, mask = tokenize(teacher, captions, teacher.context_length)
-    t = teacher.eval().encode_text(ids, mask).embedding
+    device = next(student.parameters()).device
+    ids, mask = ids.to(device), mask.to(device)
+    t = teacher.to(device).eval().encode_text(ids, mask).embedding
     s = student.eval().encode_text(ids, mask).embedding
     return 1.0 - distill_cosine(t, s).item()
 

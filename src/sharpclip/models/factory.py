@@ -198,7 +198,7 @@ def save_checkpoint(model: HFDualEncoder, directory: str | Path, cfg: ModelConfi
     sync_text_config(model)
     model.hf_model.config.save_pretrained(directory)
     (directory / CHECKPOINT_CONFIG).write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}  # device-free
     save_file(state, str(directory / WEIGHTS), metadata={"format": "pt", "producer": "sharpclip"})
     save_processors(model, directory)
     return directory

@@ -97,6 +97,11 @@ class SiglipDualEncoder(HFDualEncoder):
         """The backbone's learnable sigmoid-loss bias."""
         return self.hf_model.logit_bias
 
+    @property
+    def pads_to_context(self) -> bool:
+        """SigLIP attends to padding and pools the last position: captions are always padded to the context."""
+        return True
+
     def _vision(self, pixel_values: Tensor) -> tuple[Any, Tensor]:
         """The vision tower's output and the (B, N) patch mask."""
         out = self.vision_model(pixel_values=pixel_values)

@@ -34,24 +34,31 @@ NoSyncFn = Callable[[], contextlib.AbstractContextManager]
 
 @dataclass
 class RngState:
-    """CPU and CUDA generator states, to replay a forward pass with the same random draws."""
+    """The CPU generator's state and, when training on a GPU, that GPU's, to replay a forward pass's random draws.
+
+    Only the training device's generator is recorded: dropout on `cuda:i` draws from cuda:i's generator alone, and
+    touching every GPU's generator would create a context on each of them from every rank.
+    """
 
     cpu: Tensor
-    cuda: list[Tensor]
+    cuda: Tensor | None = None
+    device: torch.device | None = None  # the CUDA device `cuda` belongs to
 
     @classmethod
-    def capture(cls) -> RngState:
-        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else []
-        return cls(torch.get_rng_state(), cuda)
+    def capture(cls, device: torch.device | None = None) -> RngState:
+        """The current states; `device`: the training device (its generator is recorded when it is a GPU)."""
+        if device is not None and device.type == "cuda":
+            return cls(torch.get_rng_state(), torch.cuda.get_rng_state(device), device)
+        return cls(torch.get_rng_state())
 
     @contextlib.contextmanager
     def replay(self) -> Iterator[None]:
         """Run the body with this state; the surrounding RNG state is restored afterwards."""
-        devices = list(range(len(self.cuda)))
+        devices = [self.device] if self.cuda is not None else []
         with torch.random.fork_rng(devices=devices):
             torch.set_rng_state(self.cpu)
-            if self.cuda:
-                torch.cuda.set_rng_state_all(self.cuda)
+            if self.cuda is not None:
+                torch.cuda.set_rng_state(self.cuda, self.device)
             yield
 
 
@@ -90,6 +97,7 @@ def cached_gradient_step(
     *,
     gather: GatherFn = dict,
     no_sync: NoSyncFn = contextlib.nullcontext,
+    device: torch.device | None = None,
 ) -> dict[str, Tensor]:
     """One exact large-batch backward pass over `micro_batches`; returns the detached loss terms.
 
@@ -98,11 +106,12 @@ def cached_gradient_step(
         from the caller's closure and receive their gradient once, in step 2.
     gather: across processes (`distributed.gather_features`); identity on one process.
     no_sync: context that suspends DDP's gradient all-reduce; entered for every replay but the last.
+    device: the training device; on a GPU its generator is replayed with the CPU's, so dropout masks match.
     Gradients are accumulated into `.grad`; the caller zeroes them and steps the optimiser.
     """
     states, cached = [], []
     for mb in micro_batches:  # step 1: features without a graph
-        states.append(RngState.capture())
+        states.append(RngState.capture(device))
         with torch.no_grad():
             cached.append({k: v.detach() for k, v in encode(mb).items()})
 

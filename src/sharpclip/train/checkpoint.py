@@ -35,13 +35,16 @@ def checkpoint_name(step: int) -> str:
     return f"step-{step:06d}"
 
 
-def rng_state() -> dict[str, Any]:
-    """Every generator a training step may draw from: torch CPU (and CUDA), numpy, Python."""
+def rng_state(device: torch.device | None = None) -> dict[str, Any]:
+    """Every generator a training step may draw from: torch CPU (and the training GPU's), numpy, Python.
+
+    Only the training device's CUDA generator is kept (as a one-element list): it is the one its dropout draws from.
+    """
     np_state = np.random.get_state()
     py_version, py_state, py_gauss = random.getstate()
     return {
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "cuda": [torch.cuda.get_rng_state(device)] if device is not None and device.type == "cuda" else [],
         "numpy": {
             "keys": torch.from_numpy(np_state[1].astype(np.int64)),
             "pos": int(np_state[2]),
@@ -52,10 +55,12 @@ def rng_state() -> dict[str, Any]:
     }
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any], device: torch.device | None = None) -> None:
+    """Restore `rng_state`'s generators; the CUDA one onto `device` when that is a GPU (a run saved on the CPU, or
+    resumed there, has no CUDA state to restore: the device's generator keeps its seed)."""
     torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if state["cuda"] and device is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"][0], device)
     n = state["numpy"]
     np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"]))
     p = state["python"]
@@ -85,7 +90,9 @@ def save(
 
 
 def load_training_state(checkpoint: Path) -> dict[str, Any]:
-    return torch.load(checkpoint / TRAINING_STATE, weights_only=True)
+    """Optimizer, scheduler and RNG states, on the CPU whatever device wrote them (the optimizer's
+    `load_state_dict` moves its state to the parameters' device)."""
+    return torch.load(checkpoint / TRAINING_STATE, map_location="cpu", weights_only=True)
 
 
 def load_trainer_state(checkpoint: Path) -> dict[str, Any]:

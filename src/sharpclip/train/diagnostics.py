@@ -26,7 +26,7 @@ from sharpclip.data.schema import Batch
 from sharpclip.losses import hn_clip, infonce, margin_matrix
 from sharpclip.train import distributed
 from sharpclip.train.accumulate import cached_gradient_step
-from sharpclip.train.step import FeatureEncoder, split_rows
+from sharpclip.train.step import FeatureEncoder, model_device, split_rows, to_model_device
 
 
 def _flat_grad(params: list[torch.nn.Parameter]) -> Tensor:
@@ -48,7 +48,7 @@ def gradient_diagnostics(
     """Both objectives' losses and gradients on `batch`; leaves every `.grad` zeroed."""
     model = encoder.model
     params = [p for p in model.parameters() if p.requires_grad]
-    micro = split_rows(batch, micro_batch_size)
+    micro = split_rows(to_model_device(batch, model), micro_batch_size)
     record: dict[str, float] = {}
     grads = {}
     for name, fn in (("infonce", infonce), ("hn", lambda i, t, s: hn_clip(i, t, s, gamma=gamma))):
@@ -60,7 +60,9 @@ def gradient_diagnostics(
                 record["batch_rows"] = len(feats["text"])
             return {"loss": fn(feats["image"], feats["text"], model.logit_scale)}
 
-        terms = cached_gradient_step(encoder, micro, loss_fn, gather=distributed.gather_features)
+        terms = cached_gradient_step(
+            encoder, micro, loss_fn, gather=distributed.gather_features, device=model_device(model)
+        )
         record[f"loss_{name}"] = float(terms["loss"])
         grads[name] = _flat_grad(params)
     model.zero_grad(set_to_none=True)

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from sharpclip import devices
 from sharpclip.config import AdapterConfig, Config, LossConfig, ModelConfig, TermConfig, TrainConfig, to_yaml
 from sharpclip.data.captions import CaptionLoader
 from sharpclip.data.transforms import TextTokenizer
@@ -42,7 +43,8 @@ def distill(
     """
     settings = settings or DistillSettings()
     student = make_student(teacher, settings)
-    tokenize = TextTokenizer(teacher.tokenizer, teacher.context_length)  # the teacher's context: y_trunc of eq. 7
+    # the teacher's context: y_trunc of eq. 7
+    tokenize = TextTokenizer(teacher.tokenizer, teacher.context_length, teacher.pads_to_context)
     world = distributed.world_size()
     loader = CaptionLoader(
         captions, tokenize, train.batch_size // world, seed=train.seed, rank=distributed.rank(), world_size=world
@@ -62,7 +64,7 @@ def distill(
 
 def run_distill(cfg: Config, captions_file: str | Path, out_dir: str | Path) -> str:
     """The `sharpclip distill` command: 5% of the captions (at least one) are held out for the closing report."""
-    distributed.init_from_env()
+    distributed.init_from_env(devices.resolve_device(cfg.train.device, "train.device"))
     teacher_cfg = replace(cfg.model, text_encoder="absolute", context_length=None, adapter=AdapterConfig())
     teacher = create_model(teacher_cfg)
     length = cfg.model.context_length or stretched_length(teacher.context_length, cfg.model.keep_positions, 4)

@@ -10,6 +10,11 @@ Gradient averaging is DDP's all-reduce, called once per optimiser step (`average
 DDP wrapper: the cached-gradient step runs one no-grad pass, a loss backward that reaches parameters outside the
 towers (the logit scale) and k replays per step, a pattern DDP's one-forward-one-backward pairing does not express.
 Averaging after the last replay is exactly what DDP with `no_sync` on the first k − 1 replays computes.
+
+Devices: the backend follows the training device (NCCL for CUDA, gloo for the CPU), each rank binds its GPU
+(`torch.cuda.set_device(LOCAL_RANK)`) before the process group allocates anything, and every collective runs on the
+tensors' own device. Several nodes need nothing here: torchrun's rendezvous (`--nnodes`, `--rdzv-backend`,
+`--rdzv-endpoint`) sets the environment this module reads.
 """
 
 from __future__ import annotations
@@ -19,7 +24,6 @@ from collections.abc import Iterable, Mapping
 
 import torch
 import torch.distributed as dist
-import torch.distributed.nn.functional as dist_fn
 import torch.nn.functional as F
 from torch import Tensor
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
@@ -37,15 +41,36 @@ def world_size() -> int:
     return dist.get_world_size() if is_distributed() else 1
 
 
-def init_from_env(backend: str | None = None) -> bool:
-    """Join the process group that torchrun describes in the environment; False when not launched by torchrun."""
+def init_from_env(device: torch.device | None = None) -> bool:
+    """Join the process group that torchrun describes in the environment; False when not launched by torchrun.
+
+    device: the training device of this rank; a CUDA device is made current before the group is created and the
+    backend is NCCL, otherwise gloo (the default device: CUDA's when available).
+    """
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ or is_distributed():
         return is_distributed()
-    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    dist.init_process_group(backend=backend)
-    if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    if device is None:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else None
+    if device is not None and device.type == "cuda":
+        torch.cuda.set_device(device)  # before the first allocation: NCCL's communicator and every tensor go here
+        dist.init_process_group(backend="nccl", device_id=device)
+    else:
+        dist.init_process_group(backend="gloo")
     return True
+
+
+def backend() -> str:
+    """The process group's backend ('nccl', 'gloo'), or 'none' on one process."""
+    return str(dist.get_backend()) if is_distributed() else "none"
+
+
+def all_ranks(value: str) -> list[str]:
+    """Every rank's `value`, in rank order (for the log: each rank's device); [value] on one process."""
+    if world_size() == 1:
+        return [value]
+    out: list[str] = [""] * world_size()
+    dist.all_gather_object(out, value)
+    return out
 
 
 def shutdown() -> None:
@@ -66,6 +91,35 @@ def _max_shape(tensor: Tensor) -> tuple[int, ...]:
     return tuple(int(s) for s in shape.tolist())
 
 
+class _AllGather(torch.autograd.Function):
+    """All-gather with gradient: forward stacks every rank's (N, ...) tensor into (W·N, ...) in rank order; backward
+    hands each rank the sum over ranks of the gradient of its own block (a reduce-scatter), the semantics of the
+    deprecated `torch.distributed.nn.functional.all_gather`. Every rank's tensor must have the same shape."""
+
+    @staticmethod
+    def forward(ctx, tensor: Tensor) -> Tensor:
+        tensor = tensor.contiguous()
+        ctx.rows = tensor.shape[0]
+        if backend() == "nccl":
+            out = tensor.new_empty((world_size() * tensor.shape[0], *tensor.shape[1:]))
+            dist.all_gather_into_tensor(out, tensor)
+            return out
+        parts = [torch.empty_like(tensor) for _ in range(world_size())]
+        dist.all_gather(parts, tensor)
+        return torch.cat(parts)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        grad = grad.contiguous()
+        if backend() == "nccl":
+            out = grad.new_empty((ctx.rows, *grad.shape[1:]))
+            dist.reduce_scatter_tensor(out, grad, op=dist.ReduceOp.SUM)
+            return out
+        summed = grad.clone()  # gloo has no reduce-scatter: all-reduce, then keep this rank's block
+        dist.all_reduce(summed, op=dist.ReduceOp.SUM)
+        return summed[rank() * ctx.rows : (rank() + 1) * ctx.rows]
+
+
 def _gather_one(tensor: Tensor) -> Tensor:
     """Concatenate every rank's `tensor` along dim 0; ranks may differ in batch size and token length."""
     rows = torch.tensor([tensor.shape[0]], device=tensor.device)
@@ -78,7 +132,7 @@ def _gather_one(tensor: Tensor) -> Tensor:
         dist.all_gather(parts, padded)
         parts = [p.bool() for p in parts]
     elif tensor.requires_grad:
-        parts = list(dist_fn.all_gather(padded))
+        parts = list(_AllGather.apply(padded).chunk(world_size()))
     else:
         parts = [torch.zeros_like(padded) for _ in range(world_size())]
         dist.all_gather(parts, padded)

@@ -3,6 +3,10 @@
     run_train(load_config("configs/hnclip_docci.yaml", overrides))
     torchrun --nproc_per_node 2 -m sharpclip train configs/hnclip_docci.yaml   (each rank: batch_size / world)
 
+`train.device` (auto: cuda:<LOCAL_RANK> with CUDA, else cpu) is resolved first: it picks the process group's
+backend, the model is moved there before rank 0's weights are broadcast, and the
+loader pins its batches when it is a GPU. The resolved devices are logged and recorded at the top of config.yaml.
+
 The model decides the preprocessing: images at its own size and mean/std, captions at its own context length
 (data.model_transforms), so a Long-CLIP-stretched tower reads 248 tokens without a second setting to keep in step.
 The run directory receives the resolved config (config.yaml), the logs, checkpoints and evaluation results.
@@ -19,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from sharpclip import devices
 from sharpclip.config import Config, ConfigError, DataConfig, load_config, to_yaml
 from sharpclip.models.base import DualEncoder
 from sharpclip.train import checkpoint, distributed
@@ -88,8 +93,10 @@ def build_trainer(cfg: Config) -> Trainer:
     world, rank = distributed.world_size(), distributed.rank()
     if cfg.train.batch_size % world:
         raise ConfigError(f"train.batch_size ({cfg.train.batch_size}) must be divisible by the {world} processes")
+    device = devices.resolve_device(cfg.train.device, "train.device")
+    devices.check_precision(cfg.train.precision, device, "train.precision")  # before the model is built
     seed_everything(cfg.train.seed)
-    model = create_model(cfg.model)
+    model = create_model(cfg.model).to(device)
     distributed.broadcast_parameters(model)
     objective = build_objective(cfg.loss)
     preprocess, _ = model_transforms(model, alpha=cfg.data.image_alpha)
@@ -99,7 +106,9 @@ def build_trainer(cfg: Config) -> Trainer:
     loader = build_loader(
         data, data.train_split, model.tokenizer, batch_size=cfg.train.batch_size // world,
         image_transform=preprocess, rank=rank, world_size=world, seed=cfg.train.seed,
+        pin_memory=device.type == "cuda", pad_to_context=model.pads_to_context,
     )  # fmt: skip
+    log.info("data: %d loader workers, JPEG draft decoding %s", loader.num_workers, "on" if data.jpeg_draft else "off")
     if rank == 0:
         distributed.barrier()
     evaluate = None
@@ -119,12 +128,15 @@ def build_trainer(cfg: Config) -> Trainer:
 
 def run_train(cfg: Config, resume: str | Path | None = None) -> TrainerState:
     """Train as `cfg` says, in `cfg.train.output_dir`; `resume` (a run directory or checkpoint) continues exactly."""
-    distributed.init_from_env()
+    device = devices.resolve_device(cfg.train.device, "train.device")
+    distributed.init_from_env(device)
     run_dir = Path(cfg.train.output_dir)
     _setup_logging(run_dir)
+    placement = describe_placement(device)
     if distributed.rank() == 0:
+        log.info("%s", placement)
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / RESOLVED_CONFIG).write_text(to_yaml(cfg))
+        (run_dir / RESOLVED_CONFIG).write_text(f"# {placement}\n{to_yaml(cfg)}")
     trainer = build_trainer(cfg)
     if resume is not None:
         trainer.resume(resume_checkpoint(resume))
@@ -132,6 +144,13 @@ def run_train(cfg: Config, resume: str | Path | None = None) -> TrainerState:
         return trainer.fit()
     finally:
         distributed.shutdown()
+
+
+def describe_placement(device: torch.device) -> str:
+    """'world size 2, backend nccl, devices: rank 0 cuda:0 (...), rank 1 cuda:1 (...)' (every rank must call it)."""
+    ranks = distributed.all_ranks(devices.describe(device))
+    listed = ", ".join(f"rank {r} {d}" for r, d in enumerate(ranks))
+    return f"world size {distributed.world_size()}, backend {distributed.backend()}, devices: {listed}"
 
 
 def resume_checkpoint(path: str | Path) -> Path:

@@ -12,6 +12,11 @@ Features are named for the losses that read them (see losses/objective.py):
 
 The edit features are rows of the per-row features, selected after the micro-batches are put back together and
 before the batch is gathered across ranks, so each rank's edit indices stay local.
+
+Device placement happens here and nowhere else: `to_model_device` moves every tensor of a batch (pixels, ids, masks,
+short captions, edit indices) to the device of the encoder's model, non-blocking from pinned memory; `run_step` calls
+it once per step before cutting micro-batches, and the encoders call it again (a no-op for a batch already there) so
+any caller may hand them a batch straight from the loader.
 """
 
 from __future__ import annotations
@@ -34,8 +39,21 @@ EDIT_KEYS = ("source_image", "target_image", "source_text", "target_text")
 SATURATED = 1e-3  # HN-CLIP §2.1: a batch (or row) whose InfoNCE loss is below this is "solved"
 
 
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device of a model's parameters (the training device: the trainer moved the model there)."""
+    return next(model.parameters()).device
+
+
+def to_model_device(batch: Batch, model: torch.nn.Module) -> Batch:
+    """`batch` with every tensor on the model's device (the batch itself when they are there already)."""
+    device = model_device(model)
+    if all(v.device == device for v in vars(batch).values() if isinstance(v, Tensor)):
+        return batch
+    return batch.to(device)
+
+
 class FeatureEncoder:
-    """Encodes a (micro-)batch into the per-row features the objective reads, in float32."""
+    """Encodes a (micro-)batch into the per-row features the objective reads, in float32, on the model's device."""
 
     def __init__(
         self,
@@ -52,6 +70,7 @@ class FeatureEncoder:
 
     def __call__(self, batch: Batch) -> dict[str, Tensor]:
         m = self.model
+        batch = to_model_device(batch, m)
         with self.autocast():
             feats = {
                 **m.encode_image(batch.pixel_values, tokens=self.image_tokens).features("image"),
@@ -68,12 +87,14 @@ class FeatureEncoder:
 
 
 class DistillEncoder:
-    """Text-only features for tower distillation (CLIP-IN eq. 7): `teacher` (frozen, no graph) and `student`."""
+    """Text-only features for tower distillation (CLIP-IN eq. 7): `teacher` (frozen, no graph) and `student`,
+    both on the training device (the trainer places them)."""
 
     def __init__(self, teacher: DualEncoder, student: DualEncoder):
         self.teacher, self.model = teacher.eval().requires_grad_(False), student
 
     def __call__(self, batch: Batch) -> dict[str, Tensor]:
+        batch = to_model_device(batch, self.model)
         with torch.no_grad():
             teacher = self.teacher.encode_text(batch.input_ids, batch.attention_mask).embedding
         student = self.model.encode_text(batch.input_ids, batch.attention_mask).embedding
@@ -132,6 +153,7 @@ def run_step(
 ) -> StepResult:
     """Forward and backward over this rank's `batch` (gradients accumulate into `.grad`; no optimiser step)."""
     model = encoder.model
+    batch = to_model_device(batch, model)  # once for the whole step, before the micro-batches are cut
     model_inputs = {"logit_scale": model.logit_scale, "logit_bias": model.logit_bias}
     monitor: dict[str, float] = {}
 
@@ -148,7 +170,7 @@ def run_step(
 
     micro = split_rows(batch, micro_batch_size)
     if accumulation == "exact":
-        terms = cached_gradient_step(encoder, micro, loss_fn, gather=prepare)
+        terms = cached_gradient_step(encoder, micro, loss_fn, gather=prepare, device=model_device(model))
     else:
         if len(batch.edit_source) and len(micro) > 1:
             raise ValueError("per_micro_batch accumulation cannot keep edit pairs together; use accumulation: exact")

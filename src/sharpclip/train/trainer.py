@@ -4,6 +4,10 @@ What a recipe changes lives elsewhere: the objective's terms and weights (losses
 adapters and freezing (models), the batches (data), the accumulation mode (train.step). The loop draws a batch,
 runs the step, skips non-finite steps, clips, steps the optimiser and the schedule, clamps the logit scale, logs,
 checkpoints, evaluates, and on request records gradient diagnostics.
+
+Before the loop the trainer puts everything that computes on `train.device`: the model, the frozen text tower, the
+distillation teacher (batches follow in train.step, the one place that moves them); it compiles the towers under
+`train.compile` and turns on activation checkpointing under `train.grad_checkpointing`.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any
 
 import torch
 
+from sharpclip import devices
 from sharpclip.config import TrainConfig
 from sharpclip.data.schema import Batch
 from sharpclip.losses import Objective
@@ -66,6 +71,14 @@ class Trainer:
         self.model, self.objective, self.loader, self.cfg = model, objective, loader, cfg
         self.run_dir, self.write_model, self.evaluate = Path(run_dir), write_model, evaluate
         self.ckpt_dir = self.run_dir / "checkpoints"
+        self.device = devices.resolve_device(cfg.device, "train.device")
+        devices.check_precision(cfg.precision, self.device, "train.precision")
+        if self.device.type == "cuda":
+            devices.set_tf32(cfg.tf32)
+        model.to(self.device)
+        for frozen in (frozen_text, getattr(encoder, "teacher", None)):
+            if frozen is not None:
+                frozen.to(self.device)
         self.encoder = encoder or FeatureEncoder(model, objective.feature_keys, frozen_text, self._autocast)
         self.micro = cfg.micro_batch_size
         self.optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, cfg.module_lr)
@@ -82,6 +95,9 @@ class Trainer:
         self.logger = RunLogger(self.run_dir, self.is_main, cfg.tensorboard, cfg.wandb)
         if cfg.grad_checkpointing:  # transformers' activation checkpointing of every tower layer
             getattr(model, "hf_model", model).activation_checkpointing_enable({"use_reentrant": False})
+        self._compiling = cfg.compile  # until the first step has run compiled
+        if cfg.compile:
+            compile_towers(model)
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.cfg.precision != "bf16":
@@ -91,6 +107,9 @@ class Trainer:
 
     # -- the loop ---------------------------------------------------------------------------------------------
     def fit(self) -> TrainerState:
+        log.info("device %s, precision %s%s%s", devices.describe(self.device), self.cfg.precision,
+                 ", TF32 matmuls" if self.device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32 else "",
+                 ", towers compiled" if self.cfg.compile else "")  # fmt: skip
         log.info(
             "training %d steps, objective %r, accumulation %s: %d-row contrastive matrix from micro-batches of %d",
             self.total_steps, self.objective, self.cfg.accumulation, self._matrix_rows(), self.micro,
@@ -114,7 +133,7 @@ class Trainer:
         self.loader.set_epoch(self.state.epoch)
         batches = iter(self.loader)
         if self._resume_rng is not None:  # after the iterator drew its seed (see resume)
-            checkpoint.set_rng_state(self._resume_rng)
+            checkpoint.set_rng_state(self._resume_rng, self.device)
             self._resume_rng = None
         saturated = []
         for batch in self._steps(batches):
@@ -170,7 +189,7 @@ class Trainer:
             self._diagnose(batch)
         start = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
-        result = run_step(self.encoder, self.objective, batch, self.micro, self.cfg.accumulation)
+        result = self._run_step(batch)
         distributed.average_gradients(self.params)
         max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
@@ -199,6 +218,20 @@ class Trainer:
         self.logger.step(record)
         return record
 
+    def _run_step(self, batch: Batch):
+        if not self._compiling:
+            return run_step(self.encoder, self.objective, batch, self.micro, self.cfg.accumulation)
+        try:  # torch.compile fails lazily, at the first call of a compiled tower: say what to do
+            result = run_step(self.encoder, self.objective, batch, self.micro, self.cfg.accumulation)
+        except Exception as err:
+            reason = (str(err).strip().splitlines() or [""])[0][:300]
+            raise RuntimeError(
+                f"train.compile: torch.compile could not compile the towers on {self.device} "
+                f"({type(err).__name__}: {reason}); train without it: train.compile=false"
+            ) from err
+        self._compiling = False
+        return result
+
     def _skip(self, batch: Batch, loss: float, grad_norm: float) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         self.state.bad_steps += 1
@@ -224,7 +257,7 @@ class Trainer:
             training_state = {
                 "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(),
-                "rng": checkpoint.rng_state(),
+                "rng": checkpoint.rng_state(self.device),
             }
             trainer_state = {**asdict(self.state), "loader": self.loader.state_dict()}
             path = checkpoint.save(self.ckpt_dir, self.state.step, self.write_model, training_state, trainer_state)
@@ -246,3 +279,13 @@ class Trainer:
         self.state = TrainerState(**trainer_state)
         self._resume_rng = training["rng"]
         log.info("resumed from %s at step %d (epoch %d)", path, self.state.step, self.state.epoch)
+
+
+def compile_towers(model: DualEncoder) -> None:
+    """`torch.compile` the vision and text towers in place (parameter names, hence checkpoints, unchanged).
+
+    Only the towers: the losses and the cached-gradient bookkeeping around them change shape with every batch
+    layout, and their cost is small. Compilation itself happens at the first step (see `Trainer._run_step`).
+    """
+    for tower in (model.vision_model, model.text_model):
+        tower.compile()

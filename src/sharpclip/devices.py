@@ -1,0 +1,105 @@
+"""Which device a run computes on, and what that device can do: the one place that interprets `train.device`,
+`eval.device`, `train.precision` against the machine, and `data.num_workers: auto` against the cores.
+
+    device = resolve_device(cfg.train.device, "train.device")    # auto -> cuda:<LOCAL_RANK> if CUDA, else cpu
+    check_precision(cfg.train.precision, device, "train.precision")
+    workers = resolve_num_workers(cfg.data.num_workers)           # auto -> this rank's cores, at most 8
+
+Every other module is device-agnostic: it takes a device (or reads the model's) and never guesses one. Errors are
+`ConfigError`s naming the key and what the machine offers, so `sharpclip train` prints one line.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from sharpclip.config import DEVICE_SPEC, ConfigError
+
+AUTO = "auto"
+MAX_AUTO_WORKERS = 8  # beyond this, decoding stops being the bottleneck for one GPU and start-up costs grow
+
+
+def check_device_spec(spec: str, key: str) -> None:
+    """Syntax only (config load time): `auto`, `cpu`, `cuda` or `cuda:N`."""
+    if not DEVICE_SPEC.match(spec):
+        raise ConfigError(f"{key}: {spec!r} is not a device; use auto, cpu, cuda or cuda:N")
+
+
+def local_rank() -> int:
+    """This process's index on its node (torchrun's LOCAL_RANK; 0 when not launched by torchrun)."""
+    return int(os.environ.get("LOCAL_RANK", 0))
+
+
+def available_devices() -> str:
+    """What this machine offers, for error messages: 'cpu' or 'cpu, cuda:0 .. cuda:N-1 (<name>)'."""
+    if not torch.cuda.is_available():
+        return "cpu only (torch.cuda.is_available() is False)"
+    n = torch.cuda.device_count()
+    return f"cpu, cuda:0 .. cuda:{n - 1} ({torch.cuda.get_device_name(0)})"
+
+
+def resolve_device(spec: str, key: str, rank_on_node: int | None = None) -> torch.device:
+    """The torch device `spec` names on this machine; `auto` is `cuda:<LOCAL_RANK>` with CUDA, else `cpu`.
+
+    `cuda` without an index means this rank's GPU (`cuda:<LOCAL_RANK>`), as torchrun runs one process per GPU.
+    Raises `ConfigError` naming `key` when CUDA is absent or the index is past the GPUs there are.
+    """
+    check_device_spec(spec, key)
+    rank_on_node = local_rank() if rank_on_node is None else rank_on_node
+    if spec == AUTO:
+        spec = "cuda" if torch.cuda.is_available() else "cpu"
+    if spec == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError(f"{key}: {spec!r} but this machine has no usable CUDA; available: {available_devices()}")
+    index = int(spec.split(":")[1]) if ":" in spec else rank_on_node
+    if index >= torch.cuda.device_count():
+        raise ConfigError(
+            f"{key}: cuda:{index} does not exist (local rank {rank_on_node}); available: {available_devices()}"
+        )
+    return torch.device("cuda", index)
+
+
+def check_precision(precision: str, device: torch.device, key: str) -> None:
+    """bf16 needs a GPU that has it (Ampere or later); the CPU autocasts to bf16 everywhere torch runs."""
+    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        name = torch.cuda.get_device_name(device)
+        raise ConfigError(f"{key}: bf16 is not supported on {device} ({name}); use {key}=fp32")
+
+
+def set_tf32(enabled: bool) -> None:
+    """TF32 tensor-core matmuls and convolutions on CUDA (10-bit mantissa inputs, fp32 accumulation)."""
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+
+
+def cores_for_this_rank() -> int:
+    """CPU cores this process may run on (its affinity mask), shared evenly by the ranks on this node."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        cores = os.cpu_count() or 1
+    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    return max(1, cores // ranks_here)
+
+
+def resolve_num_workers(value: int | str, key: str = "data.num_workers") -> int:
+    """`auto`: this rank's cores, at most 8; an integer (or its string) as given."""
+    if value == AUTO:
+        return min(MAX_AUTO_WORKERS, cores_for_this_rank())
+    try:
+        workers = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key}: {value!r} is neither auto nor a number of worker processes") from None
+    if workers < 0:
+        raise ConfigError(f"{key}: must be auto or >= 0, got {workers}")
+    return workers
+
+
+def describe(device: torch.device) -> str:
+    """'cuda:0 (NVIDIA H100 80GB HBM3)' or 'cpu (N threads)', for the log."""
+    if device.type == "cuda":
+        return f"{device} ({torch.cuda.get_device_name(device)})"
+    return f"{device} ({torch.get_num_threads()} threads)"
