@@ -42,7 +42,7 @@ def test_clip_clean_matches_open_clips_rule(raw: str, expected: str) -> None:
 
 def test_token_ids_equal_open_clips_on_typographic_quotes_and_html_entities() -> None:
     tok = build_word_tokenizer(["the encoder's output", "cats & dogs", "quoted"])
-    tokenize = TextTokenizer(tok, 16)
+    tokenize = TextTokenizer(tok, 16, pad_to_context=True)  # full padding, to compare with max_length below
     raw = ["The encoder’s output", "cats &amp;amp; dogs", "“quoted”"]
     expected = ["the encoder's output", "cats & dogs", '"quoted"']  # open_clip's cleaned and lowercased text
     ids, mask = tokenize(raw)
