@@ -28,6 +28,7 @@ from sharpclip.data.schema import (
     PairSample,
     Sample,
 )
+from sharpclip.data.stream import StreamLoader
 from sharpclip.data.transforms import ClipImageTransform, TextTokenizer
 
 __all__ = [
@@ -124,14 +125,28 @@ def build_loader(
     world_size: int = 1,
     seed: int = 0,
     train: bool | None = None,
-) -> SampleLoader:
+) -> SampleLoader | StreamLoader:
     """A DataLoader of `Batch`es for `split`; this rank's share of every epoch, deterministic per seed and epoch.
 
     train: shuffle and drop the last partial batch (default: split == cfg.train_split); evaluation keeps release
-    order and every row. batch_size: rows per batch on this rank (an edit pair is two rows).
+    order and every row. batch_size: rows per batch on this rank (an edit pair is two rows). `data.augment` (random
+    resized crop, colour jitter) applies to training only. webdataset shards stream (data.stream: `StreamLoader`).
     """
     train = split == cfg.train_split if train is None else train
-    dataset = build_dataset(cfg, split, image_transform, seed)
+    transform = image_transform or ClipImageTransform(cfg.image_size, cfg.image_mean, cfg.image_std)
+    if train and cfg.augment.enabled:  # open_clip's --aug-cfg; never for evaluation
+        from sharpclip.data.augment import AugmentedTransform
+
+        transform = AugmentedTransform(transform, cfg.augment, seed)
+    if cfg.format == "webdataset":  # streamed, not indexed: data.stream
+        from sharpclip.data.stream import build_stream_loader
+
+        tokenize = TextTokenizer(tokenizer if tokenizer is not None else default_tokenizer(cfg), cfg.context_length)
+        return build_stream_loader(
+            cfg, split, tokenize, batch_size=batch_size, image_transform=transform, rank=rank,
+            world_size=world_size, seed=seed, train=train,
+        )  # fmt: skip
+    dataset = build_dataset(cfg, split, transform, seed)
     sampler = GroupBatchSampler(
         [r.unit for r in dataset.rows],
         batch_size,
