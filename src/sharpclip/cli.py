@@ -174,21 +174,25 @@ def _add_validate_data(sub: argparse._SubParsersAction) -> None:
 def _add_eval(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="evaluate a model on benchmark suites: JSON + markdown report and eval manifest")
     _config_args(p, "eval.recall_k=[1,5,10]")
-    p.add_argument("--model", help="model to evaluate (sets model.name): tiny preset, checkpoint or HF folder")
+    p.add_argument("--model", help="model to evaluate (sets model.name): a run directory (its newest complete "
+                   "checkpoint), a checkpoint, an HF or open_clip folder, or a tiny preset")  # fmt: skip
+    p.add_argument("--best", action="store_true", help="a run directory's best checkpoint (best.json), not its newest")
     p.add_argument("--suite", help="comma-separated suites, e.g. docci,urban1k,mmvp (sets eval.suites)")
     p.add_argument("--data-root", help="folder holding one sub-folder per suite (sets eval.data_root)")
     p.add_argument("--out", help="report folder (sets eval.output_dir)")
 
     def run(args: argparse.Namespace) -> int:
         from sharpclip.eval.suite import run_eval
+        from sharpclip.models.export import ExportError, model_source
 
-        flags = {"model.name": args.model, "eval.data_root": args.data_root, "eval.output_dir": args.out}
-        overrides = [f"{k}={v}" for k, v in flags.items() if v is not None]
-        if args.suite:
-            overrides.append(f"eval.suites=[{args.suite}]")
         try:
+            model, out = model_source(args.model, args.best) if args.model else (None, None)
+            flags = {"model.name": model, "eval.data_root": args.data_root, "eval.output_dir": args.out or out}
+            overrides = [f"{k}={v}" for k, v in flags.items() if v is not None]
+            if args.suite:
+                overrides.append(f"eval.suites=[{args.suite}]")
             paths = run_eval(_load(args, overrides))
-        except (OSError, ValueError) as err:  # missing benchmark files, unknown suite, malformed records
+        except (OSError, ValueError, ExportError) as err:  # no checkpoint, missing benchmark files, unknown suite
             print(f"sharpclip eval: {err}", file=sys.stderr)
             return 2
         print(paths[1].read_text(), end="")

@@ -21,7 +21,8 @@ from typing import Any
 import torch
 
 from sharpclip.config import DataConfig, EvalConfig
-from sharpclip.eval import pair_data, pairs
+from sharpclip.data.formats.hf import resolve_hub_folder
+from sharpclip.eval import pair_data, pair_hub, pairs
 from sharpclip.eval.embed import CachedEmbedder, Embedder, ModelEmbedder
 from sharpclip.eval.manifest import dataset_record
 from sharpclip.eval.pair_data import ChoiceSet
@@ -75,7 +76,7 @@ DATASETS: dict[str, Reader] = {
     "synth_mmvp": lambda root, cfg, data: pair_data.read_synth_mmvp(root),
     "mmvp": lambda root, cfg, data: pair_data.read_mmvp(root),
     "winoground": lambda root, cfg, data: pair_data.read_winoground(root),
-    "sugarcrepe": lambda root, cfg, data: pair_data.read_sugarcrepe(root),
+    "sugarcrepe": lambda root, cfg, data: pair_hub.read_sugarcrepe_any(root),  # hub parquet or release JSON
     "aro_relation": lambda root, cfg, data: pair_data.read_aro(root, "relation"),
     "aro_attribution": lambda root, cfg, data: pair_data.read_aro(root, "attribution"),
     "zeroshot": _zeroshot,
@@ -107,6 +108,7 @@ def load_eval_set(name: str, cfg: EvalConfig, data: DataConfig | None = None) ->
     if name not in DATASETS:
         raise ValueError(f"eval suite {name!r} is unknown; choose from {', '.join(sorted(DATASETS))}")
     root = Path(cfg.data_root) if name == "retrieval" else suite_root(name, cfg)  # "retrieval" reads data.root
+    root = resolve_hub_folder(root)  # a hub cache folder (datasets--owner--name) reads its newest snapshot
     return DATASETS[name](root, cfg, data)
 
 
