@@ -244,6 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Fine-tune CLIP-style image-text models to tell near-duplicate images and captions apart.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"sharpclip {_version()}")
     for add in (
         _add_config,
         _add_train,
@@ -257,6 +258,12 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         add(sub)
     return parser
+
+
+def _version() -> str:
+    from sharpclip import __version__
+
+    return __version__
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -250,6 +250,8 @@ class TrainConfig:
     progress: bool = True
     tensorboard: bool = False
     wandb: bool = False
+    wandb_project: str = "sharpclip"
+    wandb_name: str = ""  # the W&B run name; default: the run directory's name
 
     def __post_init__(self) -> None:
         _check_choice("train.accumulation", self.accumulation, ("exact", "per_micro_batch"))
