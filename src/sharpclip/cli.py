@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def _config_args(p: argparse.ArgumentParser, example: str = "train.lr=1e-4") -> None:
@@ -171,6 +172,18 @@ def _add_validate_data(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
+def _eval_config(args: argparse.Namespace, overrides: list[str], run_out: str | None):
+    """A run directory's own resolved config (its data, for suite `retrieval`) when no recipe is given; else the
+    recipes and overrides as usual."""
+    from sharpclip.config import split_args
+    from sharpclip.train.run import RESOLVED_CONFIG, load_run_config
+
+    files, extra = split_args(args.config_args)
+    if run_out is not None and not files and (Path(args.model) / RESOLVED_CONFIG).is_file():
+        return load_run_config(args.model, extra + overrides)
+    return _load(args, overrides)
+
+
 def _add_eval(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="evaluate a model on benchmark suites: JSON + markdown report and eval manifest")
     _config_args(p, "eval.recall_k=[1,5,10]")
@@ -191,7 +204,7 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
             overrides = [f"{k}={v}" for k, v in flags.items() if v is not None]
             if args.suite:
                 overrides.append(f"eval.suites=[{args.suite}]")
-            paths = run_eval(_load(args, overrides))
+            paths = run_eval(_eval_config(args, overrides, out))
         except (OSError, ValueError, ExportError) as err:  # no checkpoint, missing benchmark files, unknown suite
             print(f"sharpclip eval: {err}", file=sys.stderr)
             return 2

@@ -144,3 +144,32 @@ def test_eval_of_a_run_directory_uses_its_newest_or_best_checkpoint(tmp_path, ca
     assert json.loads((run / "eval" / "eval_manifest.json").read_text())["model"]["name"].endswith("step-000002")
     assert main(["eval", "--model", "tiny-clip", "--best", "--suite", "urban1k"]) == 2
     assert "--best picks a checkpoint of a run directory" in capsys.readouterr().err
+
+
+def generic_pairs(root: Path, split: str = "val") -> Path:
+    """A generic-format folder: `<split>.jsonl` with two image-caption pairs and their images."""
+    root.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i, colour in enumerate(["red", "blue"]):
+        (root / f"{i}.jpg").write_bytes(_jpeg(colour))
+        rows.append({"image": f"{i}.jpg", "caption": f"picture number {i}"})
+    (root / f"{split}.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return root
+
+
+def test_eval_of_a_run_directory_reads_the_runs_own_data_config(tmp_path):
+    from sharpclip.cli import main
+    from sharpclip.config import ModelConfig, load_config, to_yaml
+    from sharpclip.models import create_model, save_checkpoint
+    from sharpclip.train import checkpoint
+
+    data = generic_pairs(tmp_path / "data")
+    run = tmp_path / "run"
+    cfg = ModelConfig(name="tiny-clip")
+    model = create_model(cfg)
+    checkpoint.save(run / "checkpoints", 3, lambda d: save_checkpoint(model, d, cfg), {}, {"step": 3})
+    resolved = load_config(None, ["data.format=generic", f"data.root={data}", "data.eval_split=val"])
+    (run / "config.yaml").write_text(to_yaml(resolved))  # what run_train writes
+    assert main(["eval", "--model", str(run), "--suite", "retrieval", "eval.progress=false"]) == 0
+    report = json.loads((run / "eval" / "eval_report.json").read_text())
+    assert report["retrieval"]["images"] == 2
