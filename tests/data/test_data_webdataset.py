@@ -53,6 +53,7 @@ def img2dataset(root: Path, shards: int, per_shard: int, json_caption: bool = Fa
             keys.append(key)
         write_shard(root / f"{s:05d}.tar", members)
         (root / f"{s:05d}_stats.json").write_text(json.dumps({"count": per_shard, "successes": per_shard}))
+        (root / f"{s:05d}.parquet").write_bytes(b"PAR1")  # img2dataset's per-shard metadata table (not read)
     return keys
 
 
@@ -68,6 +69,13 @@ def test_img2dataset_output_reads_as_is_txt_caption_and_json_fields(tmp_path):
     img2dataset(tmp_path / "j", 1, 2, json_caption=True)
     first = read_samples(cfg(tmp_path / "j"), "train")[0]
     assert (first.caption, first.short_caption, first.group) == ("a photo of sample 000000000", "short", "0")
+
+
+def test_img2dataset_folder_is_detected_as_webdataset_despite_its_parquet_files(tmp_path):
+    from sharpclip.data.validate import detect_format
+
+    img2dataset(tmp_path, 1, 1)
+    assert detect_format(tmp_path) == "webdataset"
 
 
 def test_brace_patterns_and_lists_of_patterns_select_shards(tmp_path):

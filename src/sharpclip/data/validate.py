@@ -114,11 +114,11 @@ def detect_format(path: Path) -> str:
     path = resolve_hub_folder(path)
     if is_save_to_disk(path):
         return "hf"
+    if list(path.glob("*.tar")) or list(path.glob("*/*.tar")):  # before parquet: img2dataset writes both
+        return "webdataset"
     parquet = sorted(path.glob("*.parquet")) or sorted(path.glob("data/*.parquet")) or sorted(path.glob("*/*.parquet"))
     if parquet:
         return _parquet_format(parquet)
-    if list(path.glob("*.tar")) or list(path.glob("*/*.tar")):
-        return "webdataset"
     return "generic"
 
 

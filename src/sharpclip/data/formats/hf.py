@@ -79,6 +79,15 @@ def _columns(names: list[str], cfg: DataConfig, where: Path) -> list[str]:
     return [cfg.caption_field, *(c for c in optional if c in names)]
 
 
+def _pyarrow():
+    try:
+        import pyarrow
+        import pyarrow.parquet
+    except ImportError as err:
+        raise ImportError("data.format: hf reads with pyarrow: pip install 'sharpclip[parquet]'") from err
+    return pyarrow
+
+
 def _image_kind(schema, column: str) -> str:
     import pyarrow as pa
 
@@ -89,9 +98,7 @@ def _image_kind(schema, column: str) -> str:
 
 
 def _parquet_rows(path: Path, cfg: DataConfig, report: BadSampleReport) -> Iterator[tuple[str, dict, ImageSource]]:
-    import pyarrow.parquet as pq  # pip install 'sharpclip[parquet]'
-
-    pf = pq.ParquetFile(report.read_file(path))
+    pf = _pyarrow().parquet.ParquetFile(report.read_file(path))
     text = _columns(pf.schema_arrow.names, cfg, path)
     kind = _image_kind(pf.schema_arrow, cfg.image_field)
     read = text + ([cfg.image_field] if kind == "path" else [])
@@ -104,8 +111,7 @@ def _parquet_rows(path: Path, cfg: DataConfig, report: BadSampleReport) -> Itera
 
 
 def _arrow_rows(path: Path, cfg: DataConfig, report: BadSampleReport) -> Iterator[tuple[str, dict, ImageSource]]:
-    import pyarrow as pa
-
+    pa = _pyarrow()
     table = pa.ipc.open_stream(pa.memory_map(str(report.read_file(path)))).read_all()
     text = _columns(table.schema.names, cfg, path)
     kind = _image_kind(table.schema, cfg.image_field)
