@@ -183,3 +183,17 @@ def test_lone_safetensors_says_what_was_assumed_and_honours_model_activation(tmp
     assert quick.hf_model.config.text_config.hidden_act == "quick_gelu"
     gelu = create_model(ModelConfig(name=str(path), activation="gelu"))
     assert gelu.hf_model.config.vision_config.hidden_act == "gelu"
+
+
+def test_custom_text_clip_keys_with_a_linear_projection_convert_the_same(tmp_path) -> None:
+    """CustomTextCLIP (custom_text: true) stores its own text transformer under `text.`, the projection as a Linear."""
+    folder, sd = write_folder(tmp_path, {**model_cfg(False), "custom_text": True})
+    text_keys = [k for k in sd if not k.startswith("visual.") and k != "logit_scale"]
+    custom = {k: v for k, v in sd.items() if k not in text_keys}
+    custom |= {f"text.{k}": v for k, v in sd.items() if k in text_keys and k != "text_projection"}
+    custom["text.text_projection.weight"] = sd["text_projection"].T.contiguous()
+    save_file(custom, str(folder / "open_clip_model.safetensors"))
+    model = create_model(ModelConfig(name=str(folder)))
+    with torch.no_grad():
+        txt = model.encode_text(_ids()).embedding
+    torch.testing.assert_close(txt, ref_text(sd, _ids(), quick=False), atol=2e-5, rtol=0)

@@ -175,17 +175,17 @@ def validate(
     report = BadSampleReport("skip")
     rep = ValidationReport(cfg.format, str(data_root(cfg)), split)
     if cfg.format == "webdataset":  # streamed shard by shard: images are decoded and dropped, never all held
-        images, captions, digests, bad = _stream_shards(cfg, split, rep, report)
+        rep.images, captions, digests, bad = _stream_shards(cfg, split, rep, report)
     else:
         samples = read_samples(cfg, split, report)
         rep.samples = len(samples)
         images, captions = _images_and_captions(samples)
-        bad = list(report.items)
+        rep.images, bad = len(images), list(report.items)
         digests = [hashlib.sha1(b).hexdigest() for b in (_check_image(s, x, bad) for s, x in images) if b is not None]
     if not rep.samples and not bad:
         bad.append(BadSample(rep.root, "-", f"missing file: no {cfg.format} samples for split {split!r}; "
                                             "check the path, --format and --split"))  # fmt: skip
-    rep.images, rep.captions = images if isinstance(images, int) else len(images), len(captions)
+    rep.captions = len(captions)
     rep.errors = [str(b) for b in bad]
     rep.error_counts = dict(Counter(b.reason.split(":")[0] for b in bad))
     repeated = {t: n for t, n in Counter(captions).items() if n > 1}
