@@ -17,8 +17,9 @@ from sharpclip.train.trainer import Trainer
 
 def test_every_record_counts_epochs_from_zero_evaluations_included(tmp_path):
     model = toy_model()
-    cfg = train_config(str(tmp_path / "run"), epochs=2, batch_size=16)
-    loader = ToyLoader(model.tokenizer, n=32, batch_size=16)
+    cfg = train_config(str(tmp_path / "run"), epochs=2, batch_size=8, micro_batch_size=8, warmup_steps=0,
+                       accumulation="per_micro_batch")  # fmt: skip
+    loader = ToyLoader(model.tokenizer, n=16, batch_size=8)
     objective = build_objective(LossConfig(terms={"c": TermConfig("infonce")}))
     write = lambda d: save_checkpoint(model, d, ModelConfig())  # noqa: E731
     trainer = Trainer(model, objective, loader, cfg, tmp_path / "run", write, evaluate=lambda m: {"mean_R@1": 1.0})
