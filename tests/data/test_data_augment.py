@@ -46,6 +46,17 @@ def test_augmented_transform_keeps_shape_and_normalisation_and_varies():
     assert not torch.equal(outs[0], outs[1]) and not torch.equal(outs[0], base(image))
 
 
+def test_draws_follow_pythons_generator_so_a_restored_state_repeats_them():
+    aug = AugmentedTransform(ClipImageTransform(16), AugmentConfig(enabled=True, scale=[0.2, 0.5]))
+    image = Image.effect_noise((40, 30), 80).convert("RGB")
+    random.seed(7)
+    first = aug(image)
+    state = random.getstate()  # what a checkpoint stores (train.checkpoint.rng_state)
+    second = aug(image)
+    random.setstate(state)
+    assert torch.equal(aug(image), second) and not torch.equal(first, second)
+
+
 def test_off_by_default_and_never_in_evaluation():
     assert AugmentConfig().enabled is False
     plain = next(iter(build_loader(cfg_for("karpathy", image_size=8), "test", TOK, batch_size=2, train=False)))

@@ -94,6 +94,15 @@ def test_save_to_disk_folder_memory_maps_and_falls_back_to_the_path(tmp_path):
         read_samples(cfg(root), "test")
 
 
+def test_a_single_saved_dataset_is_only_its_own_split(tmp_path):
+    root = save_to_disk(tmp_path / "saved") / "train"  # a Dataset (not a DatasetDict) saved from split train
+    state = json.loads((root / "state.json").read_text())
+    (root / "state.json").write_text(json.dumps({**state, "_split": "train"}))
+    assert len(read_samples(cfg(root), "train")) == 3
+    with pytest.raises(ValueError, match="holds split 'train', not 'test'"):
+        read_samples(cfg(root), "test")
+
+
 def test_missing_columns_name_the_config_keys(tmp_path):
     root = hub_parquet(tmp_path / "hub")
     with pytest.raises(ValueError, match=r"no column 'caption'.*data.caption_field"):

@@ -137,7 +137,7 @@ def build_loader(
     if train and cfg.augment.enabled:  # open_clip's --aug-cfg; never for evaluation
         from sharpclip.data.augment import AugmentedTransform
 
-        transform = AugmentedTransform(transform, cfg.augment, seed)
+        transform = AugmentedTransform(transform, cfg.augment)
     if cfg.format == "webdataset":  # streamed, not indexed: data.stream
         from sharpclip.data.stream import build_stream_loader
 

@@ -7,15 +7,17 @@ draws, else the largest centred box within `ratio` (the rule torchvision's Rando
 resized to size × size with the model's resample filter and normalised with its mean/std. Colour jitter (with
 probability `color_jitter_prob`): brightness, contrast, saturation and hue factors drawn uniformly in [1 - s, 1 + s]
 (hue: a shift in [-s, s] of the hue circle), applied in a random order; greyscale with probability
-`gray_scale_prob`. Draws come from a generator seeded per (seed, epoch, process), so a run is repeatable.
+`gray_scale_prob`. Draws come from Python's global generator: in a DataLoader worker torch seeds it per worker and
+epoch from the run's seed, and in the main process the checkpoint saves and restores it, so a run and its resume
+draw the same crops.
 Evaluation never uses this: only `build_loader(..., train=True)` wraps the model's transform.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import random
+from types import ModuleType
 
 import numpy as np
 import torch
@@ -27,7 +29,7 @@ from sharpclip.data.images import to_rgb
 from sharpclip.data.transforms import ClipImageTransform
 
 
-def crop_box(width: int, height: int, scale, ratio, rng: random.Random) -> tuple[int, int, int, int]:
+def crop_box(width: int, height: int, scale, ratio, rng: random.Random | ModuleType) -> tuple[int, int, int, int]:
     """(left, top, right, bottom) of a random crop with area share in `scale` and aspect ratio in `ratio`."""
     area = width * height
     log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
@@ -55,7 +57,7 @@ def _hue_shift(image: Image.Image, shift: float) -> Image.Image:
     return Image.fromarray(hsv, "HSV").convert("RGB")
 
 
-def color_jitter(image: Image.Image, strengths, rng: random.Random) -> Image.Image:
+def color_jitter(image: Image.Image, strengths, rng: random.Random | ModuleType) -> Image.Image:
     """Brightness, contrast, saturation (factors in [1-s, 1+s]) and hue (shift in [-s, s]) in a random order."""
     ops = []
     for enhancer, s in zip(
@@ -76,10 +78,8 @@ def color_jitter(image: Image.Image, strengths, rng: random.Random) -> Image.Ima
 class AugmentedTransform:
     """The model's preprocessing with a random resized crop (and colour jitter) in place of resize + centre crop."""
 
-    def __init__(self, base: ClipImageTransform, cfg: AugmentConfig, seed: int = 0):
-        self.base, self.cfg, self.seed = base, cfg, seed
-        self._rng: random.Random | None = None
-        self._pid = -1
+    def __init__(self, base: ClipImageTransform, cfg: AugmentConfig):
+        self.base, self.cfg = base, cfg
 
     @property
     def interpolation(self) -> str:
@@ -87,17 +87,9 @@ class AugmentedTransform:
         crop, jitter = self.cfg.scale, self.cfg.color_jitter
         return f"{self.base.interpolation}; training: random resized crop of area {crop}, colour jitter {jitter}"
 
-    def rng(self) -> random.Random:
-        """A generator per process (each DataLoader worker draws its own stream, seeded by its pid)."""
-        if self._rng is None or self._pid != os.getpid():
-            self._pid = os.getpid()
-            worker = torch.utils.data.get_worker_info()
-            self._rng = random.Random(f"{self.seed}:{worker.seed if worker is not None else 0}")
-        return self._rng
-
     def __call__(self, image: Image.Image) -> Tensor:
         """RGB → random crop → size × size → jitter / greyscale → normalised (3, size, size) float32."""
-        rng, size = self.rng(), self.base.size
+        rng, size = random, self.base.size  # the global generator (see the module docstring)
         image = to_rgb(image)
         box = crop_box(*image.size, self.cfg.scale, self.cfg.ratio, rng)
         image = image.resize((size, size), self.base.resample, box=box)

@@ -65,6 +65,12 @@ def _arrow_files(root: Path, split: str) -> list[Path]:
             raise ValueError(f"{root}: split {split!r} not in this DatasetDict (it has {', '.join(splits)})")
         folder = root / split
     state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
+    saved = state.get("_split")
+    if folder == root and saved and saved != split:  # one Dataset, saved from one split: not another split's data
+        raise ValueError(
+            f"{root}: this save_to_disk Dataset holds split {saved!r}, not {split!r}; save the other split too "
+            "(DatasetDict.save_to_disk) or set data.train_split / data.eval_split (train.eval_every=0: no validation)"
+        )
     return [folder / f["filename"] for f in state.get("_data_files", [])]
 
 
