@@ -111,8 +111,8 @@ def _from_openai(path: Path, cfg: ModelConfig) -> HFDualEncoder:
         "%s. Override with model.activation=gelu|quick_gelu (open_clip models not trained by OpenAI use gelu) and "
         "model.processor=<folder with the image processor>, or load the open_clip folder (model.name=<folder>)",
         path, open_clip.CONFIG, activation, "" if cfg.activation else " (OpenAI's)",
-        f"the preprocessing of {cfg.processor}" if processor is not None else "CLIP's preprocessing (224-px "
-        "crop from the weights' grid, OpenAI mean/std)",
+        f"the preprocessing of {cfg.processor}" if processor is not None else "CLIP's preprocessing at the "
+        "weights' image size (bicubic, centre crop, OpenAI mean/std)",
     )  # fmt: skip
     if tokenizer is not None:
         tokenizer.model_max_length = backbone.config.text_config.max_position_embeddings
