@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def _config_args(p: argparse.ArgumentParser, example: str = "train.lr=1e-4") -> None:
@@ -207,24 +208,40 @@ def _add_validate_data(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
+def _eval_config(args: argparse.Namespace, overrides: list[str], run_out: str | None):
+    """A run directory's own resolved config (its data, for suite `retrieval`) when no recipe is given; else the
+    recipes and overrides as usual."""
+    from sharpclip.config import split_args
+    from sharpclip.train.run import RESOLVED_CONFIG, load_run_config
+
+    files, extra = split_args(args.config_args)
+    if run_out is not None and not files and (Path(args.model) / RESOLVED_CONFIG).is_file():
+        return load_run_config(args.model, extra + overrides)
+    return _load(args, overrides)
+
+
 def _add_eval(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="evaluate a model on benchmark suites: JSON + markdown report and eval manifest")
     _config_args(p, "eval.recall_k=[1,5,10]")
-    p.add_argument("--model", help="model to evaluate (sets model.name): tiny preset, checkpoint or HF folder")
+    p.add_argument("--model", help="model to evaluate (sets model.name): a run directory (its newest complete "
+                   "checkpoint), a checkpoint, an HF or open_clip folder, or a tiny preset")  # fmt: skip
+    p.add_argument("--best", action="store_true", help="a run directory's best checkpoint (best.json), not its newest")
     p.add_argument("--suite", help="comma-separated suites, e.g. docci,urban1k,mmvp (sets eval.suites)")
     p.add_argument("--data-root", help="folder holding one sub-folder per suite (sets eval.data_root)")
     p.add_argument("--out", help="report folder (sets eval.output_dir)")
 
     def run(args: argparse.Namespace) -> int:
         from sharpclip.eval.suite import run_eval
+        from sharpclip.models.export import ExportError, model_source
 
-        flags = {"model.name": args.model, "eval.data_root": args.data_root, "eval.output_dir": args.out}
-        overrides = [f"{k}={v}" for k, v in flags.items() if v is not None]
-        if args.suite:
-            overrides.append(f"eval.suites=[{args.suite}]")
         try:
-            paths = run_eval(_load(args, overrides))
-        except (OSError, ValueError) as err:  # missing benchmark files, unknown suite, malformed records
+            model, out = model_source(args.model, args.best) if args.model else (None, None)
+            flags = {"model.name": model, "eval.data_root": args.data_root, "eval.output_dir": args.out or out}
+            overrides = [f"{k}={v}" for k, v in flags.items() if v is not None]
+            if args.suite:
+                overrides.append(f"eval.suites=[{args.suite}]")
+            paths = run_eval(_eval_config(args, overrides, out))
+        except (OSError, ValueError, ExportError) as err:  # no checkpoint, missing benchmark files, unknown suite
             print(f"sharpclip eval: {err}", file=sys.stderr)
             return 2
         print(paths[1].read_text(), end="")
@@ -276,6 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Fine-tune CLIP-style image-text models to tell near-duplicate images and captions apart.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"sharpclip {_version()}")
     for add in (
         _add_config,
         _add_train,
@@ -290,6 +308,12 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         add(sub)
     return parser
+
+
+def _version() -> str:
+    from sharpclip import __version__
+
+    return __version__
 
 
 def main(argv: Sequence[str] | None = None) -> int:

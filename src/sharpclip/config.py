@@ -93,6 +93,7 @@ class ModelConfig:
     kind: str = "auto"  # auto | clip | siglip | siglip2 | open_clip; auto reads the folder's config.json
     vocabulary: str = ""  # tiny presets' word tokenizer: "" (built-in words) | synthdense | a file, one word a line
     processor: str = ""  # folder / cached hub id with the tokenizer + image processor when `name` has none
+    activation: str = ""  # an OpenAI-format file's MLP activation: "" (QuickGELU, OpenAI's) | quick_gelu | gelu
     context_length: int | None = None  # stretch text positions to this length (Long-CLIP rule) when set
     keep_positions: int = 20  # Long-CLIP: rows kept verbatim and frozen when stretching
     text_encoder: str = "absolute"  # absolute | rope (CLIP-IN §3.3: rotary text tower, from `sharpclip distill`)
@@ -107,6 +108,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         _check_choice("model.kind", self.kind, ("auto", "clip", "siglip", "siglip2", "open_clip"))
         _check_choice("model.text_encoder", self.text_encoder, ("absolute", "rope"))
+        _check_choice("model.activation", self.activation, ("", "quick_gelu", "gelu"))
 
 
 @dataclass
@@ -125,6 +127,34 @@ class SynthDenseConfig:
     edits: int = 2000  # instruction-edit pairs
     mmvp_pairs: int = 15  # image pairs per visual pattern
     workers: int = 2  # rendering processes
+
+
+@dataclass
+class AugmentConfig:
+    """Training-time image augmentation like open_clip's `--aug-cfg` (data.augment); off by default, never in eval.
+
+    The papers' recipes train on CLIP's centre crop, so every recipe leaves this off. On: a random crop of
+    `scale` × the image area and aspect ratio in `ratio` (log-uniform), resized to the model's size, then with
+    probability `color_jitter_prob` brightness / contrast / saturation / hue jitter of the given strengths, and
+    with probability `gray_scale_prob` greyscale.
+    """
+
+    enabled: bool = False
+    scale: list[float] = field(default_factory=lambda: [0.9, 1.0])  # open_clip's default crop area range
+    ratio: list[float] = field(default_factory=lambda: [0.75, 4 / 3])
+    color_jitter: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])  # brightness, contrast, sat., hue
+    color_jitter_prob: float = 0.8
+    gray_scale_prob: float = 0.0
+
+    def __post_init__(self) -> None:
+        if len(self.scale) != 2 or not 0 < self.scale[0] <= self.scale[1] <= 1:
+            raise ConfigError(f"data.augment.scale: expected [min, max] with 0 < min <= max <= 1, got {self.scale}")
+        if len(self.ratio) != 2 or not 0 < self.ratio[0] <= self.ratio[1]:
+            raise ConfigError(f"data.augment.ratio: expected [min, max] with 0 < min <= max, got {self.ratio}")
+        if len(self.color_jitter) != 4 or min(self.color_jitter) < 0 or self.color_jitter[3] > 0.5:
+            raise ConfigError(
+                f"data.augment.color_jitter: expected 4 strengths >= 0 (hue <= 0.5), got {self.color_jitter}"
+            )
 
 
 @dataclass
@@ -173,6 +203,11 @@ class DataConfig:
     id_field: str = "id"
     group_field: str = "group"
     synthdense: SynthDenseConfig = field(default_factory=SynthDenseConfig)
+    # streamed formats (webdataset): shards of the train split, epoch length, shuffle buffer (data.stream)
+    shards: list[str] = field(default_factory=list)  # brace patterns relative to data.root; empty: found by split
+    epoch_samples: int = 0  # samples per epoch over all ranks (0: one pass over the shards)
+    shuffle_buffer: int = 1000  # encoded samples each loader worker holds for shuffling (0: shard order only)
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
     # a second source of instruction-edit pairs joined to the training split (CLIP-IN stage 2: UltraEdit beside
     # long-caption pairs); empty: none. Its rows go through the same sampler, edit halves kept in one batch.
     edits_format: str = ""  # e.g. ultraedit
@@ -193,6 +228,8 @@ class DataConfig:
             raise ConfigError(f"data.num_workers: {self.num_workers!r} is neither auto nor a number >= 0")
         if self.prefetch_factor < 1:
             raise ConfigError(f"data.prefetch_factor: must be >= 1, got {self.prefetch_factor}")
+        if self.epoch_samples < 0 or self.shuffle_buffer < 0:
+            raise ConfigError("data.epoch_samples and data.shuffle_buffer must be >= 0")
 
 
 @dataclass
@@ -249,6 +286,8 @@ class TrainConfig:
     progress: bool = True
     tensorboard: bool = False
     wandb: bool = False
+    wandb_project: str = "sharpclip"
+    wandb_name: str = ""  # the W&B run name; default: the run directory's name
 
     def __post_init__(self) -> None:
         _check_choice("train.accumulation", self.accumulation, ("exact", "per_micro_batch"))

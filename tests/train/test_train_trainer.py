@@ -218,10 +218,24 @@ def test_tensorboard_and_wandb_sinks_receive_every_step(tmp_path, monkeypatch):
         def finish(self):
             calls["wandb_finished"] = True
 
+    def init(**kwargs):
+        calls.setdefault("init", []).append(kwargs)
+        return Run()
+
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=Writer))
-    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=lambda **kwargs: Run()))
-    trainer = _trainer(tmp_path, epochs=1, max_steps=2, tensorboard=True, wandb=True)
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init))
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text("train:\n  lr: 0.001\n")  # what run_train writes first
+    trainer = _trainer(tmp_path, epochs=1, max_steps=2, tensorboard=True, wandb=True, wandb_project="proj",
+                       diagnostics_every=1)  # fmt: skip
     trainer.fit()
-    assert ("loss", 1) in calls["tb"] and ("loss", 2) in calls["tb"] and calls["tb_closed"]
-    assert [step for _, step in calls["wandb"]][:2] == [1, 2] and "lr" in calls["wandb"][0][0]
+    assert ("train/loss", 1) in calls["tb"] and ("train/loss", 2) in calls["tb"] and calls["tb_closed"]
+    assert any(k.startswith("diag/") for k, _ in calls["tb"]) and all(k.split("/")[0] in ("train", "eval", "diag")
+                                                                      for k, _ in calls["tb"])  # fmt: skip
+    assert [step for keys, step in calls["wandb"] if "train/lr" in keys] == [1, 2]
     assert calls["wandb_finished"] and calls["tb_dir"].endswith("tensorboard")
+    first = calls["init"][0]
+    assert first["project"] == "proj" and first["name"] == "run" and first["config"] == {"train": {"lr": 0.001}}
+    assert first["resume"] == "allow" and len(first["id"]) == 16
+    _trainer(tmp_path, epochs=1, max_steps=2, wandb=True)  # the same run directory again, as --resume does
+    assert calls["init"][1]["id"] == first["id"]

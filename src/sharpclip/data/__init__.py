@@ -28,6 +28,7 @@ from sharpclip.data.schema import (
     PairSample,
     Sample,
 )
+from sharpclip.data.stream import StreamLoader
 from sharpclip.data.transforms import ClipImageTransform, TextTokenizer
 
 __all__ = [
@@ -148,11 +149,12 @@ def build_loader(
     train: bool | None = None,
     pin_memory: bool = False,
     pad_to_context: bool = False,
-) -> SampleLoader:
+) -> SampleLoader | StreamLoader:
     """A DataLoader of `Batch`es for `split`; this rank's share of every epoch, deterministic per seed and epoch.
 
     train: shuffle and drop the last partial batch (default: split == cfg.train_split); evaluation keeps release
-    order and every row. batch_size: rows per batch on this rank (an edit pair is two rows).
+    order and every row. batch_size: rows per batch on this rank (an edit pair is two rows). `data.augment` (random
+    resized crop, colour jitter) applies to training only. webdataset shards stream (data.stream: `StreamLoader`).
     pin_memory: batches in page-locked memory (training on CUDA), so the copy to the GPU overlaps compute.
     pad_to_context: captions padded to the full context, not the batch's longest (the model's `pads_to_context`).
     JPEG draft decoding (`data.jpeg_draft`) applies to training loaders, at the image transform's `size`.
@@ -160,6 +162,19 @@ def build_loader(
     train = split == cfg.train_split if train is None else train
     transform = image_transform if image_transform is not None else _config_transform(cfg)
     draft = getattr(transform, "size", None) if train and cfg.jpeg_draft else None
+    if train and cfg.augment.enabled:  # open_clip's --aug-cfg; never for evaluation
+        from sharpclip.data.augment import AugmentedTransform
+
+        transform = AugmentedTransform(transform, cfg.augment)
+    if cfg.format == "webdataset":  # streamed, not indexed: data.stream
+        from sharpclip.data.stream import build_stream_loader
+
+        tokenizer = tokenizer if tokenizer is not None else default_tokenizer(cfg)
+        return build_stream_loader(
+            cfg, split, TextTokenizer(tokenizer, cfg.context_length, pad_to_context), batch_size=batch_size,
+            image_transform=transform, rank=rank, world_size=world_size, seed=seed, train=train,
+            pin_memory=pin_memory,
+        )  # fmt: skip
     dataset = build_dataset(cfg, split, transform, seed, draft)
     sampler = GroupBatchSampler(
         [r.unit for r in dataset.rows],

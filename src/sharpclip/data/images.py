@@ -14,7 +14,7 @@ from typing import Any
 
 from PIL import Image
 
-from sharpclip.data.schema import ImageSource, ParquetCell
+from sharpclip.data.schema import ArrowCell, ImageSource, ParquetCell
 
 
 class ImageLoadError(OSError):
@@ -27,6 +27,8 @@ class ImageLoadError(OSError):
 
 def describe(source: ImageSource) -> str:
     """A short human name for an image source, for error messages and reports."""
+    if isinstance(source, ArrowCell):
+        return f"{source.file}[row {source.row}, column {source.column}]"
     if isinstance(source, ParquetCell):
         return f"{source.file}[row group {source.row_group}, row {source.row}, column {source.column}]"
     if isinstance(source, (str, Path)):
@@ -103,10 +105,32 @@ def _cell_bytes(cell: ParquetCell) -> bytes:
     return data
 
 
+_ARROW_TABLES: dict[tuple[int, str], Any] = {}  # (pid, file) -> memory-mapped table; pages load on access
+
+
+def _arrow_bytes(cell: ArrowCell) -> bytes:
+    """The bytes of one cell of a memory-mapped Arrow stream file (HF Image struct or binary column)."""
+    import pyarrow as pa
+
+    key = (os.getpid(), cell.file)
+    if key not in _ARROW_TABLES:
+        _ARROW_TABLES[key] = pa.ipc.open_stream(pa.memory_map(cell.file)).read_all()
+    column = _ARROW_TABLES[key].column(cell.column)
+    if not 0 <= cell.row < len(column):
+        raise ImageLoadError(f"missing file: {describe(cell)} is past the file's {len(column)} rows")
+    value = column[cell.row].as_py()
+    data = value.get("bytes") if isinstance(value, dict) else value
+    if not data:
+        raise ImageLoadError(f"missing file: no image bytes in {describe(cell)}")
+    return data
+
+
 def image_bytes(source: ImageSource) -> bytes | None:
     """The encoded bytes behind a source (None for an already decoded image); for duplicate detection."""
     if isinstance(source, ParquetCell):
         return _cell_bytes(source)
+    if isinstance(source, ArrowCell):
+        return _arrow_bytes(source)
     if isinstance(source, bytes):
         return source
     if isinstance(source, (str, Path)):
@@ -171,6 +195,8 @@ def load_image(source: ImageSource, draft_size: int | None = None) -> Image.Imag
         return to_rgb(source, "keep")
     if isinstance(source, ParquetCell):
         return _decode(_cell_bytes(source), describe(source), draft_size)
+    if isinstance(source, ArrowCell):
+        return _decode(_arrow_bytes(source), describe(source), draft_size)
     if isinstance(source, bytes):
         return _decode(source, "<image bytes>", draft_size)
     return _decode(Path(source), str(source), draft_size)

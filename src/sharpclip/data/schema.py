@@ -36,7 +36,16 @@ class ParquetCell:
     column: str
 
 
-ImageSource = str | Path | bytes | Image.Image | ParquetCell  # a path, encoded bytes, a decoded image, a cell
+@dataclass(frozen=True)
+class ArrowCell:
+    """An image in an Arrow file that `datasets.save_to_disk` wrote (memory-mapped, read lazily): file, row, column."""
+
+    file: str
+    row: int
+    column: str
+
+
+ImageSource = str | Path | bytes | Image.Image | ParquetCell | ArrowCell  # a path, bytes, a decoded image, a cell
 
 
 @dataclass
@@ -139,6 +148,7 @@ class Batch:
     edit_source, edit_target: (E,) long row indices of the source and edited halves of each complete edit
     ids: B sample ids ("<edit id>/source", "<edit id>/edited" for edit rows); instructions: E edit instructions
     skipped: bad samples dropped from this batch under `on_bad_sample: skip`
+    stream_position: (worker, shard position, samples read in that shard) of a streamed batch (data.stream)
     """
 
     ids: list[str]
@@ -152,6 +162,7 @@ class Batch:
     edit_target: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
     instructions: list[str] = field(default_factory=list)
     skipped: list[BadSample] = field(default_factory=list)
+    stream_position: tuple[int, int, int] | None = None
 
     def __len__(self) -> int:
         return len(self.ids)

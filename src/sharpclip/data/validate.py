@@ -60,6 +60,7 @@ class ValidationReport:
     token_counter: str = ""
     token_lengths: dict[str, float] = field(default_factory=dict)  # min, mean, p50, p90, p99, max
     truncated_share: dict[str, float] = field(default_factory=dict)  # context length -> share of captions over it
+    shards: dict[str, int] = field(default_factory=dict)  # webdataset: usable samples per shard
 
     @property
     def ok(self) -> bool:
@@ -76,6 +77,9 @@ class ValidationReport:
             f"{self.format} {self.split} at {self.root}: {self.samples} samples, {self.images} images, "
             f"{self.captions} captions"
         ]
+        if self.shards:
+            lines.append(f"{len(self.shards)} shards: " + ", ".join(f"{Path(u).name} {n}" for u, n in
+                                                                    list(self.shards.items())[:8]))  # fmt: skip
         kinds = ", ".join(f"{n} {k}" for k, n in sorted(self.error_counts.items())) or "none"
         lines.append(f"errors: {kinds}")
         lines += [f"  {e}" for e in self.errors[:20]]
@@ -98,15 +102,33 @@ class ValidationReport:
         return "\n".join(lines)
 
 
+def _parquet_format(files: list[Path]) -> str:
+    """`ultraedit` when the first shard has UltraEdit's columns, else `hf` (any hub parquet dataset)."""
+    import pyarrow.parquet as pq
+
+    from sharpclip.data.formats import ultraedit
+
+    names = set(pq.read_schema(files[0]).names)
+    return "ultraedit" if {*ultraedit.TEXT, *ultraedit.IMAGES} <= names else "hf"
+
+
 def detect_format(path: Path) -> str:
     """The release format of the folder (or file) at `path`, from its tell-tale files; `generic` otherwise."""
-    if path.is_file():
-        return "generic"
+    from sharpclip.data.formats.hf import is_save_to_disk, resolve_hub_folder
+
+    if path.is_file() or "{" in str(path):  # a file, or a brace pattern of shards
+        return {".tar": "webdataset", ".parquet": "hf"}.get(path.suffix, "generic")
     for name, fmt in DETECT:
         if (path / name).exists():
             return fmt
-    if list(path.glob("*.parquet")) or list(path.glob("data/*.parquet")):
-        return "ultraedit"
+    path = resolve_hub_folder(path)
+    if is_save_to_disk(path):
+        return "hf"
+    if list(path.glob("*.tar")) or list(path.glob("*/*.tar")):  # before parquet: img2dataset writes both
+        return "webdataset"
+    parquet = sorted(path.glob("*.parquet")) or sorted(path.glob("data/*.parquet")) or sorted(path.glob("*/*.parquet"))
+    if parquet:
+        return _parquet_format(parquet)
     return "generic"
 
 
@@ -173,12 +195,19 @@ def validate(
 ) -> ValidationReport:
     """Read every record of `split`, decode every image, and gather the report (nothing raises per sample)."""
     report = BadSampleReport("skip")
-    samples = read_samples(cfg, split, report)
-    rep = ValidationReport(cfg.format, str(data_root(cfg)), split, samples=len(samples))
-    images, captions = _images_and_captions(samples)
-    bad = list(report.items)
-    digests = [hashlib.sha1(b).hexdigest() for b in (_check_image(src, s, bad) for src, s in images) if b is not None]
-    rep.images, rep.captions = len(images), len(captions)
+    rep = ValidationReport(cfg.format, str(data_root(cfg)), split)
+    if cfg.format == "webdataset":  # streamed shard by shard: images are decoded and dropped, never all held
+        rep.images, captions, digests, bad = _stream_shards(cfg, split, rep, report)
+    else:
+        samples = read_samples(cfg, split, report)
+        rep.samples = len(samples)
+        images, captions = _images_and_captions(samples)
+        rep.images, bad = len(images), list(report.items)
+        digests = [hashlib.sha1(b).hexdigest() for b in (_check_image(s, x, bad) for s, x in images) if b is not None]
+    if not rep.samples and not bad:
+        bad.append(BadSample(rep.root, "-", f"missing file: no {cfg.format} samples for split {split!r}; "
+                                            "check the path, --format and --split"))  # fmt: skip
+    rep.captions = len(captions)
     rep.errors = [str(b) for b in bad]
     rep.error_counts = dict(Counter(b.reason.split(":")[0] for b in bad))
     repeated = {t: n for t, n in Counter(captions).items() if n > 1}
@@ -190,6 +219,28 @@ def validate(
     rep.token_counter = token_counter or ("tokenizer" if count_tokens else "approximate: words and punctuation")
     rep.token_lengths, rep.truncated_share = _length_stats(counter(captions))
     return rep
+
+
+def _stream_shards(cfg: DataConfig, split: str, rep: ValidationReport, report: BadSampleReport):
+    """Per shard: samples read, each image decoded and hashed; bad samples are named by shard and key."""
+    from sharpclip.data.formats import webdataset
+
+    captions, digests, bad, images = [], [], [], 0
+    for url in webdataset.shard_urls(cfg, split):
+        count = 0
+        for raw in webdataset.iter_raw(url, report):
+            sample = webdataset.to_sample(raw, cfg, report, url)
+            if sample is None:
+                continue
+            count += 1
+            images += 1
+            captions += sample.captions or [sample.caption]
+            data = _check_image(sample.image, sample, bad)
+            if data is not None:
+                digests.append(hashlib.sha1(data).hexdigest())
+        rep.shards[url] = count
+    rep.samples = sum(rep.shards.values())
+    return images, captions, digests, report.items + bad
 
 
 def tokenizer_counter(cfg: DataConfig, tokenizer_path: str | None) -> tuple[Callable | None, str]:
@@ -215,9 +266,12 @@ def config_for(target: str, overrides: Sequence[str] = (), fmt: str | None = Non
     if path.suffix in (".yaml", ".yml"):
         cfg = load_config(path, overrides).data
         return cfg if fmt is None else DataConfig(**{**vars(cfg), "format": fmt})
-    if not path.exists():
+    if not path.exists() and "{" not in target:
         raise FileNotFoundError(f"{path}: no such config file or data folder")
-    cfg = DataConfig(format=fmt or detect_format(path), root=str(path))
+    given = {o.split("=", 1)[0].removeprefix("data.") for o in overrides}  # a path's overrides, as a recipe's
+    cfg = load_config(None, [f"data.{o.removeprefix('data.')}" for o in overrides]).data
+    cfg.root = cfg.root if "root" in given else str(path)
+    cfg.format = fmt or (cfg.format if "format" in given else detect_format(path))
     if cfg.format == "synthdense" and (path / "manifest.json").is_file():  # validate the corpus as it was generated
         import json
 

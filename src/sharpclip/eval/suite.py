@@ -27,8 +27,9 @@ from typing import Any
 import torch
 
 from sharpclip.config import DataConfig, EvalConfig
+from sharpclip.data.formats.hf import resolve_hub_folder
 from sharpclip.data.schema import BadSample, BadSampleReport
-from sharpclip.eval import pair_data, pairs
+from sharpclip.eval import pair_data, pair_hub, pairs
 from sharpclip.eval.embed import CachedEmbedder, Embedder, ModelEmbedder
 from sharpclip.eval.manifest import dataset_record
 from sharpclip.eval.pair_data import ChoiceSet
@@ -146,7 +147,7 @@ DATASETS: dict[str, Reader] = {
     "synth_mmvp": _choice_reader("synth_mmvp", pair_data.read_synth_mmvp),
     "mmvp": _choice_reader("mmvp", pair_data.read_mmvp),
     "winoground": _choice_reader("winoground", pair_data.read_winoground, with_report=True),
-    "sugarcrepe": _choice_reader("sugarcrepe", pair_data.read_sugarcrepe),
+    "sugarcrepe": _choice_reader("sugarcrepe", pair_hub.read_sugarcrepe_any),  # hub parquet or release JSON
     "aro_relation": _choice_reader("aro_relation", lambda root: pair_data.read_aro(root, "relation")),
     "aro_attribution": _choice_reader("aro_attribution", lambda root: pair_data.read_aro(root, "attribution")),
     "zeroshot": _zeroshot,
@@ -178,6 +179,7 @@ def load_eval_set(name: str, cfg: EvalConfig, data: DataConfig | None = None) ->
     if name not in DATASETS:
         raise ValueError(f"eval suite {name!r} is unknown; choose from {', '.join(sorted(DATASETS))}")
     root = Path(cfg.data_root) if name == "retrieval" else suite_root(name, cfg)  # "retrieval" reads data.root
+    root = resolve_hub_folder(root)  # a hub cache folder (datasets--owner--name) reads its newest snapshot
     return DATASETS[name](root, cfg, data)
 
 

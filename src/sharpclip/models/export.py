@@ -63,6 +63,17 @@ def resolve_source(source: str | Path, best: bool = False) -> Path:
     return found
 
 
+def model_source(name: str, best: bool = False) -> tuple[str, str | None]:
+    """(model.name, default report folder) for `sharpclip eval --model NAME [--best]`: a run directory becomes its
+    newest complete checkpoint (or best) with reports in `<run>/eval`; anything else is passed on as it is."""
+    path = Path(name).expanduser()
+    if (path / "checkpoints").is_dir() and not (path / CHECKPOINT_CONFIG).is_file():
+        return str(resolve_source(path, best)), str(path / "eval")
+    if best:
+        raise ExportError(f"{name}: --best picks a checkpoint of a run directory (one with checkpoints/)")
+    return name, None
+
+
 def _run_checkpoint(checkpoints: Path, best: bool) -> Path | None:
     from sharpclip.train import checkpoint
 

@@ -4,8 +4,11 @@
 - a tiny preset: `tiny-clip`, `tiny-siglip`, `tiny-siglip2` (random weights; tests and the demo);
 - a sharpclip checkpoint folder (layout below), e.g. the output of `sharpclip distill` or a training run's checkpoint;
 - a transformers folder (`config.json` + weights: CLIP, SigLIP, SigLIP 2), or a hub id already in the local HF cache;
+- an open_clip folder (`open_clip_config.json` + weights, as the hub holds them), converted to CLIPModel with the
+  activation, heads and preprocessing its config names (models.open_clip);
 - an OpenAI-format state dict file (`.pt` / `.pth` / `.bin` / `.safetensors`, e.g. Long-CLIP's `longclip-L.pt`);
-  its tokenizer and image processor come from `model.processor` (e.g. `openai/clip-vit-large-patch14`).
+  its tokenizer and image processor come from `model.processor` (e.g. `openai/clip-vit-large-patch14`); with no
+  config beside it, QuickGELU is assumed unless `model.activation` says otherwise (a warning says so).
 
 Then, in order: the Long-CLIP stretch (`model.context_length`), the RoPE text tower (`model.text_encoder=rope`),
 adapters (`model.adapter`), the logit scale settings and freezing (`model.freeze`). Each structural step is
@@ -24,6 +27,7 @@ Checkpoint layout (written by `save_checkpoint`, read by `load_checkpoint`; the 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -43,11 +47,12 @@ from transformers import (
 )
 
 from sharpclip.config import ModelConfig
-from sharpclip.models import adapters, freezing, long_context, rope
+from sharpclip.models import adapters, freezing, long_context, open_clip, rope
 from sharpclip.models.hf import HFDualEncoder, wrap
 from sharpclip.models.openai_format import clip_from_openai, read_state_dict
 from sharpclip.models.tiny import TINY_WORDS, tiny_model
 
+log = logging.getLogger("sharpclip.models")
 CHECKPOINT_CONFIG = "sharpclip_model.yaml"
 WEIGHTS = "model.safetensors"
 MODEL_CLASSES: dict[str, type[PreTrainedModel]] = {"clip": CLIPModel, "siglip": SiglipModel, "siglip2": Siglip2Model}
@@ -72,6 +77,10 @@ def _load_base(cfg: ModelConfig) -> HFDualEncoder:
     path = Path(cfg.name).expanduser()
     if (path / CHECKPOINT_CONFIG).is_file():
         return load_checkpoint(path)
+    if open_clip.is_open_clip_folder(path) and (cfg.kind == "open_clip" or not (path / "config.json").is_file()):
+        return _from_open_clip(path, cfg)
+    if cfg.kind == "open_clip":
+        raise ModelNotFoundError(f"model.kind=open_clip but {path} holds no {open_clip.CONFIG}")
     if path.is_file() and path.suffix in OPENAI_SUFFIXES:
         return _from_openai(path, cfg)
     if path.is_dir() or not path.is_absolute():
@@ -94,11 +103,33 @@ def tiny_words(vocabulary: str) -> tuple[str, ...]:
 
 
 def _from_openai(path: Path, cfg: ModelConfig) -> HFDualEncoder:
-    backbone = clip_from_openai(read_state_dict(path))
+    activation = cfg.activation or "quick_gelu"
+    backbone = clip_from_openai(read_state_dict(path), activation=activation)
     tokenizer, processor = _processors(cfg.processor) if cfg.processor else (None, None)
+    log.warning(
+        "%s: a bare state dict, no %s beside it: assumed the %s activation%s, attention heads = width / 64 and "
+        "%s. Override with model.activation=gelu|quick_gelu (open_clip models not trained by OpenAI use gelu) and "
+        "model.processor=<folder with the image processor>, or load the open_clip folder (model.name=<folder>)",
+        path, open_clip.CONFIG, activation, "" if cfg.activation else " (OpenAI's)",
+        f"the preprocessing of {cfg.processor}" if processor is not None else "CLIP's preprocessing at the "
+        "weights' image size (bicubic, centre crop, OpenAI mean/std)",
+    )  # fmt: skip
     if tokenizer is not None:
         tokenizer.model_max_length = backbone.config.text_config.max_position_embeddings
     return wrap(backbone, tokenizer, processor)
+
+
+def _from_open_clip(path: Path, cfg: ModelConfig) -> HFDualEncoder:
+    """An open_clip folder converted to CLIPModel; tokenizer from model.processor, else the folder's own files."""
+    backbone, image_processor, activation = open_clip.clip_from_open_clip(path)
+    tokenizer, processor = _processors(cfg.processor or str(path))
+    if tokenizer is not None:
+        tokenizer.model_max_length = backbone.config.text_config.max_position_embeddings
+    else:
+        log.warning("%s: no tokenizer files; set model.processor to a CLIP tokenizer folder before training", path)
+    log.info("%s: open_clip model converted to CLIPModel (activation %s)", path, activation)
+    chosen = processor if cfg.processor and processor is not None else image_processor  # the config's, unless asked
+    return wrap(backbone, tokenizer, chosen)
 
 
 def _from_transformers(cfg: ModelConfig) -> HFDualEncoder:

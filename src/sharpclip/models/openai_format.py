@@ -61,9 +61,13 @@ def _count_blocks(state: dict[str, Tensor], prefix: str) -> int:
 
 
 def config_from_state_dict(
-    state: dict[str, Tensor], text_heads: int | None = None, vision_heads: int | None = None
+    state: dict[str, Tensor],
+    text_heads: int | None = None,
+    vision_heads: int | None = None,
+    activation: str = "quick_gelu",
 ) -> CLIPConfig:
-    """The HF config of an OpenAI-format ViT CLIP state dict (QuickGELU, eps 1e-5, eos = the largest id)."""
+    """The HF config of an OpenAI-format ViT CLIP state dict (eps 1e-5, eos = the largest id); `activation` is the
+    MLP's: OpenAI's QuickGELU by default, `gelu` (exact) for open_clip models trained without QuickGELU."""
     if "visual.proj" not in state:
         raise ValueError("only ViT CLIP state dicts are supported (no 'visual.proj': a ResNet CLIP?)")
     width, vwidth = state["ln_final.weight"].shape[0], state["visual.conv1.weight"].shape[0]
@@ -79,6 +83,7 @@ def config_from_state_dict(
         bos_token_id=vocab - 2,
         eos_token_id=vocab - 1,
         pad_token_id=vocab - 1,
+        hidden_act=activation,
     )
     vision = dict(
         hidden_size=vwidth,
@@ -87,6 +92,7 @@ def config_from_state_dict(
         num_attention_heads=vision_heads or vwidth // 64,
         image_size=grid * patch,
         patch_size=patch,
+        hidden_act=activation,
     )
     return CLIPConfig(text_config=text, vision_config=vision, projection_dim=state["text_projection"].shape[1])
 
@@ -145,10 +151,13 @@ def hf_state_dict(state: dict[str, Tensor], config: CLIPConfig) -> dict[str, Ten
 
 
 def clip_from_openai(
-    state: dict[str, Tensor], text_heads: int | None = None, vision_heads: int | None = None
+    state: dict[str, Tensor],
+    text_heads: int | None = None,
+    vision_heads: int | None = None,
+    activation: str = "quick_gelu",
 ) -> CLIPModel:
     """An HF CLIPModel computing the same function as the OpenAI-format `state` (Long-CLIP's 248 positions kept)."""
-    config = config_from_state_dict(state, text_heads, vision_heads)
+    config = config_from_state_dict(state, text_heads, vision_heads, activation)
     model = CLIPModel(config)
     mapped = hf_state_dict(state, config)
     missing, unexpected = model.load_state_dict(mapped, strict=False)

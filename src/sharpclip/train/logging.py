@@ -2,7 +2,13 @@
 
 `metrics.jsonl` gets one record per optimiser step (every loss term, lr, logit scale, throughput, samples seen) and
 one per evaluation; `diagnostics.jsonl` gets the gradient-dynamics records. Lines are flushed as written, so a
-crashed run keeps everything up to its last step. Only rank 0 writes.
+crashed run keeps everything up to its last step. Only rank 0 writes. In every record `epoch` is the index (from 0)
+of the epoch the record belongs to; an evaluation after epoch e says `epoch: e`.
+
+TensorBoard and W&B get the same numbers under grouped names: `eval/…` and `diag/…` as recorded, everything else
+`train/…`. W&B gets the resolved config (the run directory's config.yaml), `train.wandb_project` and
+`train.wandb_name` (default: the run directory's name), and a run id kept in `<run>/wandb_id`, so a resumed run
+continues the same W&B run.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +49,15 @@ class JsonlWriter:
 class RunLogger:
     """metrics.jsonl + diagnostics.jsonl + the optional sinks, for rank 0; silent elsewhere."""
 
-    def __init__(self, run_dir: Path, enabled: bool = True, tensorboard: bool = False, wandb: bool = False):
+    def __init__(
+        self,
+        run_dir: Path,
+        enabled: bool = True,
+        tensorboard: bool = False,
+        wandb: bool = False,
+        wandb_project: str = "sharpclip",
+        wandb_name: str = "",
+    ):
         self.metrics = JsonlWriter(run_dir / "metrics.jsonl", enabled)
         self.diagnostics = JsonlWriter(run_dir / "diagnostics.jsonl", enabled)
         self._tb = self._wandb = None
@@ -57,7 +72,10 @@ class RunLogger:
                 import wandb as wandb_module
             except ImportError as err:
                 raise ImportError("train.wandb needs the extra: pip install 'sharpclip[wandb]'") from err
-            self._wandb = wandb_module.init(project="sharpclip", dir=str(run_dir), name=run_dir.name)
+            self._wandb = wandb_module.init(
+                project=wandb_project, name=wandb_name or run_dir.name, dir=str(run_dir), config=_resolved(run_dir),
+                id=_wandb_id(run_dir), resume="allow",
+            )  # fmt: skip
 
     def step(self, record: dict[str, Any]) -> None:
         self.metrics.write(record)
@@ -68,7 +86,7 @@ class RunLogger:
         self._sinks({f"diag/{k}": v for k, v in record.items() if k != "step"}, int(record["step"]))
 
     def _sinks(self, record: dict[str, Any], step: int) -> None:
-        numbers = {k: v for k, v in record.items() if isinstance(v, int | float) and k != "step"}
+        numbers = {tag(k): v for k, v in record.items() if isinstance(v, int | float) and k != "step"}
         if self._tb is not None:
             for key, value in numbers.items():
                 self._tb.add_scalar(key, value, step)
@@ -82,6 +100,27 @@ class RunLogger:
             self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
+
+
+def tag(key: str) -> str:
+    """The grouped name of a record key in TensorBoard / W&B: eval/… and diag/… as they are, the rest train/…."""
+    return key if key.startswith(("eval/", "diag/", "train/")) else f"train/{key}"
+
+
+def _resolved(run_dir: Path) -> dict[str, Any]:
+    """The run's resolved config (config.yaml, written by run_train) as a dict; {} when there is none."""
+    import yaml
+
+    path = run_dir / "config.yaml"
+    return yaml.safe_load(path.read_text()) or {} if path.is_file() else {}
+
+
+def _wandb_id(run_dir: Path) -> str:
+    """The W&B run id of this run directory, created on first use (a resumed run logs into the same W&B run)."""
+    path = run_dir / "wandb_id"
+    if not path.is_file():
+        path.write_text(uuid.uuid4().hex[:16] + "\n")
+    return path.read_text().strip()
 
 
 def progress(total: int, initial: int, enabled: bool) -> tqdm:

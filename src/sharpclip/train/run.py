@@ -83,6 +83,26 @@ def checked_validation_samples(data: DataConfig, train_samples: list) -> list:
     return held_out
 
 
+def log_model(model: DualEncoder, name: str) -> tuple[int, int]:
+    """Log the model's name, class and parameter counts (total, trainable); returns the two counts."""
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    kind = type(getattr(model, "hf_model", model)).__name__
+    log.info("model %s (%s): %s parameters, %s trainable (%.1f%%)", name, kind, f"{total:,}", f"{trainable:,}",
+             100 * trainable / max(total, 1))  # fmt: skip
+    return total, trainable
+
+
+def warn_tiny(name: str) -> None:
+    """A tiny preset has random weights: fine to try a pipeline, useless as a result. Say so in the log."""
+    if name.startswith("tiny-"):
+        log.warning(
+            "model.name=%s is a tiny preset with random weights, for trying the pipeline and for tests; its scores "
+            "mean nothing. Set model.name to a real checkpoint (an HF, open_clip or sharpclip folder) for a real run",
+            name,
+        )
+
+
 def build_trainer(cfg: Config) -> Trainer:
     """Model, loader, objective, validation and trainer as `cfg` describes (no training yet)."""
     from sharpclip.data import build_loader
@@ -97,6 +117,7 @@ def build_trainer(cfg: Config) -> Trainer:
     devices.check_precision(cfg.train.precision, device, "train.precision")  # before the model is built
     seed_everything(cfg.train.seed)
     model = create_model(cfg.model).to(device)
+    log_model(model, cfg.model.name)
     distributed.broadcast_parameters(model)
     objective = build_objective(cfg.loss)
     preprocess, _ = model_transforms(model, alpha=cfg.data.image_alpha)
@@ -137,6 +158,7 @@ def run_train(cfg: Config, resume: str | Path | None = None) -> TrainerState:
         log.info("%s", placement)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / RESOLVED_CONFIG).write_text(f"# {placement}\n{to_yaml(cfg)}")
+        warn_tiny(cfg.model.name)
     trainer = build_trainer(cfg)
     if resume is not None:
         trainer.resume(resume_checkpoint(resume))

@@ -92,7 +92,8 @@ class Trainer:
         self.is_main = distributed.rank() == 0
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.logger = RunLogger(self.run_dir, self.is_main, cfg.tensorboard, cfg.wandb)
+        sinks = (cfg.tensorboard, cfg.wandb, cfg.wandb_project, cfg.wandb_name)
+        self.logger = RunLogger(self.run_dir, self.is_main, *sinks)
         if cfg.grad_checkpointing:  # transformers' activation checkpointing of every tower layer
             getattr(model, "hf_model", model).activation_checkpointing_enable({"use_reentrant": False})
         self._compiling = cfg.compile  # until the first step has run compiled
@@ -160,8 +161,8 @@ class Trainer:
             share = sum(saturated) / len(saturated)
             log.info("epoch %d: %.1f%% of batches had InfoNCE < 1e-3", self.state.epoch, 100 * share)
             self.logger.step({"step": self.state.step, "epoch": self.state.epoch, "saturated_batches": share})
-        self.state.epoch += 1
-        metrics = self._evaluate()  # every rank evaluates the same model on the same data: same decision below
+        metrics = self._evaluate()  # recorded under this epoch's index, as its steps are
+        self.state.epoch += 1  # every rank evaluates the same model on the same data: same decision below
         improved = metrics is not None and metrics.get(self.cfg.best_metric, -math.inf) > self.state.best
         if improved:
             self.state.best = metrics[self.cfg.best_metric]
@@ -171,7 +172,7 @@ class Trainer:
 
     def _evaluate(self) -> dict[str, float] | None:
         every = self.cfg.eval_every
-        if self.evaluate is None or not every or self.state.epoch % every:
+        if self.evaluate is None or not every or (self.state.epoch + 1) % every:
             return None
         self.model.eval()
         with torch.no_grad():
@@ -179,7 +180,8 @@ class Trainer:
         self.model.train()
         evals = {f"eval/{k}": v for k, v in metrics.items()}
         self.logger.step({"step": self.state.step, "epoch": self.state.epoch, **evals})
-        log.info("eval after epoch %d: %s", self.state.epoch, ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+        log.info("eval after epoch %d (counted from 0): %s", self.state.epoch, shown)
         return metrics
 
     # -- one step ---------------------------------------------------------------------------------------------
@@ -237,7 +239,8 @@ class Trainer:
         self.state.bad_steps += 1
         ids = ", ".join(batch.ids[:8]) + (" ..." if len(batch.ids) > 8 else "")
         log.warning("skipped a step: loss %s, gradient norm %s; samples: %s", loss, grad_norm, ids)
-        self.logger.step({"step": self.state.step, "skipped": True, "loss": loss, "grad_norm": grad_norm,
+        self.logger.step({"step": self.state.step, "epoch": self.state.epoch, "skipped": True, "loss": loss,
+                          "grad_norm": grad_norm,
                           "ids": batch.ids})  # fmt: skip
         if self.state.bad_steps >= self.cfg.nan_patience:
             raise TrainingDiverged(

@@ -14,6 +14,7 @@ from sharpclip.data.formats import (
     dci,
     docci,
     generic,
+    hf,
     karpathy,
     long_dci,
     sharegpt4v,
@@ -21,6 +22,7 @@ from sharpclip.data.formats import (
     ultraedit,
     urban1k,
     vg,
+    webdataset,
 )
 from sharpclip.data.schema import BadSampleReport, Sample
 
@@ -37,4 +39,6 @@ FORMATS: dict[str, Reader] = {
     "vg": vg.read,
     "ultraedit": ultraedit.read,
     "karpathy": karpathy.read,
+    "webdataset": webdataset.read,
+    "hf": hf.read,
 }

@@ -1,0 +1,276 @@
+"""Streamed training data (webdataset shards): each sample once per epoch over ranks × workers, resumable.
+
+    loader = build_stream_loader(cfg, "train", tokenize, batch_size=B, image_transform=t, rank=r, world_size=w)
+
+Sharding: the shards are dealt to the `world_size × num_workers` reader slots once, shard i to slot i mod slots,
+so every sample belongs to exactly one slot and the slots' sample counts do not change between epochs. Each epoch a
+slot reads its shards in an order drawn from (seed, epoch, slot), through a shuffle buffer of `data.shuffle_buffer`
+encoded samples (webdataset's), decodes, and batches; a slot's last partial batch is dropped in training
+(`drop_last`) and kept in evaluation.
+
+Epoch length: every rank yields the same number of batches, or a collective would wait forever: the smallest of the
+ranks' capacities (from the shards' sample counts: `sizes.json`, img2dataset's `*_stats.json`, else the tar
+headers), capped by `data.epoch_samples / (batch × world size)` when that is set. What a larger rank holds beyond
+the common length is not seen that epoch (logged).
+
+Resume: every batch carries its slot's read position (shard, samples read in it). `state_dict()` holds the position
+of the last consumed batch of each slot; `load_state_dict` restarts each slot there, in the same shard order. Exact:
+the epoch, the shards already read, the samples consumed (with `shuffle_buffer: 0`, the rest of the epoch is what the
+uninterrupted run would have seen, in its order; batches prefetched but not consumed are read again). Not exact: the
+samples that sat in a worker's shuffle buffer when its last consumed batch was made are not seen in that epoch (at
+most `shuffle_buffer` per worker), and the buffer's draws differ from the uninterrupted run's; resuming with another
+worker count restarts the epoch from its start.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+
+from PIL import Image
+from torch import Tensor
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from sharpclip.config import DataConfig
+from sharpclip.data.dataset import Collator, Item, Row
+from sharpclip.data.formats import webdataset as wds_format
+from sharpclip.data.images import ImageLoadError, load_image
+from sharpclip.data.schema import BadSample, BadSampleError, BadSampleReport, Batch, PairSample, log
+from sharpclip.data.transforms import TextTokenizer
+from sharpclip.devices import resolve_num_workers
+
+ImageTransform = Callable[[Image.Image], Tensor]
+
+
+def slot_shards(n_shards: int, slot: int, slots: int) -> list[int]:
+    """The shard indices of reader slot `slot` of `slots` (fixed over epochs)."""
+    return list(range(slot, n_shards, slots))
+
+
+def shard_order(shards: list[int], seed: int, epoch: int, slot: int, shuffle: bool) -> list[int]:
+    """The order a slot reads its shards in this epoch (the same on every run with the same seed)."""
+    if not shuffle:
+        return list(shards)
+    order = list(shards)
+    random.Random(f"{seed}:{epoch}:{slot}").shuffle(order)
+    return order
+
+
+def _unit(sample: PairSample, serial: int) -> int:
+    """Rows of one group share a unit (the batch's group id); others get their own (negative serials)."""
+    if sample.group is None:
+        return -1 - serial
+    return int.from_bytes(hashlib.sha1(sample.group.encode()).digest()[:7], "big")
+
+
+@dataclass
+class StreamSettings:
+    """What a stream needs besides its shards."""
+
+    batch_size: int
+    rank: int = 0
+    world_size: int = 1
+    seed: int = 0
+    train: bool = True
+
+
+class ShardStream(IterableDataset):
+    """Batches of one rank: its reader slots' shards, shuffled, decoded, collated in the loader workers."""
+
+    def __init__(self, urls, cfg: DataConfig, transform, collate: Collator, settings: StreamSettings):
+        self.urls, self.cfg, self.transform, self.collate, self.settings = list(urls), cfg, transform, collate, settings
+        self.epoch = 0
+        self.start: dict[int, tuple[int, int]] = {}  # worker -> (position in its shard order, samples read there)
+
+    def _raw(self, order: list[int], worker: int, report: BadSampleReport, cursor: list[int]):
+        """Raw samples in shard order from the resume position; `cursor` follows the read position."""
+        first, skip = self.start.get(worker, (0, 0))
+        for pos in range(first, len(order)):
+            url = self.urls[order[pos]]
+            cursor[:] = [pos, skip if pos == first else 0]
+            for raw in wds_format.iter_raw(url, report, skip=cursor[1]):
+                cursor[1] += 1
+                yield url, raw
+
+    def _item(self, url: str, raw: dict, serial: int, report: BadSampleReport) -> Item | BadSample | None:
+        sample = wds_format.to_sample(raw, self.cfg, report, url)
+        if sample is None:
+            return report.items.pop() if report.items else None
+        row = Row(serial, sample.id, sample.image, None, sample.short_caption, _unit(sample, serial))
+        caption = wds_format.pick_caption(sample, self.cfg, self.settings.seed, self.epoch)
+        try:
+            return Item(replace(row, caption=caption), self.transform(load_image(sample.image)), caption)
+        except ImageLoadError as err:
+            bad = BadSample(sample.source, sample.id, err.reason)
+            if self.cfg.on_bad_sample != "skip":
+                raise BadSampleError(bad) from None
+            return bad
+
+    def __iter__(self) -> Iterator[Batch | list[BadSample]]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        s = self.settings
+        slot = s.rank * workers + worker
+        shards = slot_shards(len(self.urls), slot, s.world_size * workers)
+        order = shard_order(shards, s.seed, self.epoch, slot, s.train and self.cfg.shuffle)
+        report = BadSampleReport(self.cfg.on_bad_sample)
+        cursor = [0, 0]
+        raw = self._raw(order, worker, report, cursor)
+        if s.train and self.cfg.shuffle and self.cfg.shuffle_buffer > 1:
+            from webdataset.filters import _shuffle
+
+            rng = random.Random(f"{s.seed}:{self.epoch}:{slot}:buffer")
+            raw = _shuffle(raw, self.cfg.shuffle_buffer, self.cfg.shuffle_buffer, rng=rng)
+        items = []
+        for serial, (url, sample) in enumerate(raw):
+            item = self._item(url, sample, serial, report)
+            if item is not None:
+                items.append(item)
+            if sum(isinstance(it, Item) for it in items) == s.batch_size:
+                yield self._batch(items, worker, cursor)
+                items = []
+        if any(isinstance(it, Item) for it in items) and not s.train:
+            yield self._batch(items, worker, cursor)
+        elif any(isinstance(it, BadSample) for it in items):  # the bad samples of a dropped partial batch
+            yield [it for it in items if isinstance(it, BadSample)]
+
+    def _batch(self, items: list, worker: int, cursor: list[int]) -> Batch:
+        batch = self.collate(items)
+        batch.stream_position = (worker, cursor[0], cursor[1])
+        return batch
+
+
+class StreamLoader(DataLoader):
+    """A DataLoader over a `ShardStream`: `len()` batches per epoch on every rank, resumable, bad samples gathered.
+
+    The same interface as `SampleLoader` (set_epoch, state_dict, load_state_dict, report) for the trainer.
+    """
+
+    def __init__(self, stream: ShardStream, length: int, num_workers: int = 0, pin_memory: bool = False):
+        # no persistent workers: each epoch's shard order and start positions are set on the stream in this process
+        super().__init__(stream, batch_size=None, num_workers=num_workers, pin_memory=pin_memory)
+        self.stream, self.length, self.workers = stream, length, max(num_workers, 1)
+        self.report = BadSampleReport("skip")
+        self.consumed = 0
+        self.positions: dict[int, tuple[int, int]] = {}
+        self._resumed_epoch: int | None = None
+
+    def __len__(self) -> int:
+        return self.length
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch's shard order and buffer draw; a resumed epoch keeps its start positions."""
+        if epoch != self._resumed_epoch:
+            self.stream.start, self.consumed, self.positions = {}, 0, {}
+            self._resumed_epoch = None
+        self.stream.epoch = epoch
+
+    def state_dict(self) -> dict:
+        """Epoch, batches consumed in it and each worker's read position after its last consumed batch."""
+        positions = {str(w): list(p) for w, p in self.positions.items()}
+        return {"epoch": self.stream.epoch, "batches_done": self.consumed, "workers": self.workers,
+                "positions": positions}  # fmt: skip
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue the saved epoch from the saved positions (from its start if the worker count changed)."""
+        self.stream.epoch = self._resumed_epoch = int(state["epoch"])
+        self.consumed = int(state.get("batches_done", 0))
+        if state.get("workers") != self.workers:
+            saved = state.get("workers")
+            log.warning("data: resumed with %d loader workers (saved: %s); the epoch restarts", self.workers, saved)
+            self.consumed = 0
+            return
+        self.positions = {int(w): (int(p[0]), int(p[1])) for w, p in state.get("positions", {}).items()}
+        self.stream.start = dict(self.positions)
+
+    def __iter__(self) -> Iterator[Batch]:
+        if self.consumed >= self.length:
+            return
+        for batch in super().__iter__():
+            if isinstance(batch, list):  # a worker's last bad samples, in no batch
+                self._record(batch)
+                continue
+            self.consumed += 1
+            worker, shard_pos, offset = batch.stream_position
+            self.positions[worker] = (shard_pos, offset)
+            self._record(batch.skipped)
+            yield batch
+            if self.consumed >= self.length:
+                break
+        self.stream.epoch += 1
+        self.stream.start, self.consumed, self.positions, self._resumed_epoch = {}, 0, {}, None
+
+    def _record(self, bads: list[BadSample]) -> None:
+        known = {(b.where, b.record) for b in self.report.items}
+        self.report.items += [b for b in bads if (b.where, b.record) not in known]
+
+
+def rank_capacity(counts: list[int], batch_size: int, rank: int, world_size: int, workers: int) -> int:
+    """Full batches rank `rank`'s slots can fill from their shards' counts (drop_last per slot)."""
+    slots = world_size * workers
+    total = 0
+    for worker in range(workers):
+        slot = rank * workers + worker
+        total += sum(counts[i] for i in slot_shards(len(counts), slot, slots)) // batch_size
+    return total
+
+
+def epoch_length(cfg: DataConfig, counts: list[int], batch_size: int, world_size: int, workers: int) -> int:
+    """Batches per rank per epoch: the least rank capacity, capped by data.epoch_samples (see the docstring)."""
+    capacity = min(rank_capacity(counts, batch_size, r, world_size, workers) for r in range(world_size))
+    if cfg.epoch_samples:
+        wanted = cfg.epoch_samples // (batch_size * world_size)
+        if wanted > capacity:
+            raise ValueError(
+                f"data.epoch_samples={cfg.epoch_samples} needs {wanted} batches of {batch_size} per rank, but the "
+                f"shards fill only {capacity} on every rank ({sum(counts)} samples in {len(counts)} shards, "
+                f"{world_size} ranks × {workers} workers): lower data.epoch_samples"
+            )
+        return wanted
+    return capacity
+
+
+def build_stream_loader(
+    cfg: DataConfig,
+    split: str,
+    tokenize: TextTokenizer,
+    *,
+    batch_size: int,
+    image_transform: ImageTransform,
+    rank: int = 0,
+    world_size: int = 1,
+    seed: int = 0,
+    train: bool = True,
+    pin_memory: bool = False,
+) -> StreamLoader:
+    """A `StreamLoader` of `split`'s shards for this rank (see the module docstring)."""
+    urls = wds_format.shard_urls(cfg, split)
+    num_workers = resolve_num_workers(cfg.num_workers)
+    workers = max(num_workers, 1)
+    if len(urls) < world_size * workers:
+        log.warning("data: %d shards for %d ranks × %d workers: some readers get none", len(urls), world_size, workers)
+    counts = [wds_format.count_samples(u) for u in urls]
+    length = epoch_length(cfg, counts, batch_size, world_size, workers) if train else _eval_length(counts, batch_size)
+    unused = sum(counts) // world_size - length * batch_size
+    if train and unused > 0:
+        log.info("data: each epoch uses %d batches of %d per rank; about %d samples per rank wait for a later "
+                 "epoch or are dropped with the last partial batches", length, batch_size, unused)  # fmt: skip
+    with_short = _has_short(urls[0], cfg)
+    settings = StreamSettings(batch_size, rank, world_size, seed, train)
+    stream = ShardStream(urls, cfg, image_transform, Collator(tokenize, with_short), settings)
+    return StreamLoader(stream, length, num_workers, pin_memory)
+
+
+def _eval_length(counts: list[int], batch_size: int) -> int:
+    return -(-sum(counts) // batch_size) + len(counts)  # an upper bound: partial batches per slot are kept
+
+
+def _has_short(url: str, cfg: DataConfig) -> bool:
+    """Whether the first sample of the first shard has a short caption (then batches carry short tokens)."""
+    report = BadSampleReport("skip")
+    for raw in wds_format.iter_raw(url, report):
+        sample = wds_format.to_sample(raw, cfg, report, url)
+        return sample is not None and sample.short_caption is not None
+    return False

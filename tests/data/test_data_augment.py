@@ -1,0 +1,74 @@
+"""Training augmentation (open_clip's --aug-cfg): crop geometry, jitter, and never in evaluation."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from data_helpers import cfg_for
+from PIL import Image
+
+from sharpclip.config import AugmentConfig, ConfigError
+from sharpclip.data import build_loader
+from sharpclip.data.augment import AugmentedTransform, color_jitter, crop_box
+from sharpclip.data.transforms import ClipImageTransform
+from sharpclip.models.tokenizer import build_word_tokenizer
+
+TOK = build_word_tokenizer(["a cat number caption red blue green square circle round thing seen from above"])
+
+
+def test_crop_boxes_stay_inside_with_area_and_ratio_in_range():
+    rng = random.Random(0)
+    for _ in range(200):
+        left, top, right, bottom = crop_box(120, 80, (0.3, 0.6), (0.75, 4 / 3), rng)
+        w, h = right - left, bottom - top
+        assert 0 <= left < right <= 120 and 0 <= top < bottom <= 80
+        assert 0.3 * 9600 * 0.95 <= w * h <= 0.6 * 9600 * 1.05 and 0.7 <= w / h <= 1.4
+
+
+def test_impossible_ratios_fall_back_to_a_centred_box():
+    assert crop_box(100, 10, (1.0, 1.0), (1.0, 1.0), random.Random(0)) == (45, 0, 55, 10)
+
+
+def test_jitter_changes_pixels_and_zero_strength_does_nothing():
+    image = Image.new("RGB", (8, 8), (120, 60, 30))
+    assert color_jitter(image, [0, 0, 0, 0], random.Random(0)).tobytes() == image.tobytes()
+    assert color_jitter(image, [0.4, 0.4, 0.4, 0.1], random.Random(0)).tobytes() != image.tobytes()
+
+
+def test_augmented_transform_keeps_shape_and_normalisation_and_varies():
+    base = ClipImageTransform(16)
+    aug = AugmentedTransform(base, AugmentConfig(enabled=True, scale=[0.2, 0.5], color_jitter=[0.3, 0.3, 0.3, 0.05]))
+    image = Image.effect_noise((40, 30), 80).convert("RGB")
+    outs = [aug(image) for _ in range(3)]
+    assert all(o.shape == (3, 16, 16) and o.dtype == torch.float32 for o in outs)
+    assert not torch.equal(outs[0], outs[1]) and not torch.equal(outs[0], base(image))
+
+
+def test_draws_follow_pythons_generator_so_a_restored_state_repeats_them():
+    aug = AugmentedTransform(ClipImageTransform(16), AugmentConfig(enabled=True, scale=[0.2, 0.5]))
+    image = Image.effect_noise((40, 30), 80).convert("RGB")
+    random.seed(7)
+    first = aug(image)
+    state = random.getstate()  # what a checkpoint stores (train.checkpoint.rng_state)
+    second = aug(image)
+    random.setstate(state)
+    assert torch.equal(aug(image), second) and not torch.equal(first, second)
+
+
+def test_off_by_default_and_never_in_evaluation():
+    assert AugmentConfig().enabled is False
+    plain = next(iter(build_loader(cfg_for("karpathy", image_size=8), "test", TOK, batch_size=2, train=False)))
+    on = cfg_for("karpathy", image_size=8, augment=AugmentConfig(enabled=True, scale=[0.1, 0.2]))
+    evaluated = next(iter(build_loader(on, "test", TOK, batch_size=2, train=False)))
+    trained = next(iter(build_loader(on, "test", TOK, batch_size=2, train=True, seed=0)))
+    assert torch.equal(plain.pixel_values, evaluated.pixel_values)
+    assert not torch.equal(
+        plain.pixel_values.sum((1, 2, 3)).sort().values, trained.pixel_values.sum((1, 2, 3)).sort().values
+    )
+
+
+def test_bad_ranges_are_config_errors():
+    with pytest.raises(ConfigError, match=r"data\.augment\.scale"):
+        AugmentConfig(scale=[0.5, 1.5])

@@ -1,0 +1,199 @@
+"""webdataset shards as img2dataset writes them: reading, sharding over ranks × workers, resume, bad samples."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from sharpclip.config import DataConfig
+from sharpclip.data import build_loader, read_samples
+from sharpclip.data.formats.webdataset import count_samples, shard_urls
+from sharpclip.data.schema import BadSampleError
+from sharpclip.models.tokenizer import build_word_tokenizer
+
+TOK = build_word_tokenizer(["a photo of sample number short group"])
+
+
+def _jpeg(i: int) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (10, 8), (i * 7 % 256, 40, 90)).save(buf, "JPEG")
+    return buf.getvalue()
+
+
+def write_shard(path: Path, members: list[tuple[str, bytes]]) -> Path:
+    """A tar shard with these members, written by webdataset's own TarWriter-compatible layout (tarfile)."""
+    import tarfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def img2dataset(root: Path, shards: int, per_shard: int, json_caption: bool = False) -> list[str]:
+    """img2dataset's output: NNNNN.tar of <key>.jpg/.txt/.json, beside NNNNN_stats.json; returns every key."""
+    keys = []
+    for s in range(shards):
+        members = []
+        for j in range(per_shard):
+            key = f"{s:05d}{j:04d}"
+            meta = {"key": key, "url": f"http://x/{key}.jpg", "status": "success", "width": 10, "height": 8}
+            if json_caption:
+                meta |= {"caption": f"a photo of sample {key}", "short_caption": "short", "group": s}
+            members += [(f"{key}.jpg", _jpeg(j)), (f"{key}.txt", f"a photo of number {key}".encode())]
+            members.append((f"{key}.json", json.dumps(meta).encode()))
+            keys.append(key)
+        write_shard(root / f"{s:05d}.tar", members)
+        (root / f"{s:05d}_stats.json").write_text(json.dumps({"count": per_shard, "successes": per_shard}))
+        (root / f"{s:05d}.parquet").write_bytes(b"PAR1")  # img2dataset's per-shard metadata table (not read)
+    return keys
+
+
+def cfg(root: Path, **kw) -> DataConfig:
+    return DataConfig(format="webdataset", root=str(root), image_size=8, **kw)
+
+
+def test_img2dataset_output_reads_as_is_txt_caption_and_json_fields(tmp_path):
+    img2dataset(tmp_path, 2, 3)
+    samples = read_samples(cfg(tmp_path), "train")
+    assert [s.id for s in samples] == ["000000000", "000000001", "000000002", "000010000", "000010001", "000010002"]
+    assert samples[0].caption == "a photo of number 000000000" and samples[0].source.endswith("00000.tar:000000000")
+    img2dataset(tmp_path / "j", 1, 2, json_caption=True)
+    first = read_samples(cfg(tmp_path / "j"), "train")[0]
+    assert (first.caption, first.short_caption, first.group) == ("a photo of sample 000000000", "short", "0")
+
+
+def test_img2dataset_folder_is_detected_as_webdataset_despite_its_parquet_files(tmp_path):
+    from sharpclip.data.validate import detect_format
+
+    img2dataset(tmp_path, 1, 1)
+    assert detect_format(tmp_path) == "webdataset"
+
+
+def test_brace_patterns_and_lists_of_patterns_select_shards(tmp_path):
+    img2dataset(tmp_path, 4, 1)
+    assert [Path(u).name for u in shard_urls(cfg(tmp_path, shards=["{00001..00002}.tar"]), "train")] == [
+        "00001.tar",
+        "00002.tar",
+    ]
+    both = shard_urls(cfg(tmp_path, shards=["00000.tar", "0000{2,3}.tar"]), "train")
+    assert [Path(u).name for u in both] == ["00000.tar", "00002.tar", "00003.tar"]
+    with pytest.raises(FileNotFoundError, match=r"00004.tar: shard not found \(6 of 10 missing\)"):
+        shard_urls(cfg(tmp_path, shards=["{00000..00009}.tar"]), "train")
+
+
+def test_counts_come_from_stats_files_or_the_tar_headers(tmp_path):
+    img2dataset(tmp_path, 1, 5)
+    assert count_samples(str(tmp_path / "00000.tar")) == 5
+    (tmp_path / "00000_stats.json").unlink()
+    write_shard(tmp_path / "00000.tar", [("a.jpg", b"x"), ("a.txt", b"t"), ("b.png", b"y"), ("c.txt", b"only text")])
+    assert count_samples(str(tmp_path / "00000.tar")) == 2
+
+
+def _epoch_ids(root: Path, world: int, workers: int, batch: int, epoch: int = 0, **kw) -> Counter:
+    seen: Counter = Counter()
+    for rank in range(world):
+        loader = build_loader(cfg(root, num_workers=workers, shuffle_buffer=4, **kw), "train", TOK,
+                              batch_size=batch, rank=rank, world_size=world, seed=1)  # fmt: skip
+        loader.set_epoch(epoch)
+        batches = list(loader)
+        assert len(batches) == len(loader)  # every rank yields the same number of batches
+        seen.update(i for b in batches for i in b.ids)
+    return seen
+
+
+def test_two_ranks_by_two_workers_see_every_sample_exactly_once_per_epoch(tmp_path):
+    keys = img2dataset(tmp_path, 8, 6)  # 4 slots × 2 shards × 6 samples; batch 4 divides every slot's 12
+    for epoch in (0, 1):
+        seen = _epoch_ids(tmp_path, world=2, workers=2, batch=4, epoch=epoch)
+        assert sorted(seen) == sorted(keys) and set(seen.values()) == {1}
+
+
+def test_uneven_shards_give_equal_lengths_and_no_sample_twice(tmp_path):
+    img2dataset(tmp_path, 5, 5)  # slots of 10, 5, 5, 5 samples: capacities differ, the common length is the least
+    seen = _epoch_ids(tmp_path, world=2, workers=2, batch=2)
+    assert max(seen.values()) == 1 and len(seen) == 2 * 4 * 2  # rank 0: 5 + 2 = 7 batches, capped at rank 1's 4
+
+
+def test_shuffle_changes_order_between_epochs_not_between_runs(tmp_path):
+    img2dataset(tmp_path, 2, 8)
+    loader = build_loader(cfg(tmp_path, shuffle_buffer=8), "train", TOK, batch_size=4, seed=5)
+    orders = []
+    for epoch in (0, 1, 0):
+        loader.set_epoch(epoch)
+        orders.append([i for b in loader for i in b.ids])
+    assert orders[0] == orders[2] and orders[0] != orders[1] and sorted(orders[0]) == sorted(orders[1])
+
+
+def test_epoch_samples_sets_the_length_and_cannot_exceed_the_shards(tmp_path):
+    img2dataset(tmp_path, 4, 6)
+    assert len(build_loader(cfg(tmp_path, epoch_samples=8), "train", TOK, batch_size=2, world_size=2)) == 2
+    with pytest.raises(ValueError, match=r"data\.epoch_samples=100"):
+        build_loader(cfg(tmp_path, epoch_samples=100), "train", TOK, batch_size=2)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_continues_the_epoch_from_the_saved_positions(tmp_path, workers):
+    keys = img2dataset(tmp_path, 4, 6)
+    make = lambda: build_loader(cfg(tmp_path, num_workers=workers, shuffle_buffer=0), "train", TOK,  # noqa: E731
+                                batch_size=3, seed=2)  # fmt: skip
+    full = make()
+    full.set_epoch(1)
+    reference = [b.ids for b in full]
+    first = make()
+    first.set_epoch(1)
+    it = iter(first)
+    done = [next(it).ids for _ in range(3)]
+    state = json.loads(json.dumps(first.state_dict()))  # as a checkpoint stores it
+    del it
+    second = make()
+    second.load_state_dict(state)
+    second.set_epoch(1)
+    rest = [b.ids for b in second]
+    assert sorted(i for b in done + rest for i in b) == sorted(keys)  # nothing twice, nothing lost
+    assert done + rest == reference if workers == 0 else len(done + rest) == len(reference)
+    assert second.state_dict()["epoch"] == 2  # the epoch ended: the next one starts fresh
+
+
+def test_bad_samples_are_named_by_shard_and_key_and_skipped_by_policy(tmp_path):
+    good = [("k1.jpg", _jpeg(1)), ("k1.txt", b"a photo")]
+    bad = [("k2.jpg", b"not a jpeg"), ("k2.txt", b"a photo"), ("k3.txt", b"no image"), ("k4.jpg", _jpeg(4))]
+    write_shard(tmp_path / "train-0.tar", good + bad + [("k5.jpg", _jpeg(5)), ("k5.json", b"{oops")])
+    with pytest.raises(BadSampleError, match=r"train-0.tar:k2"):
+        list(build_loader(cfg(tmp_path, shuffle=False), "train", TOK, batch_size=1))
+    loader = build_loader(cfg(tmp_path, on_bad_sample="skip", shuffle=False), "train", TOK, batch_size=1)
+    assert [b.ids for b in loader] == [["k1"]]
+    reasons = {b.record: b.reason for b in loader.report.items}
+    assert set(reasons) == {"k2", "k3", "k4", "k5"}
+    assert reasons["k2"].startswith("unreadable image") and reasons["k3"].startswith("missing file")
+    assert reasons["k4"].startswith("empty caption") and reasons["k5"].startswith("malformed record")
+
+
+def test_validate_data_on_shards_counts_per_shard_and_names_bad_keys(tmp_path, capsys):
+    from sharpclip.cli import main
+
+    img2dataset(tmp_path, 2, 3)
+    write_shard(tmp_path / "00002.tar", [("x1.jpg", b"broken"), ("x1.txt", b"a photo")])
+    assert main(["validate-data", str(tmp_path), "--json", str(tmp_path / "r.json")]) == 1  # was: 0 samples, OK
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["format"] == "webdataset" and report["samples"] == 7
+    assert [n for n in report["shards"].values()] == [3, 3, 1]
+    assert len(report["errors"]) == 1 and "00002.tar:x1: record x1: unreadable image" in report["errors"][0]
+    out = capsys.readouterr().out
+    assert "3 shards: 00000.tar 3, 00001.tar 3, 00002.tar 1" in out
+
+
+def test_validate_data_on_an_empty_folder_fails(tmp_path):
+    from sharpclip.cli import main
+
+    (tmp_path / "empty").mkdir()
+    assert main(["validate-data", str(tmp_path / "empty"), "--json", str(tmp_path / "r.json")]) == 1
+    assert "no generic samples" in json.loads((tmp_path / "r.json").read_text())["errors"][0]

@@ -1,0 +1,199 @@
+"""open_clip folders → CLIPModel: checked against an independent open_clip-style forward, with both activations."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+from torch import Tensor
+
+from sharpclip.config import ModelConfig
+from sharpclip.models import create_model
+from sharpclip.models.open_clip import UnsupportedOpenClipModel
+
+WIDTH, VWIDTH, HEAD_WIDTH, TEXT_HEADS, EMBED, VOCAB, PATCH, GRID, LAYERS, CONTEXT = 96, 96, 16, 4, 32, 90, 4, 3, 2, 12
+
+
+def _rnd(gen: torch.Generator, *shape: int, scale: float = 0.08) -> Tensor:
+    return torch.randn(*shape, generator=gen) * scale
+
+
+def _block(sd: dict, p: str, w: int, gen: torch.Generator) -> None:
+    sd |= {f"{p}attn.in_proj_weight": _rnd(gen, 3 * w, w), f"{p}attn.in_proj_bias": _rnd(gen, 3 * w),
+           f"{p}attn.out_proj.weight": _rnd(gen, w, w), f"{p}attn.out_proj.bias": _rnd(gen, w),
+           f"{p}ln_1.weight": 1 + _rnd(gen, w), f"{p}ln_1.bias": _rnd(gen, w),
+           f"{p}ln_2.weight": 1 + _rnd(gen, w), f"{p}ln_2.bias": _rnd(gen, w),
+           f"{p}mlp.c_fc.weight": _rnd(gen, 4 * w, w), f"{p}mlp.c_fc.bias": _rnd(gen, 4 * w),
+           f"{p}mlp.c_proj.weight": _rnd(gen, w, 4 * w), f"{p}mlp.c_proj.bias": _rnd(gen, w)}  # fmt: skip
+
+
+def open_clip_state_dict(seed: int = 0) -> dict[str, Tensor]:
+    """The keys open_clip's CLIP.state_dict() has for a ViT + text transformer (the OpenAI layout)."""
+    gen = torch.Generator().manual_seed(seed)
+    sd = {"token_embedding.weight": _rnd(gen, VOCAB, WIDTH), "positional_embedding": _rnd(gen, CONTEXT, WIDTH),
+          "ln_final.weight": 1 + _rnd(gen, WIDTH), "ln_final.bias": _rnd(gen, WIDTH),
+          "text_projection": _rnd(gen, WIDTH, EMBED), "logit_scale": torch.tensor(math.log(1 / 0.07)),
+          "visual.conv1.weight": _rnd(gen, VWIDTH, 3, PATCH, PATCH), "visual.class_embedding": _rnd(gen, VWIDTH),
+          "visual.positional_embedding": _rnd(gen, GRID * GRID + 1, VWIDTH),
+          "visual.ln_pre.weight": 1 + _rnd(gen, VWIDTH), "visual.ln_pre.bias": _rnd(gen, VWIDTH),
+          "visual.ln_post.weight": 1 + _rnd(gen, VWIDTH), "visual.ln_post.bias": _rnd(gen, VWIDTH),
+          "visual.proj": _rnd(gen, VWIDTH, EMBED)}  # fmt: skip
+    for i in range(LAYERS):
+        _block(sd, f"transformer.resblocks.{i}.", WIDTH, gen)
+        _block(sd, f"visual.transformer.resblocks.{i}.", VWIDTH, gen)
+    return sd
+
+
+def model_cfg(quick_gelu: bool, **vision) -> dict:
+    return {"embed_dim": EMBED, "quick_gelu": quick_gelu,
+            "vision_cfg": {"image_size": GRID * PATCH, "layers": LAYERS, "width": VWIDTH, "head_width": HEAD_WIDTH,
+                           "patch_size": PATCH, **vision},
+            "text_cfg": {"context_length": CONTEXT, "vocab_size": VOCAB, "width": WIDTH, "heads": TEXT_HEADS,
+                         "layers": LAYERS}}  # fmt: skip
+
+
+def write_folder(tmp_path, cfg: dict, preprocess: dict | None = None, bin_file: bool = False):
+    folder = tmp_path / "oc"
+    folder.mkdir(exist_ok=True)
+    preprocess = preprocess or {"mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25], "interpolation": "bicubic",
+                                "resize_mode": "shortest"}  # fmt: skip
+    (folder / "open_clip_config.json").write_text(json.dumps({"model_cfg": cfg, "preprocess_cfg": preprocess}))
+    sd = open_clip_state_dict()
+    if bin_file:
+        torch.save(sd, folder / "open_clip_pytorch_model.bin")
+    else:
+        save_file(sd, str(folder / "open_clip_model.safetensors"))
+    return folder, sd
+
+
+# --- open_clip's forward, written from its layout (heads from head_width, activation from the config) -------------
+
+
+def _ln(x: Tensor, sd: dict, p: str) -> Tensor:
+    return F.layer_norm(x, x.shape[-1:], sd[f"{p}.weight"], sd[f"{p}.bias"], eps=1e-5)
+
+
+def _tower(x: Tensor, sd: dict, prefix: str, heads: int, quick: bool, causal: bool) -> Tensor:
+    for i in range(LAYERS):
+        p = f"{prefix}transformer.resblocks.{i}."
+        attn_in = _ln(x, sd, f"{p}ln_1")
+        mask = torch.full((x.shape[1],) * 2, float("-inf")).triu(1) if causal else None
+        out, _ = F.multi_head_attention_forward(
+            attn_in.transpose(0, 1), attn_in.transpose(0, 1), attn_in.transpose(0, 1), x.shape[-1], heads,
+            sd[f"{p}attn.in_proj_weight"], sd[f"{p}attn.in_proj_bias"], None, None, False, 0.0,
+            sd[f"{p}attn.out_proj.weight"], sd[f"{p}attn.out_proj.bias"], attn_mask=mask, need_weights=False,
+        )  # fmt: skip
+        x = x + out.transpose(0, 1)
+        h = _ln(x, sd, f"{p}ln_2") @ sd[f"{p}mlp.c_fc.weight"].T + sd[f"{p}mlp.c_fc.bias"]
+        h = h * torch.sigmoid(1.702 * h) if quick else F.gelu(h)
+        x = x + h @ sd[f"{p}mlp.c_proj.weight"].T + sd[f"{p}mlp.c_proj.bias"]
+    return x
+
+
+def ref_text(sd: dict, ids: Tensor, quick: bool) -> Tensor:
+    x = sd["token_embedding.weight"][ids] + sd["positional_embedding"]
+    x = _ln(_tower(x, sd, "", TEXT_HEADS, quick, causal=True), sd, "ln_final")
+    return F.normalize(x[torch.arange(len(ids)), ids.argmax(-1)] @ sd["text_projection"], dim=-1)
+
+
+def ref_image(sd: dict, pixels: Tensor, quick: bool) -> Tensor:
+    x = F.conv2d(pixels, sd["visual.conv1.weight"], stride=PATCH).flatten(2).transpose(1, 2)
+    x = torch.cat([sd["visual.class_embedding"].expand(len(x), 1, -1), x], 1) + sd["visual.positional_embedding"]
+    x = _tower(_ln(x, sd, "visual.ln_pre"), sd, "visual.", VWIDTH // HEAD_WIDTH, quick, causal=False)
+    return F.normalize(_ln(x[:, 0], sd, "visual.ln_post") @ sd["visual.proj"], dim=-1)
+
+
+def _ids() -> Tensor:
+    ids = torch.zeros(2, CONTEXT, dtype=torch.long)  # open_clip pads with 0 after eot (the largest id)
+    ids[0, :4] = torch.tensor([VOCAB - 2, 5, 9, VOCAB - 1])
+    ids[1, :] = torch.tensor([VOCAB - 2, *range(10, 10 + CONTEXT - 2), VOCAB - 1])
+    return ids
+
+
+@pytest.mark.parametrize(("quick_gelu", "bin_file"), [(True, False), (False, True)])
+def test_open_clip_folder_computes_open_clips_function(tmp_path, quick_gelu: bool, bin_file: bool) -> None:
+    folder, sd = write_folder(tmp_path, model_cfg(quick_gelu), bin_file=bin_file)
+    model = create_model(ModelConfig(name=str(folder)))
+    act = model.hf_model.config.text_config.hidden_act
+    assert act == ("quick_gelu" if quick_gelu else "gelu") == model.hf_model.config.vision_config.hidden_act
+    assert model.vision_model.config.num_attention_heads == VWIDTH // HEAD_WIDTH != VWIDTH // 64
+    assert model.context_length == CONTEXT
+    pixels = torch.randn(2, 3, GRID * PATCH, GRID * PATCH, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        txt, img = model.encode_text(_ids()).embedding, model.encode_image(pixels).embedding
+    torch.testing.assert_close(txt, ref_text(sd, _ids(), quick_gelu), atol=2e-5, rtol=0)
+    torch.testing.assert_close(img, ref_image(sd, pixels, quick_gelu), atol=2e-5, rtol=0)
+    with torch.no_grad():  # the other activation is measurably a different function: the check can fail
+        wrong = ref_text(sd, _ids(), not quick_gelu)
+    assert (txt - wrong).abs().max() > 1e-3
+
+
+def test_preprocessing_comes_from_preprocess_cfg(tmp_path) -> None:
+    preprocess = {"mean": [0.1, 0.2, 0.3], "std": [0.4, 0.5, 0.6], "interpolation": "bilinear", "resize_mode": "squash"}
+    folder, _ = write_folder(tmp_path, model_cfg(False), preprocess)
+    from sharpclip.data.transforms import model_transforms
+    from sharpclip.models.tokenizer import build_word_tokenizer
+
+    model = create_model(ModelConfig(name=str(folder)))
+    model.tokenizer = build_word_tokenizer(["a"])  # the folder has no tokenizer files (model.processor would give one)
+    image, _ = model_transforms(model)
+    assert image.mean.ravel().tolist() == pytest.approx([0.1, 0.2, 0.3]) and image.resample == 2
+    assert image.crop is False and image.size == GRID * PATCH
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"vision_cfg": {"timm_model_name": "vit_base_patch16_224"}}, "vision_cfg.timm_model_name"),
+        ({"text_cfg": {"hf_model_name": "xlm-roberta-base"}}, "text_cfg.hf_model_name"),
+        ({"multimodal_cfg": {"width": 64}}, "multimodal_cfg"),
+        ({"vision_cfg": {"attentional_pool": True}}, "vision_cfg.attentional_pool"),
+        ({"text_cfg": {"pool_type": "last"}}, "text_cfg.pool_type"),
+        ({"vision_cfg": {"layers": [3, 4, 6, 3]}}, "vision_cfg.layers"),
+    ],
+)
+def test_unconvertible_towers_are_refused_naming_the_field(tmp_path, change: dict, field: str) -> None:
+    cfg = model_cfg(False)
+    for section, values in change.items():
+        cfg[section] = {**cfg.get(section, {}), **values} if section in cfg else values
+    folder, _ = write_folder(tmp_path, cfg)
+    with pytest.raises(UnsupportedOpenClipModel, match=f"model_cfg.{field}"):
+        create_model(ModelConfig(name=str(folder)))
+
+
+def test_config_and_weights_must_agree(tmp_path) -> None:
+    cfg = model_cfg(False)
+    cfg["text_cfg"]["context_length"] = 77
+    folder, _ = write_folder(tmp_path, cfg)
+    with pytest.raises(ValueError, match=r"text_cfg\.context_length is 77 but the weights have 12"):
+        create_model(ModelConfig(name=str(folder)))
+
+
+def test_lone_safetensors_says_what_was_assumed_and_honours_model_activation(tmp_path, caplog) -> None:
+    path = tmp_path / "weights.safetensors"
+    save_file(open_clip_state_dict(), str(path))
+    with caplog.at_level(logging.WARNING, logger="sharpclip.models"):
+        quick = create_model(ModelConfig(name=str(path)))
+    assert "assumed the quick_gelu activation (OpenAI's)" in caplog.text and "model.activation=gelu" in caplog.text
+    assert quick.hf_model.config.text_config.hidden_act == "quick_gelu"
+    gelu = create_model(ModelConfig(name=str(path), activation="gelu"))
+    assert gelu.hf_model.config.vision_config.hidden_act == "gelu"
+
+
+def test_custom_text_clip_keys_with_a_linear_projection_convert_the_same(tmp_path) -> None:
+    """CustomTextCLIP (custom_text: true) stores its own text transformer under `text.`, the projection as a Linear."""
+    folder, sd = write_folder(tmp_path, {**model_cfg(False), "custom_text": True})
+    text_keys = [k for k in sd if not k.startswith("visual.") and k != "logit_scale"]
+    custom = {k: v for k, v in sd.items() if k not in text_keys}
+    custom |= {f"text.{k}": v for k, v in sd.items() if k in text_keys and k != "text_projection"}
+    custom["text.text_projection.weight"] = sd["text_projection"].T.contiguous()
+    save_file(custom, str(folder / "open_clip_model.safetensors"))
+    model = create_model(ModelConfig(name=str(folder)))
+    with torch.no_grad():
+        txt = model.encode_text(_ids()).embedding
+    torch.testing.assert_close(txt, ref_text(sd, _ids(), quick=False), atol=2e-5, rtol=0)
