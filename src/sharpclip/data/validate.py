@@ -155,12 +155,21 @@ def _images_and_captions(samples: Sequence[Sample]) -> tuple[list[tuple[ImageSou
     return images, captions
 
 
-def repeated_ids(samples: Sequence[Sample]) -> tuple[int, int, list[str]]:
-    """(records whose id repeats, those among them whose id names several images, up to 5 such ids)."""
-    images: dict[str, list[str]] = {}
+def sample_images(samples: Sequence[Sample]) -> list[tuple[str, str]]:
+    """(id, image path) of each record (an edit sample's source image)."""
+    pairs = []
     for s in samples:
         source = s.source_image if isinstance(s, EditSample) else s.image
-        images.setdefault(s.id, []).append(str(getattr(source, "path", source)))
+        pairs.append((s.id, str(getattr(source, "path", source))))
+    return pairs
+
+
+def repeated_ids(id_images: Sequence[tuple[str, str]]) -> tuple[int, int, list[str]]:
+    """(records whose id repeats, those among them whose id names several images, up to 5 such ids), from each
+    record's (id, image) where the image is a path or, for streamed shards, a digest of its bytes."""
+    images: dict[str, list[str]] = {}
+    for sample_id, image in id_images:
+        images.setdefault(sample_id, []).append(image)
     repeated = {i: srcs for i, srcs in images.items() if len(srcs) > 1}
     different = {i: srcs for i, srcs in repeated.items() if len(set(srcs)) > 1}
     examples = [f"{i} ({len(srcs)} records)" for i, srcs in list({**different, **repeated}.items())[:5]]
@@ -197,13 +206,14 @@ def validate(
     report = BadSampleReport("skip")
     rep = ValidationReport(cfg.format, str(data_root(cfg)), split)
     if cfg.format == "webdataset":  # streamed shard by shard: images are decoded and dropped, never all held
-        rep.images, captions, digests, bad = _stream_shards(cfg, split, rep, report)
+        rep.images, captions, digests, bad, id_images = _stream_shards(cfg, split, rep, report)
     else:
         samples = read_samples(cfg, split, report)
         rep.samples = len(samples)
         images, captions = _images_and_captions(samples)
         rep.images, bad = len(images), list(report.items)
         digests = [hashlib.sha1(b).hexdigest() for b in (_check_image(s, x, bad) for s, x in images) if b is not None]
+        id_images = sample_images(samples)
     if not rep.samples and not bad:
         bad.append(BadSample(rep.root, "-", f"missing file: no {cfg.format} samples for split {split!r}; "
                                             "check the path, --format and --split"))  # fmt: skip
@@ -214,7 +224,7 @@ def validate(
     rep.duplicate_captions = sum(repeated.values())
     rep.duplicate_caption_examples = [t[:80] for t in list(repeated)[:5]]
     rep.duplicate_images = sum(n for n in Counter(digests).values() if n > 1)
-    rep.repeated_ids, rep.repeated_ids_different_images, rep.repeated_id_examples = repeated_ids(samples)
+    rep.repeated_ids, rep.repeated_ids_different_images, rep.repeated_id_examples = repeated_ids(id_images)
     counter = count_tokens or approximate_lengths
     rep.token_counter = token_counter or ("tokenizer" if count_tokens else "approximate: words and punctuation")
     rep.token_lengths, rep.truncated_share = _length_stats(counter(captions))
@@ -225,7 +235,7 @@ def _stream_shards(cfg: DataConfig, split: str, rep: ValidationReport, report: B
     """Per shard: samples read, each image decoded and hashed; bad samples are named by shard and key."""
     from sharpclip.data.formats import webdataset
 
-    captions, digests, bad, images = [], [], [], 0
+    captions, digests, bad, images, id_images = [], [], [], 0, []
     for url in webdataset.shard_urls(cfg, split):
         count = 0
         for raw in webdataset.iter_raw(url, report):
@@ -238,9 +248,10 @@ def _stream_shards(cfg: DataConfig, split: str, rep: ValidationReport, report: B
             data = _check_image(sample.image, sample, bad)
             if data is not None:
                 digests.append(hashlib.sha1(data).hexdigest())
+                id_images.append((sample.id, digests[-1]))
         rep.shards[url] = count
     rep.samples = sum(rep.shards.values())
-    return images, captions, digests, report.items + bad
+    return images, captions, digests, report.items + bad, id_images
 
 
 def tokenizer_counter(cfg: DataConfig, tokenizer_path: str | None) -> tuple[Callable | None, str]:
