@@ -110,6 +110,7 @@ def build_dataset(cfg: DataConfig, split: str, transform=None, seed: int = 0) ->
         group_batches=cfg.group_batches,
         seed=seed,
         report=report,
+        max_image_pixels=cfg.max_image_pixels,
     )
 
 

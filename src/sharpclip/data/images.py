@@ -1,13 +1,20 @@
 """Decoding images from every `ImageSource` the loaders produce (paths, bytes, PIL images, parquet cells).
 
-A failure raises `ImageLoadError` whose reason starts with "missing file" or "unreadable image"; the dataset turns it
-into a `BadSample` naming the record.
+A failure raises `ImageLoadError` whose reason starts with "missing file", "unreadable image" or "image too large";
+the dataset turns it into a `BadSample` naming the record.
+
+High-bit-depth modes are scaled to 8 bits before the RGB conversion (PIL's own conversion clips them, so a 16-bit PNG
+would become near-white): 16-bit (`I;16*`, and `I` holding values up to 65535, the mode PIL gives some 16-bit
+greyscale files) by 255/65535; 32-bit `I` with larger values by 255/(2³¹ − 1); float (`F`) by 255 when its values
+lie in [0, 1], else clipped to [0, 255]. An image whose header says it has more than
+`max_pixels` pixels (data.max_image_pixels, default PIL's decompression-bomb limit) is refused before decoding.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import warnings
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -114,30 +121,70 @@ def image_bytes(source: ImageSource) -> bytes | None:
     return None
 
 
+HIGH_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
+
+
+def to_8bit(image: Image.Image) -> Image.Image:
+    """A greyscale image of more than 8 bits as 8-bit `L`, scaled (not clipped) as the module docstring says."""
+    import numpy as np
+
+    if image.mode not in HIGH_BIT_MODES:
+        return image
+    values = np.asarray(image, dtype=np.float64)
+    if image.mode == "F":
+        finite = values[np.isfinite(values)]
+        scale = 255.0 if finite.size and finite.min() >= 0 and finite.max() <= 1 else 1.0
+    elif image.mode == "I" and values.size and values.max() > 65535:  # a genuine 32-bit image: its full range
+        scale = 255.0 / 2147483647.0
+    else:
+        scale = 255.0 / 65535.0
+    out = np.clip(np.nan_to_num(values * scale), 0, 255)
+    return Image.fromarray(np.rint(out).astype(np.uint8), mode="L")
+
+
 def to_rgb(image: Image.Image) -> Image.Image:
     """RGB, with any transparency composited onto white (HF CLIPImageProcessor's rule; OpenAI's drops alpha)."""
+    image = to_8bit(image)
     if "A" in image.getbands() or image.info.get("transparency") is not None:
         rgba = image.convert("RGBA")
         return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
     return image.convert("RGB")
 
 
-def _decode(data: bytes | Path | str, name: str) -> Image.Image:
+def check_size(image: Image.Image, name: str, max_pixels: int | None) -> None:
+    """`ImageLoadError` ("image too large") when the image has more than `max_pixels` pixels (None: no limit)."""
+    width, height = image.size
+    if max_pixels is not None and width * height > max_pixels:
+        raise ImageLoadError(
+            f"image too large: {name} is {width}×{height} = {width * height:,} pixels, over data.max_image_pixels "
+            f"({max_pixels:,}); shrink it, or raise the limit if you trust the file"
+        )
+
+
+def _decode(data: bytes | Path | str, name: str, max_pixels: int | None = None) -> Image.Image:
     try:
-        with Image.open(io.BytesIO(data) if isinstance(data, bytes) else data) as img:
-            return to_rgb(img)  # converting forces the full decode, so truncated files fail here
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the size is checked just below
+            with Image.open(io.BytesIO(data) if isinstance(data, bytes) else data) as img:
+                check_size(img, name, max_pixels)  # from the header: nothing decoded yet
+                return to_rgb(img)  # converting forces the full decode, so truncated files fail here
     except FileNotFoundError:
         raise ImageLoadError(f"missing file: {name} does not exist") from None
-    except (OSError, ValueError, Image.DecompressionBombError) as err:
+    except Image.DecompressionBombError as err:  # above twice PIL's own limit: refused by PIL before our check
+        raise ImageLoadError(f"image too large: {name}: {err}") from None
+    except (OSError, ValueError) as err:
+        if isinstance(err, ImageLoadError):
+            raise
         raise ImageLoadError(f"unreadable image: {name}: {err}") from None
 
 
-def load_image(source: ImageSource) -> Image.Image:
-    """The image as RGB; raises `ImageLoadError` when it is missing or corrupt."""
+def load_image(source: ImageSource, max_pixels: int | None = None) -> Image.Image:
+    """The image as RGB; raises `ImageLoadError` when it is missing, corrupt or over `max_pixels` pixels."""
     if isinstance(source, Image.Image):
+        check_size(source, describe(source), max_pixels)
         return to_rgb(source)
     if isinstance(source, ParquetCell):
-        return _decode(_cell_bytes(source), describe(source))
+        return _decode(_cell_bytes(source), describe(source), max_pixels)
     if isinstance(source, bytes):
-        return _decode(source, "<image bytes>")
-    return _decode(Path(source), str(source))
+        return _decode(source, "<image bytes>", max_pixels)
+    return _decode(Path(source), str(source), max_pixels)

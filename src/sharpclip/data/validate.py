@@ -100,10 +100,12 @@ def detect_format(path: Path) -> str:
     return "generic"
 
 
-def _check_image(source: ImageSource, sample: Sample, errors: list[BadSample]) -> bytes | None:
+def _check_image(
+    source: ImageSource, sample: Sample, errors: list[BadSample], max_pixels: int | None = None
+) -> bytes | None:
     """The image's bytes (for duplicate detection) after a full decode; None and an error when it fails."""
     try:
-        load_image(source)
+        load_image(source, max_pixels)
         return image_bytes(source)
     except (ImageLoadError, FileNotFoundError) as err:
         reason = err.reason if isinstance(err, ImageLoadError) else f"missing file: {source}"
@@ -155,7 +157,8 @@ def validate(
     rep = ValidationReport(cfg.format, str(data_root(cfg)), split, samples=len(samples))
     images, captions = _images_and_captions(samples)
     bad = list(report.items)
-    digests = [hashlib.sha1(b).hexdigest() for b in (_check_image(src, s, bad) for src, s in images) if b is not None]
+    checked = (_check_image(src, s, bad, cfg.max_image_pixels) for src, s in images)
+    digests = [hashlib.sha1(b).hexdigest() for b in checked if b is not None]
     rep.images, rep.captions = len(images), len(captions)
     rep.errors = [str(b) for b in bad]
     rep.error_counts = dict(Counter(b.reason.split(":")[0] for b in bad))

@@ -5,28 +5,34 @@
 
 The model decides the preprocessing: images at its own size and mean/std, captions at its own context length
 (data.model_transforms), so a Long-CLIP-stretched tower reads 248 tokens without a second setting to keep in step.
-The run directory receives the resolved config (config.yaml), the logs, checkpoints and evaluation results.
+The run directory receives the resolved config (config.yaml), the logs, checkpoints and evaluation results. It is
+opened by train.run_dir's policy (a fresh run refuses a non-empty directory; `resume` and `overwrite` say otherwise;
+a lock keeps a second run out), and a resume is reconciled with the saved config by train.resume.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import json
 import logging
 import random
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from sharpclip.config import Config, ConfigError, DataConfig, load_config, to_yaml
+from sharpclip.config import VALIDATION_KS, Config, ConfigError, DataConfig, to_yaml
 from sharpclip.models.base import DualEncoder
-from sharpclip.train import checkpoint, distributed
+from sharpclip.train import distributed, run_dir
+from sharpclip.train import resume as resume_policy
 from sharpclip.train.logging import log
 from sharpclip.train.trainer import Trainer, TrainerState
 
-RESOLVED_CONFIG = "config.yaml"
-VALIDATION_KS = (1, 5, 10)
+RESOLVED_CONFIG = resume_policy.RESOLVED_CONFIG
+RESUMES = "resumes.jsonl"  # one line per resume: the step, the checkpoint and the settings it changed
 
 
 def seed_everything(seed: int) -> None:
@@ -35,25 +41,35 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _setup_logging(run_dir: Path) -> None:
+@contextlib.contextmanager
+def _run_logging(directory: Path) -> Iterator[None]:
+    """The trainer's log to stderr and to `directory`/train.log for this run (rank 0), removed afterwards."""
     if distributed.rank() != 0 or any(getattr(h, "sharpclip", False) for h in log.handlers):
+        yield
         return
-    run_dir.mkdir(parents=True, exist_ok=True)
-    for handler in (logging.StreamHandler(), logging.FileHandler(run_dir / "train.log")):
+    directory.mkdir(parents=True, exist_ok=True)
+    handlers = (logging.StreamHandler(), logging.FileHandler(directory / "train.log"))
+    for handler in handlers:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
         handler.sharpclip = True  # type: ignore[attr-defined]
         log.addHandler(handler)
-    log.setLevel(logging.INFO)
+    level, log.level = log.level, logging.INFO
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            log.removeHandler(handler)
+            handler.close()
+        log.setLevel(level)
 
 
 def retrieval_validator(model: DualEncoder, data: DataConfig, split: str):
     """A callback for the trainer: R@1/5/10 both directions on `split`, plus `mean_R@1` (the best-checkpoint key)."""
-    from sharpclip.data import read_samples
     from sharpclip.data.transforms import model_transforms
     from sharpclip.eval.embed import ModelEmbedder
     from sharpclip.eval.retrieval import evaluate_retrieval, from_samples
 
-    dataset = from_samples(split, read_samples(data, split))
+    dataset = from_samples(split, _validation_samples(data, split))
     preprocess, tokenizer = model_transforms(model)
 
     def evaluate(model: DualEncoder) -> dict[str, float]:
@@ -63,6 +79,23 @@ def retrieval_validator(model: DualEncoder, data: DataConfig, split: str):
         return {**flat, "mean_R@1": (flat["t2i_R@1"] + flat["i2t_R@1"]) / 2}
 
     return evaluate
+
+
+def _validation_samples(data: DataConfig, split: str) -> list:
+    from sharpclip.data import read_samples
+
+    hint = "set data.eval_split to a split that exists, or train.eval_every=0 to train without validation"
+    try:
+        samples = read_samples(data, split)
+    except FileNotFoundError as err:  # the split's annotation file or folder: the message names the path
+        raise ConfigError(f"validation split data.eval_split={split!r}: {err}; {hint}") from None
+    except ValueError as err:
+        if "unknown split" not in str(err):
+            raise
+        raise ConfigError(f"validation split data.eval_split={split!r}: {err}; {hint}") from None
+    if not samples:
+        raise ConfigError(f"validation split data.eval_split={split!r} of {data.format} has no samples; {hint}")
+    return samples
 
 
 def build_trainer(cfg: Config) -> Trainer:
@@ -97,41 +130,67 @@ def build_trainer(cfg: Config) -> Trainer:
     def write_model(directory: Path) -> None:
         save_checkpoint(model, directory, cfg.model)
 
-    run_dir = Path(cfg.train.output_dir)
-    return Trainer(model, objective, loader, cfg.train, run_dir, write_model, evaluate, frozen)
+    return Trainer(model, objective, loader, cfg.train, Path(cfg.train.output_dir), write_model, evaluate, frozen)
 
 
-def run_train(cfg: Config, resume: str | Path | None = None) -> TrainerState:
-    """Train as `cfg` says, in `cfg.train.output_dir`; `resume` (a run directory or checkpoint) continues exactly."""
+def run_train(cfg: Config, resume: str | Path | None = None, overwrite: bool = False) -> TrainerState:
+    """Train as `cfg` says, in `cfg.train.output_dir`, which must be empty unless `overwrite` (empty it first).
+
+    `resume` (a run directory, or RUN/checkpoints/step-N) continues that run exactly, writing into that run
+    directory; `cfg` may change only what train.resume applies (the rest is an error listing saved → new).
+    """
     distributed.init_from_env()
-    run_dir = Path(cfg.train.output_dir)
-    _setup_logging(run_dir)
-    if distributed.rank() == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / RESOLVED_CONFIG).write_text(to_yaml(cfg))
-    trainer = build_trainer(cfg)
-    if resume is not None:
-        trainer.resume(resume_checkpoint(resume))
+    directory, named = resume_policy.locate(resume) if resume is not None else (Path(cfg.train.output_dir), None)
+    mode = "resume" if resume is not None else "overwrite" if overwrite else "fresh"
     try:
-        return trainer.fit()
+        changed = _open(cfg, directory, mode)
+        lock = run_dir.open_run_dir(directory, mode) if distributed.rank() == 0 else None
+        try:
+            with _run_logging(directory):
+                trainer = _start(cfg, directory, named, changed, resuming=mode == "resume")
+                return trainer.fit()
+        finally:
+            if lock is not None:
+                lock.release()
     finally:
         distributed.shutdown()
 
 
-def resume_checkpoint(path: str | Path) -> Path:
-    """A checkpoint folder as is; a run directory's newest complete checkpoint."""
-    path = Path(path)
-    if (path / checkpoint.TRAINER_STATE).is_file():
-        return path
-    found = checkpoint.latest(path / "checkpoints")
-    if found is None:
-        raise FileNotFoundError(f"{path}: no complete checkpoint (neither a checkpoint folder nor a run with any)")
-    return found
+def _open(cfg: Config, directory: Path, mode: str) -> dict:
+    """Check the directory for `mode` (every rank, before any writes) and reconcile a resume's config."""
+    run_dir.check_run_dir(directory, mode)
+    changed = {}
+    if mode == "resume":
+        cfg.train.output_dir = str(directory)
+        changed = resume_policy.reconcile(directory, cfg)
+    distributed.barrier()  # no rank writes before every rank has checked
+    return changed
 
 
-def load_run_config(run_dir: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """The resolved config a run wrote, with further overrides (for `sharpclip train --resume RUN`)."""
-    path = Path(run_dir) / RESOLVED_CONFIG
-    if not path.is_file():
-        raise ConfigError(f"{run_dir}: no {RESOLVED_CONFIG}; pass the recipe again along with --resume")
-    return load_config(path, overrides)
+def _start(cfg: Config, directory: Path, named: Path | None, changed: dict, resuming: bool) -> Trainer:
+    """Build the trainer (and resume it); a fresh run that fails to start leaves its directory empty again."""
+    try:
+        trainer = build_trainer(cfg)
+        if resuming:
+            path, loaded = resume_policy.pick_checkpoint(directory, named)
+            trainer.resume(path, loaded)
+            if distributed.rank() == 0:
+                _record_resume(directory, trainer.state.step, path, changed)
+    except BaseException:
+        if not resuming and distributed.rank() == 0:
+            run_dir.empty_dir(directory)
+        raise
+    if distributed.rank() == 0:
+        (directory / RESOLVED_CONFIG).write_text(to_yaml(cfg))  # only now: the values this run really uses
+    return trainer
+
+
+def _record_resume(directory: Path, step: int, path: Path, changed: dict) -> None:
+    record = {"step": step, "checkpoint": path.name, "changed": {k: list(v) for k, v in changed.items()}}
+    with open(directory / RESUMES, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record, default=str) + "\n")
+
+
+def load_run_config(target: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """The config `sharpclip train --resume target` continues with: the run's config.yaml plus `overrides`."""
+    return resume_policy.load_resume_config(target, [], list(overrides))
