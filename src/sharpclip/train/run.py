@@ -94,7 +94,12 @@ def _validation_samples(data: DataConfig, split: str) -> list:
             raise
         raise ConfigError(f"validation split data.eval_split={split!r}: {err}; {hint}") from None
     if not samples:
-        raise ConfigError(f"validation split data.eval_split={split!r} of {data.format} has no samples; {hint}")
+        from sharpclip.data import data_root
+
+        raise ConfigError(
+            f"validation split data.eval_split={split!r}: no {data.format} samples found for it under "
+            f"{data_root(data)}; {hint}"
+        )
     return samples
 
 

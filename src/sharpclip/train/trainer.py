@@ -253,7 +253,7 @@ class Trainer:
         return (
             f"the update of step {step} diverged: it grew the largest |weight| from {last['before']:.3g} to "
             f"{last['after']:.3g} (learning rate {last['lr']:.3g}), and each of the {self.state.bad_steps} steps "
-            "since then had a non-finite loss or gradient, on different samples. Lower train.lr or lengthen "
+            "since then had a non-finite loss or gradient. Lower train.lr or lengthen "
             "train.warmup_steps. Checkpoints holding those weights are marked diverged; a resume uses the one before"
         )
 
