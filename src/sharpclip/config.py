@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 
@@ -323,6 +323,22 @@ def _merge(base: Any, layer: Any, source: str) -> Any:
         raise ConfigError(f"{source}: key '{key}': {reason}") from None
 
 
+def _not_a_mapping(file: Path) -> str | None:
+    """The error for a YAML file whose top level parses but is not a mapping (a list, a number, ...), else None."""
+    import yaml
+
+    try:
+        top = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError, OSError):
+        return None
+    if top is None or isinstance(top, dict):
+        return None
+    return (
+        f"{file}: the top level must be a mapping of sections (model:, data:, loss:, train:, eval:), "
+        f"not a {type(top).__name__}"
+    )
+
+
 def split_args(args: list[str] | tuple[str, ...]) -> tuple[list[str], list[str]]:
     """Command-line words -> (YAML files, key=value overrides): a word with '=' is an override."""
     return [a for a in args if "=" not in a], [a for a in args if "=" in a]
@@ -344,12 +360,9 @@ def load_config(
         try:
             layer = OmegaConf.load(file)
         except Exception as err:  # yaml errors carry line numbers in their message
-            raise ConfigError(f"{file}: not valid YAML: {err}") from None
+            raise ConfigError(_not_a_mapping(file) or f"{file}: not valid YAML: {err}") from None
         if not isinstance(layer, DictConfig):
-            raise ConfigError(
-                f"{file}: the top level must be a mapping of sections (model:, data:, loss:, train:, eval:), "
-                f"not a {'list' if isinstance(layer, ListConfig) else type(layer).__name__}"
-            )
+            raise ConfigError(_not_a_mapping(file) or f"{file}: the top level must be a mapping")
         merged = _merge(merged, layer, str(file))
     for item in overrides:
         if "=" not in item:
