@@ -32,7 +32,7 @@ def test_a_bad_value_names_its_key(override, key):
 
 
 def test_best_metric_lists_the_validation_metrics():
-    with pytest.raises(ConfigError, match="t2i_R@1.*mean_R@1"):
+    with pytest.raises(ConfigError, match=r"t2i_R@1.*mean_R@1"):
         load_config(None, ["train.best_metric=R@1"])
     assert load_config(None, ["train.best_metric=i2t_R@5"]).train.best_metric == "i2t_R@5"
 

@@ -102,7 +102,7 @@ def test_prune_keeps_the_checkpoint_just_written_and_the_best_even_beside_higher
 
 @pytest.mark.parametrize("keep_last", [0, -1])
 def test_keep_last_below_one_is_refused(keep_last, tmp_path):
-    with pytest.raises(ConfigError, match="train.keep_last"):
+    with pytest.raises(ConfigError, match=r"train\.keep_last"):
         load_config(None, [f"train.keep_last={keep_last}"])
     (only,) = _fake_checkpoints(tmp_path, (3,))
     with pytest.raises(ValueError, match="keep_last"):

@@ -136,4 +136,10 @@ def read(root: Path, split: str, cfg: DataConfig, report: BadSampleReport) -> li
     if table is not None:
         return _read_table(table, cfg, report)
     folder = root / split if (root / split).is_dir() else require_dir(root, "generic data")
-    return _read_folder(folder, report)
+    samples = _read_folder(folder, report)
+    if not samples and not report.items and folder == root:  # nothing for this split anywhere: say where we looked
+        raise FileNotFoundError(
+            f"{root}: no {split}.jsonl, {split}.csv or {split}.tsv, no {split}/ folder, and no image + .txt pairs in "
+            "the folder itself (generic format; see the README's Data section)"
+        )
+    return samples
