@@ -148,8 +148,7 @@ def run_train(cfg: Config, resume: str | Path | None = None, overwrite: bool = F
     directory, named = resume_policy.locate(resume) if resume is not None else (Path(cfg.train.output_dir), None)
     mode = "resume" if resume is not None else "overwrite" if overwrite else "fresh"
     try:
-        changed = _open(cfg, directory, mode)
-        lock = run_dir.open_run_dir(directory, mode) if distributed.rank() == 0 else None
+        changed, lock = _open(cfg, directory, mode)
         try:
             with _run_logging(directory):
                 trainer = _start(cfg, directory, named, changed, resuming=mode == "resume")
@@ -161,15 +160,31 @@ def run_train(cfg: Config, resume: str | Path | None = None, overwrite: bool = F
         distributed.shutdown()
 
 
-def _open(cfg: Config, directory: Path, mode: str) -> dict:
-    """Check the directory for `mode` (every rank, before any writes) and reconcile a resume's config."""
-    run_dir.check_run_dir(directory, mode)
-    changed = {}
-    if mode == "resume":
+def _open(cfg: Config, directory: Path, mode: str) -> tuple[dict, run_dir.RunLock | None]:
+    """Check the directory for `mode` and reconcile a resume's config (every rank), then take the lock and empty
+    the directory under overwrite (rank 0); when any rank cannot, every rank stops rather than wait at a barrier."""
+
+    def check() -> dict:
+        run_dir.check_run_dir(directory, mode)
+        if mode != "resume":
+            return {}
         cfg.train.output_dir = str(directory)
-        changed = resume_policy.reconcile(directory, cfg)
-    distributed.barrier()  # no rank writes before every rank has checked
-    return changed
+        return resume_policy.reconcile(directory, cfg)
+
+    changed = _together(check)
+    lock = _together(lambda: run_dir.open_run_dir(directory, mode) if distributed.rank() == 0 else None)
+    return changed, lock
+
+
+def _together(step):
+    """`step()` on every rank; if it raised on any rank, it raises on all (the others with a pointer to that one)."""
+    try:
+        result, error = step(), None
+    except (ConfigError, run_dir.RunDirError, OSError) as err:
+        result, error = None, err
+    if not distributed.all_true(error is None):
+        raise error or run_dir.RunDirError("another process could not open the run directory; see its error")
+    return result
 
 
 def _start(cfg: Config, directory: Path, named: Path | None, changed: dict, resuming: bool) -> Trainer:
