@@ -2,7 +2,7 @@
 
     python benchmarks/finite_check.py [--repeats 50] [--batch 32]
 
-`train.trainer.largest_weight` (one fused max-|w| pass over the trainable parameters, one device sync) is timed
+`train.trainer.largest_weight` (max |w| over the trainable parameters by aminmax, one device sync) is timed
 many times on the small CLIP (benchmarks/_small_model.py, 4 + 4 layers of width 256) and divided by the median time
 of a whole optimiser step on a batch of `--batch` (InfoNCE, exact accumulation). Target: `check_share_of_step` ≤ 0.01.
 """

@@ -47,10 +47,10 @@ class TrainingDiverged(RuntimeError):
 
 
 def largest_weight(params: list[torch.Tensor]) -> float:
-    """max |w| over `params` (inf or nan when any weight is): one fused pass, one device sync."""
-    if not params:
-        return 0.0
-    return float(torch.nn.utils.get_total_norm([p.detach() for p in params], norm_type=math.inf))
+    """max |w| over `params` (inf or nan when any weight is), with one device sync. aminmax, one pass per tensor,
+    was the fastest exact reduction measured (benchmarks/finite_check.py; an inf-norm was 70× slower on CPU)."""
+    extremes = [torch.stack(torch.aminmax(p.detach())) for p in params if p.numel()]
+    return float(torch.stack(extremes).abs().max()) if extremes else 0.0
 
 
 @dataclass
