@@ -147,7 +147,7 @@ def open_run_dir(path: str | Path, mode: str) -> RunLock:
     lock = RunLock(path).acquire()
     try:
         if mode == "overwrite" and contents(path):
-            log.warning("--overwrite: emptying the run directory %s", path)
+            log.warning("emptying the run directory %s (overwrite)", path)
             empty_dir(path)
     except BaseException:
         lock.release()
