@@ -142,3 +142,12 @@ def test_a_stale_lock_is_taken_over_with_a_warning(data, tmp_path, caplog):
         assert run_train(tiny_config(data, run)).step == 2
     assert any("stale lock" in r.getMessage() and str(proc.pid) in r.getMessage() for r in caplog.records)
     assert not (run / LOCK).exists()  # released when the run ended
+
+
+def test_an_unreadable_best_json_does_not_stop_pruning(tmp_path, caplog):
+    old, new = _fake_checkpoints(tmp_path, (1, 2))
+    (tmp_path / checkpoint.BEST).write_text('{"name": ')  # a crash while writing it by hand, a bad copy
+    with caplog.at_level(logging.WARNING, logger="sharpclip.train"):
+        checkpoint.prune(tmp_path, keep_last=1, keep=(new,))
+    assert new.is_dir() and not old.exists()
+    assert any("best.json" in r.getMessage() for r in caplog.records)

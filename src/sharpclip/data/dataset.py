@@ -253,17 +253,17 @@ class SampleLoader(DataLoader):
             shrunk += bool(batch.skipped)
             yield batch
         self.consumed = 0  # the sampler has moved on to the next epoch
-        self._log_sizes(sizes, nominal, empty if shrunk or empty else -1)
+        self._log_sizes(sizes, nominal, empty, shrunk)
         if new:
             log.warning("data: %s", self.report.summary())
 
-    def _log_sizes(self, sizes: list[int], nominal: int, empty: int) -> None:
-        """Record this epoch's effective batch sizes; log them when skipped samples shrank or dropped a batch
-        (`empty` < 0: none did)."""
+    def _log_sizes(self, sizes: list[int], nominal: int, empty: int, shrunk: int) -> None:
+        """Record this epoch's effective batch sizes; log them when skipped samples shrank (`shrunk` batches) or
+        dropped (`empty` batches) any batch."""
         self.epoch_sizes = {"batches": len(sizes), "smallest": min(sizes, default=0),
                             "mean": sum(sizes) / max(1, len(sizes)), "nominal": nominal,
-                            "skipped_batches": max(0, empty)}  # fmt: skip
-        if empty >= 0:
+                            "skipped_batches": empty}  # fmt: skip
+        if shrunk or empty:
             log.warning(
                 "data: skipped samples shrank batches this epoch: effective batch size mean %.1f, smallest %d, of "
                 "%d rows; %d batches dropped entirely", self.epoch_sizes["mean"], self.epoch_sizes["smallest"], nominal,

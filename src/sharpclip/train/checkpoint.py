@@ -20,6 +20,7 @@ resume then falls back to the previous complete checkpoint (train.run.resume_che
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import shutil
@@ -175,8 +176,15 @@ def mark_best(directory: Path, checkpoint: Path, metric: float) -> None:
 
 
 def best(directory: Path) -> Path | None:
+    """The checkpoint `best.json` names (None without one; an unreadable one is ignored with a warning)."""
     path = directory / BEST
-    return directory / json.loads(path.read_text())["name"] if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        return directory / json.loads(path.read_text())["name"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        logging.getLogger("sharpclip.train").warning("ignoring unreadable %s (%s)", path, err)
+        return None
 
 
 def prune(directory: Path, keep_last: int, keep: tuple[Path, ...] = ()) -> None:
