@@ -1,7 +1,9 @@
 """The `sharpclip` command: one subcommand per job, each a thin call into the library (no logic of its own).
 
 Each subcommand is added by one `_add_<name>` function; its handler imports what it needs lazily so that
-`sharpclip --help` stays fast.
+`sharpclip --help` stays fast. sharpclip's own errors (bad config, bad sample, checkpoint, run directory, export,
+a diverged run, a missing or unwritable file) end the command with one line on stderr and exit status 2; the
+traceback is printed only with `--debug` (before or after the subcommand) or SHARPCLIP_DEBUG=1.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -43,16 +46,20 @@ def _add_config(sub: argparse._SubParsersAction) -> None:
 def _add_train(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="fine-tune a model (any recipe of both papers; torchrun for several processes)")
     _config_args(p, "loss.terms.hn.params.gamma=0.25")
-    p.add_argument("--resume", metavar="RUN", help="continue a run (its directory or a checkpoint) exactly")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--resume", metavar="RUN", help="continue a run exactly, writing into RUN (a run directory, or "
+                      "RUN/checkpoints/step-N); key=value overrides may change the schedule and cadence")  # fmt: skip
+    mode.add_argument("--overwrite", action="store_true", help="empty a non-empty train.output_dir and start over")
 
     def run(args: argparse.Namespace) -> int:
         from sharpclip.config import split_args
-        from sharpclip.train.run import load_run_config, run_train
+        from sharpclip.train.resume import load_resume_config
+        from sharpclip.train.run import run_train
 
         files, overrides = split_args(args.config_args)
-        # with --resume and no recipe: the run's own resolved config, plus any new overrides
-        cfg = load_run_config(args.resume, overrides) if args.resume and not files else _load(args)
-        state = run_train(cfg, resume=args.resume)
+        # with --resume: the recipe if given, else the run's own config.yaml, plus any new overrides
+        cfg = load_resume_config(args.resume, files, overrides) if args.resume else _load(args)
+        state = run_train(cfg, resume=args.resume, overwrite=args.overwrite)
         if int(os.environ.get("RANK", 0)) == 0:  # under torchrun: one summary, not one per rank
             print(f"trained {state.step} steps ({state.seen} samples); run directory: {cfg.train.output_dir}")
         return 0
@@ -112,12 +119,13 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--to", required=True, metavar="DIR", help="output folder")
     p.add_argument("--vision-only", action="store_true", help="export the vision tower alone (CLIPVisionModel)")
     p.add_argument("--best", action="store_true", help="a run directory's best checkpoint (best.json), not its newest")
+    p.add_argument("--force", action="store_true", help="empty a non-empty --to folder first")
 
     def run(args: argparse.Namespace) -> int:
         from sharpclip.models.export import ExportError, export_model
 
         try:
-            print(export_model(args.source, args.to, vision_only=args.vision_only, best=args.best))
+            print(export_model(args.source, args.to, vision_only=args.vision_only, best=args.best, force=args.force))
         except (ExportError, OSError, ValueError) as err:  # 1: cannot export faithfully; 2: no such model / bad input
             print(f"sharpclip export: {' '.join(str(err).split())}", file=sys.stderr)
             return 1 if isinstance(err, ExportError) else 2
@@ -292,6 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="sharpclip",
         description="Fine-tune CLIP-style image-text models to tell near-duplicate images and captions apart.",
     )
+    parser.add_argument("--debug", action="store_true", help="print the traceback of an error (or SHARPCLIP_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     parser.add_argument("--version", action="version", version=f"sharpclip {_version()}")
     for add in (
@@ -307,6 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
         _add_demo,
     ):
         add(sub)
+    for command in sub.choices.values():  # `sharpclip train ... --debug` as well as `sharpclip --debug train ...`
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
 
 
@@ -316,18 +327,39 @@ def _version() -> str:
     return __version__
 
 
+def own_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions that are sharpclip's messages to the user (config, data, run directory, checkpoint, export,
+    divergence, files): printed as one line. Anything else is a bug and keeps its traceback."""
+    from sharpclip.data.schema import BadSampleError
+    from sharpclip.models.export import ExportError
+    from sharpclip.train.checkpoint import CheckpointError
+    from sharpclip.train.run_dir import RunDirError
+    from sharpclip.train.trainer import TrainingDiverged
+
+    return (ValueError, OSError, BadSampleError, CheckpointError, RunDirError, TrainingDiverged, ExportError)
+
+
+def _describe(err: BaseException) -> str:
+    from sharpclip.config import ConfigError
+
+    kind = "config error: " if isinstance(err, ConfigError) else ""
+    return kind + " ".join(str(err).split())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "handler", None) is None:
         parser.print_help()
         return 2
-    from sharpclip.config import ConfigError
-
+    debug = args.debug or os.environ.get("SHARPCLIP_DEBUG", "") not in ("", "0")
     try:
         return args.handler(args)
-    except ConfigError as err:
-        print(f"sharpclip: config error: {err}", file=sys.stderr)
+    except own_errors() as err:
+        if debug:
+            traceback.print_exc()
+        hint = "" if debug else " (--debug for the traceback)"
+        print(f"sharpclip {args.command}: {_describe(err)}{hint}", file=sys.stderr)
         return 2
 
 

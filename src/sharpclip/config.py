@@ -7,12 +7,13 @@ that name the source (file or override) and the full key, and validates choices 
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 
@@ -21,6 +22,22 @@ class ConfigError(ValueError):
 
 
 ALPHA_POLICIES = ("drop", "white")  # data.images.to_rgb: what becomes of transparent pixels
+VALIDATION_KS = (1, 5, 10)  # the per-epoch validation's recall levels (train.run.retrieval_validator)
+VALIDATION_METRICS = (
+    *(f"{d}_R@{k}" for d in ("t2i", "i2t") for k in VALIDATION_KS),
+    "mean_R@1",
+)  # what `train.best_metric` may name
+PIL_MAX_IMAGE_PIXELS = 89_478_485  # PIL.Image.MAX_IMAGE_PIXELS's default (its decompression-bomb limit)
+
+
+def _check_min(key: str, value: float, low: float) -> None:
+    if not value >= low:  # also refuses NaN
+        raise ConfigError(f"{key}: must be >= {low:g}, got {value}")
+
+
+def _check_lr(key: str, value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"{key}: a learning rate must be finite and > 0, got {value}")
 
 
 def _check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
@@ -173,6 +190,7 @@ class DataConfig:
     # the model's input, before the exact resize. Training only; evaluation has its own switch (eval.jpeg_draft)
     jpeg_draft: bool = True
     on_bad_sample: str = "error"  # error | skip (skipped samples are counted and reported at the end of each epoch)
+    max_image_pixels: int = PIL_MAX_IMAGE_PIXELS  # larger images are bad samples (read from the header, not decoded)
     # preprocessing (CLIP's: shorter side resized bicubic, centre crop, normalise; tokens truncated, eos kept last)
     image_size: int = 224
     image_mean: list[float] = field(default_factory=lambda: [0.48145466, 0.4578275, 0.40821073])
@@ -230,6 +248,7 @@ class DataConfig:
             raise ConfigError(f"data.prefetch_factor: must be >= 1, got {self.prefetch_factor}")
         if self.epoch_samples < 0 or self.shuffle_buffer < 0:
             raise ConfigError("data.epoch_samples and data.shuffle_buffer must be >= 0")
+        _check_min("data.max_image_pixels", self.max_image_pixels, 1)
 
 
 @dataclass
@@ -277,7 +296,7 @@ class TrainConfig:
     compile: bool = False  # torch.compile the two towers (the first steps pay for compilation)
     grad_checkpointing: bool = False  # recompute each tower layer in backward (activation memory of one layer)
     checkpoint_every: int = 0  # optimiser steps between checkpoints (0: at the end of each epoch only)
-    keep_last: int = 2  # checkpoints kept besides the best
+    keep_last: int = 2  # newest checkpoints kept (>= 1), besides the best
     eval_every: int = 1  # epochs between evaluations (0: never)
     best_metric: str = "mean_R@1"  # the evaluation number that picks the best checkpoint (higher is better)
     diagnostics_every: int = 0  # optimiser steps between gradient diagnostics (0: off)
@@ -293,10 +312,28 @@ class TrainConfig:
         _check_choice("train.accumulation", self.accumulation, ("exact", "per_micro_batch"))
         _check_choice("train.precision", self.precision, ("fp32", "bf16"))
         _check_device("train.device", self.device)
+        self._check_ranges()
         if self.batch_size % self.micro_batch_size:
             raise ConfigError(
                 f"train.batch_size ({self.batch_size}) must be a multiple of train.micro_batch_size "
                 f"({self.micro_batch_size})"
+            )
+
+    def _check_ranges(self) -> None:
+        for key in ("batch_size", "micro_batch_size", "keep_last", "nan_patience"):
+            _check_min(f"train.{key}", getattr(self, key), 1)
+        for key in ("epochs", "max_steps", "warmup_steps", "checkpoint_every", "eval_every", "diagnostics_every",
+                    "grad_clip", "weight_decay"):  # fmt: skip
+            _check_min(f"train.{key}", getattr(self, key), 0)
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError(f"train.min_lr_ratio: must be in [0, 1], got {self.min_lr_ratio}")
+        _check_lr("train.lr", self.lr)
+        for prefix, lr in self.module_lr.items():
+            _check_lr(f"train.module_lr.{prefix}", lr)
+        if self.best_metric not in VALIDATION_METRICS:
+            raise ConfigError(
+                f"train.best_metric: {self.best_metric!r} is not a validation metric; use one of "
+                f"{', '.join(VALIDATION_METRICS)}"
             )
 
 
@@ -366,6 +403,22 @@ def _merge(base: Any, layer: Any, source: str) -> Any:
         raise ConfigError(f"{source}: key '{key}': {reason}") from None
 
 
+def _not_a_mapping(file: Path) -> str | None:
+    """The error for a YAML file whose top level parses but is not a mapping (a list, a number, ...), else None."""
+    import yaml
+
+    try:
+        top = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError, OSError):
+        return None
+    if top is None or isinstance(top, dict):
+        return None
+    return (
+        f"{file}: the top level must be a mapping of sections (model:, data:, loss:, train:, eval:), "
+        f"not a {type(top).__name__}"
+    )
+
+
 def split_args(args: list[str] | tuple[str, ...]) -> tuple[list[str], list[str]]:
     """Command-line words -> (YAML files, key=value overrides): a word with '=' is an override."""
     return [a for a in args if "=" not in a], [a for a in args if "=" in a]
@@ -387,7 +440,9 @@ def load_config(
         try:
             layer = OmegaConf.load(file)
         except Exception as err:  # yaml errors carry line numbers in their message
-            raise ConfigError(f"{file}: not valid YAML: {err}") from None
+            raise ConfigError(_not_a_mapping(file) or f"{file}: not valid YAML: {err}") from None
+        if not isinstance(layer, DictConfig):
+            raise ConfigError(_not_a_mapping(file) or f"{file}: the top level must be a mapping")
         merged = _merge(merged, layer, str(file))
     for item in overrides:
         if "=" not in item:

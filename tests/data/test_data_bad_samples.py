@@ -109,12 +109,14 @@ def test_generic_folder_reports_an_image_without_caption(tmp_path):
         read_samples(cfg_for("generic", root), "folder")
 
 
-def test_every_sample_bad_in_a_batch_is_an_error_not_an_empty_batch(tmp_path):
+def test_a_batch_whose_every_sample_is_bad_is_skipped_and_counted_not_yielded_empty(tmp_path):
+    """Issue 11, item 13 (this used to stop the epoch with a RuntimeError even under on_bad_sample: skip)."""
     root = copy_fixture("docci", tmp_path)
     for name in ("train_00000.jpg", "train_00001.jpg"):
         (root / "images" / name).unlink()
-    with pytest.raises(RuntimeError, match="every sample of a batch was bad"):
-        _epoch(cfg_for("docci", root, on_bad_sample="skip"))
+    loader, ids = _epoch(cfg_for("docci", root, on_bad_sample="skip"))
+    assert ids == []  # the fixture's one training batch held only these two
+    assert loader.batches_skipped == 1 and len(loader.report.items) == 2
 
 
 def test_a_bad_image_skipped_every_epoch_is_reported_once(tmp_path, caplog):

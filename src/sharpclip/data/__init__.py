@@ -121,6 +121,7 @@ def build_dataset(
         seed=seed,
         report=report,
         draft_size=draft_size,
+        max_image_pixels=cfg.max_image_pixels,
     )
 
 

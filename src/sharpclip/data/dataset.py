@@ -10,6 +10,11 @@ missing or corrupt image is found when the row is loaded, raises `BadSampleError
 under `skip` is dropped from its batch and listed in `Batch.skipped`. `SampleLoader` gathers both kinds into
 `loader.report`, each bad sample once (by file and record) however many epochs skip it; `loader.times_skipped`
 counts the skips. The summary is logged at the end of an epoch that met a bad sample not reported before.
+
+A batch whose every sample is bad is not yielded at all: `loader.batches_skipped` counts it (the resume position
+still moves past it). Skipped samples shrink their batch rather than borrowing rows from the next one (which would
+change every later batch and break exact resume); instead, each epoch that shrank a batch logs the effective batch
+size (`loader.epoch_sizes`: batches, smallest, mean, nominal), so a run never trains on smaller batches silently.
 """
 
 from __future__ import annotations
@@ -105,8 +110,10 @@ class SampleDataset(Dataset):
         seed: int = 0,
         report: BadSampleReport | None = None,
         draft_size: int | None = None,
+        max_image_pixels: int | None = None,
     ):
         self.samples = list(samples)
+        self.max_image_pixels = max_image_pixels
         self.rows = build_rows(self.samples, caption_choice, group_batches)
         self.transform, self.on_bad_sample, self.seed = transform, on_bad_sample, seed
         self.draft_size = draft_size  # JPEG draft decoding to this side (data.images.request_draft); None: off
@@ -137,7 +144,7 @@ class SampleDataset(Dataset):
     def __getitem__(self, i: int) -> Item | BadSample:
         row = self.rows[i]
         try:
-            pixels = self.transform(load_image(row.image, self.draft_size))
+            pixels = self.transform(load_image(row.image, self.draft_size, self.max_image_pixels))
         except ImageLoadError as err:
             bad = BadSample(self.samples[row.sample].source or describe(row.image), row.id, err.reason)
             if self.on_bad_sample != "skip":
@@ -156,8 +163,10 @@ class Collator:
         """Tokenise and stack the good items into a `Batch`; bad ones go to `Batch.skipped`."""
         good = [it for it in items if isinstance(it, Item)]
         skipped = [it for it in items if isinstance(it, BadSample)]
-        if not good:
-            raise RuntimeError(f"every sample of a batch was bad: {'; '.join(map(str, skipped))}")
+        if not good:  # every sample bad (on_bad_sample: skip): an empty batch the loader counts and drops
+            empty = torch.zeros(0, dtype=torch.long)
+            return Batch(ids=[], pixel_values=torch.zeros(0), input_ids=empty, attention_mask=empty, groups=empty,
+                         skipped=skipped)  # fmt: skip
         ids, mask = self.tokenize([it.caption for it in good])
         batch = Batch(
             ids=[it.row.id for it in good],
@@ -205,6 +214,8 @@ class SampleLoader(DataLoader):
         self.times_skipped: Counter[tuple[str, str]] = Counter()  # (where, record) -> skips over all epochs
         self._record(dataset.report.items)
         self.consumed = 0
+        self.batches_skipped = 0  # batches whose every sample was bad, over all epochs
+        self.epoch_sizes: dict[str, float] = {}  # the last epoch's effective batch sizes
 
     def _record(self, bads: Sequence[BadSample]) -> int:
         """Count each skip; add a bad sample to the report the first time it is met. Returns how many were new."""
@@ -237,11 +248,33 @@ class SampleLoader(DataLoader):
     def __iter__(self) -> Iterator[Batch]:
         self.dataset.set_epoch(self.batch_sampler.epoch)
         self.consumed = self.batch_sampler.start
-        new = 0
+        new, sizes, nominal, empty, shrunk = 0, [], 0, 0, 0
         for batch in super().__iter__():
-            self.consumed += 1
+            self.consumed += 1  # counts an all-bad batch too, so a resume lands after it
             new += self._record(batch.skipped)
+            nominal = max(nominal, len(batch) + len(batch.skipped))
+            if not len(batch):
+                self.batches_skipped += 1
+                empty += 1
+                log.warning("data: skipped a batch whose %d samples were all bad", len(batch.skipped))
+                continue
+            sizes.append(len(batch))
+            shrunk += bool(batch.skipped)
             yield batch
         self.consumed = 0  # the sampler has moved on to the next epoch
+        self._log_sizes(sizes, nominal, empty, shrunk)
         if new:
             log.warning("data: %s", self.report.summary())
+
+    def _log_sizes(self, sizes: list[int], nominal: int, empty: int, shrunk: int) -> None:
+        """Record this epoch's effective batch sizes; log them when skipped samples shrank (`shrunk` batches) or
+        dropped (`empty` batches) any batch."""
+        self.epoch_sizes = {"batches": len(sizes), "smallest": min(sizes, default=0),
+                            "mean": sum(sizes) / max(1, len(sizes)), "nominal": nominal,
+                            "skipped_batches": empty}  # fmt: skip
+        if shrunk or empty:
+            log.warning(
+                "data: skipped samples shrank batches this epoch: effective batch size mean %.1f, smallest %d, of "
+                "%d rows; %d batches dropped entirely", self.epoch_sizes["mean"], self.epoch_sizes["smallest"], nominal,
+                empty,
+            )  # fmt: skip

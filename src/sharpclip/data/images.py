@@ -1,13 +1,20 @@
 """Decoding images from every `ImageSource` the loaders produce (paths, bytes, PIL images, parquet cells).
 
-A failure raises `ImageLoadError` whose reason starts with "missing file" or "unreadable image"; the dataset turns it
-into a `BadSample` naming the record.
+A failure raises `ImageLoadError` whose reason starts with "missing file", "unreadable image" or "image too large";
+the dataset turns it into a `BadSample` naming the record.
+
+High-bit-depth modes are scaled to 8 bits before the RGB conversion (PIL's own conversion clips them, so a 16-bit PNG
+would become near-white): 16-bit (`I;16*`, and `I` holding values up to 65535, the mode PIL gives some 16-bit
+greyscale files) by 255/65535; 32-bit `I` with larger values by 255/(2³¹ − 1); float (`F`) by 255 when its values
+lie in [0, 1], else clipped to [0, 255]. An image whose header says it has more than
+`max_pixels` pixels (data.max_image_pixels, default PIL's decompression-bomb limit) is refused before decoding.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import warnings
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -138,13 +145,35 @@ def image_bytes(source: ImageSource) -> bytes | None:
     return None
 
 
+HIGH_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
+
+
+def to_8bit(image: Image.Image) -> Image.Image:
+    """A greyscale image of more than 8 bits as 8-bit `L`, scaled (not clipped) as the module docstring says."""
+    import numpy as np
+
+    if image.mode not in HIGH_BIT_MODES:
+        return image
+    values = np.asarray(image, dtype=np.float64)
+    if image.mode == "F":
+        finite = values[np.isfinite(values)]
+        scale = 255.0 if finite.size and finite.min() >= 0 and finite.max() <= 1 else 1.0
+    elif image.mode == "I" and values.size and values.max() > 65535:  # a genuine 32-bit image: its full range
+        scale = 255.0 / 2147483647.0
+    else:
+        scale = 255.0 / 65535.0
+    out = np.clip(np.nan_to_num(values * scale), 0, 255)
+    return Image.fromarray(np.rint(out).astype(np.uint8), mode="L")
+
+
 def has_alpha(image: Image.Image) -> bool:
     """True when the image carries transparency (an alpha band, or a palette / tRNS transparent colour)."""
     return "A" in image.getbands() or image.info.get("transparency") is not None
 
 
 def to_rgb(image: Image.Image, alpha: str = "drop") -> Image.Image:
-    """The image in RGB, with transparency handled by `alpha`:
+    """The image in RGB (16-bit, 32-bit and float greyscale first scaled to 8 bits, `to_8bit`), with transparency
+    handled by `alpha`:
 
     - `drop` (default): PIL `convert("RGB")`, which discards alpha and keeps the colour under it. OpenAI CLIP,
       open_clip, Long-CLIP, GOAL, ARO and the DCI Winoground scorer all preprocess this way: an RGBA pixel
@@ -154,12 +183,23 @@ def to_rgb(image: Image.Image, alpha: str = "drop") -> Image.Image:
     """
     if alpha not in ("drop", "white", "keep"):
         raise ValueError(f"alpha policy {alpha!r}: expected drop, white or keep")
+    image = to_8bit(image)
     if not has_alpha(image) or alpha == "drop":
         return image.convert("RGB")
     rgba = image.convert("RGBA")
     if alpha == "keep":
         return rgba
     return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
+
+
+def check_size(image: Image.Image, name: str, max_pixels: int | None) -> None:
+    """`ImageLoadError` ("image too large") when the image has more than `max_pixels` pixels (None: no limit)."""
+    width, height = image.size
+    if max_pixels is not None and width * height > max_pixels:
+        raise ImageLoadError(
+            f"image too large: {name} is {width}×{height} = {width * height:,} pixels, over data.max_image_pixels "
+            f"({max_pixels:,}); shrink it, or raise the limit if you trust the file"
+        )
 
 
 def request_draft(image: Image.Image, size: int) -> None:
@@ -173,30 +213,40 @@ def request_draft(image: Image.Image, size: int) -> None:
         image.draft(None, (size, size))
 
 
-def _decode(data: bytes | Path | str, name: str, draft_size: int | None = None) -> Image.Image:
+def _decode(
+    data: bytes | Path | str, name: str, draft_size: int | None = None, max_pixels: int | None = None
+) -> Image.Image:
     try:
-        with Image.open(io.BytesIO(data) if isinstance(data, bytes) else data) as img:
-            if draft_size:
-                request_draft(img, draft_size)
-            return to_rgb(img, "keep")  # converting forces the full decode, so truncated files fail here
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the size is checked just below
+            with Image.open(io.BytesIO(data) if isinstance(data, bytes) else data) as img:
+                check_size(img, name, max_pixels)  # from the header: nothing decoded yet
+                if draft_size:
+                    request_draft(img, draft_size)
+                return to_rgb(img, "keep")  # converting forces the full decode, so truncated files fail here
     except FileNotFoundError:
         raise ImageLoadError(f"missing file: {name} does not exist") from None
-    except (OSError, ValueError, Image.DecompressionBombError) as err:
+    except Image.DecompressionBombError as err:  # above twice PIL's own limit: refused by PIL before our check
+        raise ImageLoadError(f"image too large: {name}: {err}") from None
+    except (OSError, ValueError) as err:
+        if isinstance(err, ImageLoadError):
+            raise
         raise ImageLoadError(f"unreadable image: {name}: {err}") from None
 
 
-def load_image(source: ImageSource, draft_size: int | None = None) -> Image.Image:
+def load_image(source: ImageSource, draft_size: int | None = None, max_pixels: int | None = None) -> Image.Image:
     """The image as RGB, or RGBA when it has transparency (the image transform applies the alpha policy, `to_rgb`);
-    raises `ImageLoadError` when it is missing or corrupt.
+    raises `ImageLoadError` when it is missing, corrupt or over `max_pixels` pixels.
 
     draft_size: decode JPEGs at the smallest DCT scale whose sides stay >= this (`request_draft`); None: in full.
     """
     if isinstance(source, Image.Image):
+        check_size(source, describe(source), max_pixels)
         return to_rgb(source, "keep")
     if isinstance(source, ParquetCell):
-        return _decode(_cell_bytes(source), describe(source), draft_size)
+        return _decode(_cell_bytes(source), describe(source), draft_size, max_pixels)
     if isinstance(source, ArrowCell):
-        return _decode(_arrow_bytes(source), describe(source), draft_size)
+        return _decode(_arrow_bytes(source), describe(source), draft_size, max_pixels)
     if isinstance(source, bytes):
-        return _decode(source, "<image bytes>", draft_size)
-    return _decode(Path(source), str(source), draft_size)
+        return _decode(source, "<image bytes>", draft_size, max_pixels)
+    return _decode(Path(source), str(source), draft_size, max_pixels)

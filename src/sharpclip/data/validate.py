@@ -132,10 +132,12 @@ def detect_format(path: Path) -> str:
     return "generic"
 
 
-def _check_image(source: ImageSource, sample: Sample, errors: list[BadSample]) -> bytes | None:
+def _check_image(
+    source: ImageSource, sample: Sample, errors: list[BadSample], max_pixels: int | None = None
+) -> bytes | None:
     """The image's bytes (for duplicate detection) after a full decode; None and an error when it fails."""
     try:
-        load_image(source)
+        load_image(source, max_pixels=max_pixels)
         return image_bytes(source)
     except (ImageLoadError, FileNotFoundError) as err:
         reason = err.reason if isinstance(err, ImageLoadError) else f"missing file: {source}"
@@ -212,7 +214,8 @@ def validate(
         rep.samples = len(samples)
         images, captions = _images_and_captions(samples)
         rep.images, bad = len(images), list(report.items)
-        digests = [hashlib.sha1(b).hexdigest() for b in (_check_image(s, x, bad) for s, x in images) if b is not None]
+        checked = (_check_image(src, s, bad, cfg.max_image_pixels) for src, s in images)
+        digests = [hashlib.sha1(b).hexdigest() for b in checked if b is not None]
         id_images = sample_images(samples)
     if not rep.samples and not bad:
         bad.append(BadSample(rep.root, "-", f"missing file: no {cfg.format} samples for split {split!r}; "

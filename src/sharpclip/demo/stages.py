@@ -26,6 +26,7 @@ from sharpclip.config import Config, DataConfig, SynthDenseConfig, load_config, 
 from sharpclip.demo.plan import SCALE, Arm, Profile, term_overrides
 from sharpclip.models.base import DualEncoder
 from sharpclip.train.logging import log
+from sharpclip.train.run_dir import open_run_dir
 
 INIT_VERSION = 1  # bump when stage A's recipe changes, so caches of the old one are not reused
 
@@ -122,7 +123,8 @@ def ensure_init(p: Profile, cache: Path, progress: bool = True) -> Init:
     cfg = init_config(p, home, progress)
     home.mkdir(parents=True, exist_ok=True)
     (home / "config.yaml").write_text(to_yaml(cfg))
-    with _file_log(home / "run" / "train.log"):
+    # the cache's own run folder: a stage A interrupted before init.json was written is redone from scratch
+    with open_run_dir(home / "run", "overwrite"), _file_log(home / "run" / "train.log"):
         trainer = build_trainer(cfg)
         trainer.fit()
     save_checkpoint(trainer.model, home / "model", cfg.model)
@@ -177,10 +179,11 @@ def run_arm(cfg: Config, validation: DataConfig) -> tuple[DualEncoder, float]:
     from sharpclip.train.run import build_trainer, retrieval_validator
 
     out = Path(cfg.train.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(to_yaml(cfg))
     start = time.perf_counter()
-    with _file_log(out / "train.log"):
+    # the demo's own arm folder (<out>/runs/seed<k>/<arm>): a second demo replaces it rather than mixing two runs;
+    # a folder there that is not a run directory is refused (run_dir's overwrite policy), never emptied
+    with open_run_dir(out, "overwrite"), _file_log(out / "train.log"):
+        (out / "config.yaml").write_text(to_yaml(cfg))
         trainer = build_trainer(cfg)
         trainer.evaluate = retrieval_validator(trainer.model, validation, "test")
         trainer.fit()

@@ -14,6 +14,10 @@ names) or a transformers folder. The export
 `vision_only=True` writes the vision tower alone as a `CLIPVisionModel` / `SiglipVisionModel` folder (what LLaVA-style
 models load) and compares its hidden states and pooled output.
 
+The target DIR must be new or empty: a non-empty one is refused unless `force=True` (`--force`), which empties it
+first (only after the model has loaded). Never allowed, even with force: a target inside a run's `checkpoints/`
+(it would destroy or shadow a checkpoint), the source itself or a folder holding it, and a file.
+
 A RoPE text tower has no stock transformers class (AutoModel would silently rebuild absolute positions), so a full
 export of such a model is refused with an `ExportError`; export its vision tower, or keep the sharpclip checkpoint.
 """
@@ -96,6 +100,43 @@ def _no_checkpoint(source: Path, found: Path | None, best: bool) -> str:
     )
 
 
+def check_target(directory: Path, source: Path | None, force: bool) -> None:
+    """Raise `ExportError` unless `directory` may receive an export (see the module docstring)."""
+    target = directory.expanduser().resolve()
+    if target.exists() and not target.is_dir():
+        raise ExportError(f"--to {directory}: is a file; give a folder (new or empty) for the export")
+    if any(_is_run_checkpoints(part) for part in (target, *target.parents)):
+        raise ExportError(
+            f"--to {directory}: inside a run's checkpoints/ folder, where an export would overwrite or pose as a "
+            "checkpoint; export somewhere else (e.g. RUN/export)"
+        )
+    if source is not None:
+        src = source.expanduser().resolve()
+        if target == src or target in src.parents:
+            raise ExportError(f"--to {directory}: is (or holds) the source {source}; export into another folder")
+    if target.is_dir() and any(target.iterdir()) and not force:
+        shown = ", ".join(sorted(p.name for p in target.iterdir())[:5])
+        raise ExportError(
+            f"--to {directory}: not empty ({shown}); an export beside old files would mix their weights and "
+            "config. Choose a new folder, or pass --force to empty it first"
+        )
+
+
+def _is_run_checkpoints(folder: Path) -> bool:
+    """A run's checkpoints/ folder: named so, beside the run's config.yaml or holding step-* / best.json."""
+    if folder.name != "checkpoints" or not folder.is_dir():
+        return False
+    run = folder.parent
+    return (run / "config.yaml").is_file() or any(folder.glob("step-*")) or (folder / "best.json").is_file()
+
+
+def _empty(directory: Path) -> None:
+    import shutil
+
+    for child in directory.iterdir() if directory.is_dir() else ():
+        shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+
+
 def load_for_export(source: str | Path, best: bool = False) -> HFDualEncoder:
     """The model at `source` (see resolve_source), as sharpclip loads it."""
     path = resolve_source(source, best)
@@ -115,16 +156,23 @@ def make_plain(model: HFDualEncoder) -> HFDualEncoder:
 
 
 def export_model(
-    source: str | Path | HFDualEncoder, directory: str | Path, vision_only: bool = False, best: bool = False
+    source: str | Path | HFDualEncoder,
+    directory: str | Path,
+    vision_only: bool = False,
+    best: bool = False,
+    force: bool = False,
 ) -> ExportReport:
     """Write DIR (see the module docstring) and return the reload check; raises ExportError above tolerance.
 
     best: take the run directory's best checkpoint (`checkpoints/best.json`) rather than its newest.
+    force: empty a non-empty DIR first (never a checkpoint folder, the source, or a folder holding it).
     The reference embeddings come from the model as loaded (adapters unmerged), so the check covers the merge too.
     """
+    directory = Path(directory)
+    source_path = None if isinstance(source, HFDualEncoder) else Path(source)
+    check_target(directory, source_path, force)
     model = source if isinstance(source, HFDualEncoder) else load_for_export(source, best)
     model = model.float().eval()
-    directory = Path(directory)
     if not vision_only and rope.is_rope(model.text_model):
         raise ExportError(
             "this model's text tower uses RoPE, which stock transformers cannot rebuild from config.json; "
@@ -135,6 +183,8 @@ def export_model(
     outputs = _vision_outputs if vision_only else _dual_outputs
     pixels, ids = fixed_inputs(model)
     reference = outputs(model, pixels, ids)
+    if force:
+        _empty(directory)
     make_plain(model)
     if vision_only:
         model.vision_model.save_pretrained(directory)

@@ -142,10 +142,45 @@ def _from_transformers(cfg: ModelConfig) -> HFDualEncoder:
     if model_cls is None:
         kinds = ", ".join(MODEL_CLASSES)
         raise ValueError(f"{cfg.name}: model_type {config.model_type!r} is not supported (model.kind: {kinds})")
-    backbone = model_cls.from_pretrained(cfg.name, local_files_only=True).eval()
+    backbone = _from_pretrained_checked(model_cls, cfg.name)
     _restore(backbone)
     tokenizer, processor = _processors(cfg.processor or cfg.name)
     return wrap(backbone, tokenizer, processor)
+
+
+def _from_pretrained_checked(model_cls: type[PreTrainedModel], name: str) -> PreTrainedModel:
+    """`from_pretrained`, but weights that do not fit the config are an error, not randomly initialised layers."""
+    try:
+        backbone, info = model_cls.from_pretrained(name, local_files_only=True, output_loading_info=True)
+    except Exception as err:
+        if "safetensor" not in type(err).__name__.lower() and "deserializ" not in str(err):
+            raise
+        raise ValueError(f"{_weights_file(name)}: corrupt or truncated safetensors file ({err})") from None
+    problems = {k: sorted(info.get(k) or ()) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    if any(problems.values()):
+        found = "; ".join(f"{k.replace('_', ' ')} {v[:6]}{' ...' if len(v) > 6 else ''}" for k, v in problems.items()
+                          if v)  # fmt: skip
+        raise ValueError(
+            f"{name}: the weights do not match its config.json ({found}); a model with these layers randomly "
+            "initialised would give meaningless results. Check model.name points at the folder the weights belong to"
+        )
+    return backbone.eval()
+
+
+def _weights_file(name: str) -> str:
+    folder = Path(name).expanduser()
+    found = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
+    return str(found[0]) if len(found) == 1 else str(folder)
+
+
+def load_weights_file(path: Path) -> dict[str, torch.Tensor]:
+    """A safetensors state dict; a truncated or malformed file is a ValueError naming it."""
+    try:
+        return load_file(str(path))
+    except FileNotFoundError:
+        raise
+    except Exception as err:  # safetensors' SafetensorError: bad header, file shorter than the header says
+        raise ValueError(f"{path}: corrupt or truncated safetensors file ({err})") from None
 
 
 def _not_found(name: str) -> str:
@@ -255,7 +290,7 @@ def load_checkpoint(directory: str | Path) -> HFDualEncoder:
     tokenizer, processor = _processors(str(directory))
     model = wrap(backbone, tokenizer, processor)
     adapters.add_adapters(model, stored.adapter)
-    missing, unexpected = model.load_state_dict(load_file(str(directory / WEIGHTS)), strict=False)
+    missing, unexpected = model.load_state_dict(load_weights_file(directory / WEIGHTS), strict=False)
     if missing or unexpected:
         raise ValueError(
             f"{directory / WEIGHTS}: does not match the model rebuilt from {directory}/config.json and "

@@ -40,7 +40,10 @@ def read_state_dict(path: str | Path) -> dict[str, Tensor]:
     """Tensors from a `.safetensors` file or a plain `torch.save`d state dict (never unpickles code)."""
     path = Path(path)
     if path.suffix == ".safetensors":
-        return load_file(str(path))
+        try:
+            return load_file(str(path))
+        except Exception as err:  # safetensors' own error type: bad header, truncated file
+            raise ValueError(f"{path}: corrupt or truncated safetensors file ({err})") from None
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # TorchScript archives (OpenAI's original .pt) and pickled modules land here

@@ -10,12 +10,17 @@ Layout under `<run>/checkpoints/`:
     best.json                    {"name": "step-000100", "metric": ...}
 
 A checkpoint is written into `.step-000120.tmp/` and renamed when complete, so a crash mid-write leaves only a
-temporary folder that `latest()` ignores and the next save removes.
+temporary folder that `latest()` ignores and the next save removes. A checkpoint whose weights made every later step
+fail is marked with `diverged.json` and is no longer listed (resume falls back to the one before it).
+
+Reading one back (`load`) checks each of its three files and raises `CorruptCheckpoint` naming the bad one; a run's
+resume then falls back to the previous complete checkpoint (train.resume.pick_checkpoint).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import shutil
@@ -29,6 +34,20 @@ import torch
 TRAINING_STATE = "training_state.pt"
 TRAINER_STATE = "trainer_state.json"
 BEST = "best.json"
+DIVERGED = "diverged.json"
+WEIGHTS = "model.safetensors"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be written (disk full, permissions) or read back; the message names the path."""
+
+
+class CorruptCheckpoint(CheckpointError):
+    """One file of a checkpoint is truncated or unreadable; `path` is that file."""
+
+    def __init__(self, path: Path, reason: str):
+        self.path = path
+        super().__init__(f"{path}: {reason}")
 
 
 def checkpoint_name(step: int) -> str:
@@ -77,31 +96,78 @@ def save(
     """Write checkpoint `step` atomically (temporary folder, then rename); returns its final path."""
     final = directory / checkpoint_name(step)
     tmp = directory / f".{final.name}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    write_model(tmp)
-    torch.save(training_state, tmp / TRAINING_STATE)
-    (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=2))
-    fault_point("checkpoint", step)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        write_model(tmp)
+        torch.save(training_state, tmp / TRAINING_STATE)
+        (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=2))
+        fault_point("checkpoint", step)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except OSError as err:  # disk full, read-only file system, permissions: the run stops with one clear line
+        shutil.rmtree(tmp, ignore_errors=True)
+        reason = err.strerror or str(err) or type(err).__name__
+        raise CheckpointError(f"cannot write checkpoint to {directory}: {reason.lower()}") from err
     return final
 
 
 def load_training_state(checkpoint: Path) -> dict[str, Any]:
-    """Optimizer, scheduler and RNG states, on the CPU whatever device wrote them (the optimizer's
-    `load_state_dict` moves its state to the parameters' device)."""
-    return torch.load(checkpoint / TRAINING_STATE, map_location="cpu", weights_only=True)
+    """Optimizer, scheduler and RNG states, on the CPU whatever device wrote them (the optimizer's `load_state_dict`
+    moves its state to the parameters' device); tensors and plain values only: no pickled objects are executed."""
+    path = checkpoint / TRAINING_STATE
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CorruptCheckpoint(path, "missing") from None
+    except Exception as err:  # truncated zip, or an object the safe unpickler refuses (never retried unsafely)
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if "weights only" in first.lower():
+            first = "holds objects other than tensors and plain values (not written by sharpclip)"
+        raise CorruptCheckpoint(path, f"unreadable training state: {first[:200]}") from None
 
 
 def load_trainer_state(checkpoint: Path) -> dict[str, Any]:
-    return json.loads((checkpoint / TRAINER_STATE).read_text())
+    """Step, epoch, loader position and best metric, as `save` wrote them."""
+    path = checkpoint / TRAINER_STATE
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise CorruptCheckpoint(path, f"unreadable trainer state: {err}") from None
+    if not isinstance(state, dict) or "step" not in state or "loader" not in state:
+        raise CorruptCheckpoint(path, "unreadable trainer state: not the JSON object sharpclip writes")
+    return state
+
+
+def load_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """The model's state dict from `model.safetensors`; a truncated or malformed file raises `CorruptCheckpoint`."""
+    from safetensors.torch import load_file
+
+    path = checkpoint / WEIGHTS
+    if not path.is_file():
+        raise CorruptCheckpoint(path, "missing")
+    try:
+        return load_file(str(path))
+    except Exception as err:  # safetensors' own error type: bad header, file shorter than its header says
+        raise CorruptCheckpoint(path, f"corrupt safetensors file ({err})") from None
+
+
+def load(checkpoint: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
+    """(weights, training state, trainer state) of `checkpoint`, each checked; `CorruptCheckpoint` names a bad file."""
+    trainer_state = load_trainer_state(checkpoint)
+    return load_weights(checkpoint), load_training_state(checkpoint), trainer_state
 
 
 def all_checkpoints(directory: Path) -> list[Path]:
-    """Complete checkpoints, oldest first (temporary folders of interrupted writes are not listed)."""
-    return sorted(p for p in directory.glob("step-*") if (p / TRAINER_STATE).is_file())
+    """Complete checkpoints, oldest first (interrupted .tmp writes and diverged checkpoints are not listed)."""
+    found = directory.glob("step-*")
+    return sorted(p for p in found if (p / TRAINER_STATE).is_file() and not (p / DIVERGED).exists())
+
+
+def mark_diverged(checkpoint: Path, reason: str) -> None:
+    """Keep `checkpoint` for inspection but out of resume, export and pruning: its weights made training fail."""
+    (checkpoint / DIVERGED).write_text(json.dumps({"reason": reason}, indent=2) + "\n")
 
 
 def latest(directory: Path) -> Path | None:
@@ -116,17 +182,27 @@ def mark_best(directory: Path, checkpoint: Path, metric: float) -> None:
 
 
 def best(directory: Path) -> Path | None:
+    """The checkpoint `best.json` names (None without one; an unreadable one is ignored with a warning)."""
     path = directory / BEST
-    return directory / json.loads(path.read_text())["name"] if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        return directory / json.loads(path.read_text())["name"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        logging.getLogger("sharpclip.train").warning("ignoring unreadable %s (%s)", path, err)
+        return None
 
 
-def prune(directory: Path, keep_last: int) -> None:
-    """Delete all but the newest `keep_last` checkpoints and the best one; also stale temporary folders."""
-    keep = set(all_checkpoints(directory)[-keep_last:]) if keep_last > 0 else set()
+def prune(directory: Path, keep_last: int, keep: tuple[Path, ...] = ()) -> None:
+    """Delete all but the newest `keep_last` (≥ 1) checkpoints, the best one and `keep` (the one just written);
+    also stale temporary folders."""
+    if keep_last < 1:
+        raise ValueError(f"train.keep_last must be >= 1, got {keep_last}: the newest checkpoint is always kept")
+    kept = set(all_checkpoints(directory)[-keep_last:]) | set(keep)
     if (b := best(directory)) is not None:
-        keep.add(b)
+        kept.add(b)
     for path in all_checkpoints(directory):
-        if path not in keep:
+        if path not in kept:
             shutil.rmtree(path)
     for tmp in directory.glob(".step-*.tmp"):
         shutil.rmtree(tmp, ignore_errors=True)

@@ -188,3 +188,13 @@ def broadcast_parameters(module: torch.nn.Module) -> None:
 def barrier() -> None:
     if is_distributed():
         dist.barrier()
+
+
+def all_true(flag: bool) -> bool:
+    """True on every rank when `flag` is true on every rank (so that all ranks stop together); `flag` on one."""
+    if world_size() == 1:
+        return flag
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    value = torch.tensor([float(flag)], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MIN)
+    return bool(value.item() == 1.0)

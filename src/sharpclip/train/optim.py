@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import nn
 
+from sharpclip.config import ConfigError
 from sharpclip.losses._common import LN_100
 
 NO_DECAY_WORDS = ("bias", "norm", "logit_scale", "logit_bias")
@@ -22,9 +23,27 @@ def _decays(name: str, param: nn.Parameter) -> bool:
     return param.ndim >= 2 and not any(word in name for word in NO_DECAY_WORDS)
 
 
-def _lr_for(name: str, base_lr: float, module_lr: Mapping[str, float]) -> float:
+def _prefix_of(name: str, module_lr: Mapping[str, float]) -> str:
     matches = [prefix for prefix in module_lr if name.startswith(prefix)]
-    return module_lr[max(matches, key=len)] if matches else base_lr
+    return max(matches, key=len) if matches else ""
+
+
+def lr_for(name: str, base_lr: float, module_lr: Mapping[str, float] | None = None) -> float:
+    """The learning rate of parameter `name`: its longest matching `module_lr` prefix's, else `base_lr`."""
+    prefix = _prefix_of(name, module_lr or {})
+    return module_lr[prefix] if prefix else base_lr
+
+
+def check_module_lr(names: Iterable[str], module_lr: Mapping[str, float]) -> None:
+    """Every `train.module_lr` prefix must start some parameter's name (a typo would silently do nothing)."""
+    names = list(names)
+    for prefix in module_lr:
+        if not any(n.startswith(prefix) for n in names):
+            tops = sorted({".".join(n.split(".")[:2]) for n in names})
+            raise ConfigError(
+                f"train.module_lr.{prefix}: matches no parameter of the model; parameter names start with "
+                f"{', '.join(tops[:8])}"
+            )
 
 
 def param_groups(
@@ -33,14 +52,17 @@ def param_groups(
     weight_decay: float,
     module_lr: Mapping[str, float] | None = None,
 ) -> list[dict]:
-    """AdamW groups keyed by (lr, decays); only parameters with requires_grad. Each group lists its `names`."""
-    groups: dict[tuple[float, bool], dict] = {}
+    """AdamW groups keyed by (module_lr prefix, decays); only parameters with requires_grad. Each group lists its
+    `names`. Keying by prefix rather than by rate keeps the groups the same when a resume changes the rates."""
+    groups: dict[tuple[str, bool], dict] = {}
+    module_lr = module_lr or {}
     for name, param in named_params:
         if not param.requires_grad:
             continue
-        group_lr, decays = _lr_for(name, lr, module_lr or {}), _decays(name, param)
+        prefix, decays = _prefix_of(name, module_lr), _decays(name, param)
+        group_lr = module_lr[prefix] if prefix else lr
         group = groups.setdefault(
-            (group_lr, decays), {"params": [], "names": [], "lr": group_lr, "weight_decay": weight_decay * decays}
+            (prefix, decays), {"params": [], "names": [], "lr": group_lr, "weight_decay": weight_decay * decays}
         )
         group["params"].append(param)
         group["names"].append(name)
@@ -53,6 +75,7 @@ def build_optimizer(
     model: nn.Module, lr: float, weight_decay: float, module_lr: Mapping[str, float] | None = None, betas=(0.9, 0.98)
 ) -> torch.optim.AdamW:
     """AdamW over the model's trainable parameters (betas 0.9/0.98, eps 1e-6: the CLIP fine-tuning defaults)."""
+    check_module_lr((n for n, _ in model.named_parameters()), module_lr or {})
     return torch.optim.AdamW(param_groups(model.named_parameters(), lr, weight_decay, module_lr), betas=betas, eps=1e-6)
 
 
@@ -73,7 +96,8 @@ def build_scheduler(
 
 
 @torch.no_grad()
-def clamp_logit_scale(logit_scale: nn.Parameter | None, max_value: float = LN_100) -> None:
-    """Keep s = exp(logit_scale) ≤ 100 after each step (CLIP); a no-op for a frozen or absent scale."""
-    if logit_scale is not None:
-        logit_scale.clamp_(max=max_value)
+def clamp_logit_scale(logit_scale: nn.Parameter | None, max_value: float = LN_100, min_value: float = 0.0) -> None:
+    """Keep 1 ≤ s = exp(logit_scale) ≤ 100 after each step (open_clip clamps log s to [0, ln 100]): a runaway update
+    can no longer drive the scale to 0, where every logit is equal. A no-op for a frozen or absent scale."""
+    if logit_scale is not None and logit_scale.requires_grad:
+        logit_scale.clamp_(min=min_value, max=max_value)

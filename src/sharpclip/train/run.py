@@ -9,14 +9,19 @@ loader pins its batches when it is a GPU. The resolved devices are logged and re
 
 The model decides the preprocessing: images at its own size and mean/std, captions at its own context length
 (data.model_transforms), so a Long-CLIP-stretched tower reads 248 tokens without a second setting to keep in step.
-The run directory receives the resolved config (config.yaml), the logs, checkpoints and evaluation results.
+The run directory receives the resolved config (config.yaml), the logs, checkpoints and evaluation results. It is
+opened by train.run_dir's policy (a fresh run refuses a non-empty directory; `resume` and `overwrite` say otherwise;
+a lock keeps a second run out), and a resume is reconciled with the saved config by train.resume.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import json
 import logging
 import random
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,14 +29,15 @@ import numpy as np
 import torch
 
 from sharpclip import devices
-from sharpclip.config import Config, ConfigError, DataConfig, load_config, to_yaml
+from sharpclip.config import VALIDATION_KS, Config, ConfigError, DataConfig, to_yaml
 from sharpclip.models.base import DualEncoder
-from sharpclip.train import checkpoint, distributed
+from sharpclip.train import distributed, run_dir
+from sharpclip.train import resume as resume_policy
 from sharpclip.train.logging import log
 from sharpclip.train.trainer import Trainer, TrainerState
 
-RESOLVED_CONFIG = "config.yaml"
-VALIDATION_KS = (1, 5, 10)
+RESOLVED_CONFIG = resume_policy.RESOLVED_CONFIG
+RESUMES = "resumes.jsonl"  # one line per resume: the step, the checkpoint and the settings it changed
 
 
 def seed_everything(seed: int) -> None:
@@ -40,26 +46,36 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _setup_logging(run_dir: Path) -> None:
+@contextlib.contextmanager
+def _run_logging(directory: Path) -> Iterator[None]:
+    """The trainer's log to stderr and to `directory`/train.log for this run (rank 0), removed afterwards."""
     if distributed.rank() != 0 or any(getattr(h, "sharpclip", False) for h in log.handlers):
+        yield
         return
-    run_dir.mkdir(parents=True, exist_ok=True)
-    for handler in (logging.StreamHandler(), logging.FileHandler(run_dir / "train.log")):
+    directory.mkdir(parents=True, exist_ok=True)
+    handlers = (logging.StreamHandler(), logging.FileHandler(directory / "train.log"))
+    for handler in handlers:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
         handler.sharpclip = True  # type: ignore[attr-defined]
         log.addHandler(handler)
-    log.setLevel(logging.INFO)
+    level, log.level = log.level, logging.INFO
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            log.removeHandler(handler)
+            handler.close()
+        log.setLevel(level)
 
 
 def retrieval_validator(model: DualEncoder, data: DataConfig, split: str, samples: list | None = None):
     """A callback for the trainer: R@1/5/10 both directions on `split` (its `samples` when already read), plus
     `mean_R@1` (the best-checkpoint key)."""
-    from sharpclip.data import read_samples
     from sharpclip.data.transforms import model_transforms
     from sharpclip.eval.embed import ModelEmbedder
     from sharpclip.eval.retrieval import evaluate_retrieval, from_samples
 
-    dataset = from_samples(split, samples if samples is not None else read_samples(data, split))
+    dataset = from_samples(split, samples if samples is not None else _validation_samples(data, split))
     preprocess, tokenizer = model_transforms(model, alpha=data.image_alpha)
 
     def evaluate(model: DualEncoder) -> dict[str, float]:
@@ -71,13 +87,15 @@ def retrieval_validator(model: DualEncoder, data: DataConfig, split: str, sample
     return evaluate
 
 
-def checked_validation_samples(data: DataConfig, train_samples: list) -> list:
+def checked_validation_samples(data: DataConfig, train_samples: list | None) -> list:
     """The samples of `data.eval_split`, after refusing (or, under `data.overlap: warn`, reporting) any image they
-    share with the training samples."""
-    from sharpclip.data import read_samples
+    share with the training samples (None: a streamed training set, which cannot be checked without reading it)."""
     from sharpclip.data.overlap import check_overlap, sample_images
 
-    held_out = read_samples(data, data.eval_split)
+    held_out = _validation_samples(data, data.eval_split)
+    if train_samples is None:
+        log.info("data: the training set is streamed; its overlap with the validation split is not checked")
+        return held_out
     what = f"validation split {data.eval_split!r} of {data.format} at {data.root or 'the cache'}"
     check_overlap(sample_images(train_samples), sample_images(held_out), what, data.overlap)
     return held_out
@@ -101,6 +119,28 @@ def warn_tiny(name: str) -> None:
             "mean nothing. Set model.name to a real checkpoint (an HF, open_clip or sharpclip folder) for a real run",
             name,
         )
+
+
+def _validation_samples(data: DataConfig, split: str) -> list:
+    from sharpclip.data import read_samples
+
+    hint = "set data.eval_split to a split that exists, or train.eval_every=0 to train without validation"
+    try:
+        samples = read_samples(data, split)
+    except FileNotFoundError as err:  # the split's annotation file or folder: the message names the path
+        raise ConfigError(f"validation split data.eval_split={split!r}: {err}; {hint}") from None
+    except ValueError as err:
+        if "unknown split" not in str(err):
+            raise
+        raise ConfigError(f"validation split data.eval_split={split!r}: {err}; {hint}") from None
+    if not samples:
+        from sharpclip.data import data_root
+
+        raise ConfigError(
+            f"validation split data.eval_split={split!r}: no {data.format} samples found for it under "
+            f"{data_root(data)}; {hint}"
+        )
+    return samples
 
 
 def build_trainer(cfg: Config) -> Trainer:
@@ -134,7 +174,7 @@ def build_trainer(cfg: Config) -> Trainer:
         distributed.barrier()
     evaluate = None
     if cfg.train.eval_every:
-        held_out = checked_validation_samples(data, loader.dataset.samples)
+        held_out = checked_validation_samples(data, getattr(getattr(loader, "dataset", None), "samples", None))
         evaluate = retrieval_validator(model, data, data.eval_split, held_out)
     frozen = None
     if "text_frozen" in objective.feature_keys:  # HN-CLIP Table 3c: Ḡ from the initial text tower, frozen
@@ -143,27 +183,32 @@ def build_trainer(cfg: Config) -> Trainer:
     def write_model(directory: Path) -> None:
         save_checkpoint(model, directory, cfg.model)
 
-    run_dir = Path(cfg.train.output_dir)
-    return Trainer(model, objective, loader, cfg.train, run_dir, write_model, evaluate, frozen)
+    return Trainer(model, objective, loader, cfg.train, Path(cfg.train.output_dir), write_model, evaluate, frozen)
 
 
-def run_train(cfg: Config, resume: str | Path | None = None) -> TrainerState:
-    """Train as `cfg` says, in `cfg.train.output_dir`; `resume` (a run directory or checkpoint) continues exactly."""
+def run_train(cfg: Config, resume: str | Path | None = None, overwrite: bool = False) -> TrainerState:
+    """Train as `cfg` says, in `cfg.train.output_dir`, which must be empty unless `overwrite` (empty it first).
+
+    `resume` (a run directory, or RUN/checkpoints/step-N) continues that run exactly, writing into that run
+    directory; `cfg` may change only what train.resume applies (the rest is an error listing saved → new).
+    """
     device = devices.resolve_device(cfg.train.device, "train.device")
     distributed.init_from_env(device)
-    run_dir = Path(cfg.train.output_dir)
-    _setup_logging(run_dir)
-    placement = describe_placement(device)
-    if distributed.rank() == 0:
-        log.info("%s", placement)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / RESOLVED_CONFIG).write_text(f"# {placement}\n{to_yaml(cfg)}")
-        warn_tiny(cfg.model.name)
-    trainer = build_trainer(cfg)
-    if resume is not None:
-        trainer.resume(resume_checkpoint(resume))
+    directory, named = resume_policy.locate(resume) if resume is not None else (Path(cfg.train.output_dir), None)
+    mode = "resume" if resume is not None else "overwrite" if overwrite else "fresh"
     try:
-        return trainer.fit()
+        changed, lock = _open(cfg, directory, mode)
+        try:
+            with _run_logging(directory):
+                placement = describe_placement(device)
+                if distributed.rank() == 0:
+                    log.info("%s", placement)
+                    warn_tiny(cfg.model.name)
+                trainer = _start(cfg, directory, named, changed, resuming=mode == "resume", placement=placement)
+                return trainer.fit()
+        finally:
+            if lock is not None:
+                lock.release()
     finally:
         distributed.shutdown()
 
@@ -175,20 +220,60 @@ def describe_placement(device: torch.device) -> str:
     return f"world size {distributed.world_size()}, backend {distributed.backend()}, devices: {listed}"
 
 
-def resume_checkpoint(path: str | Path) -> Path:
-    """A checkpoint folder as is; a run directory's newest complete checkpoint."""
-    path = Path(path)
-    if (path / checkpoint.TRAINER_STATE).is_file():
-        return path
-    found = checkpoint.latest(path / "checkpoints")
-    if found is None:
-        raise FileNotFoundError(f"{path}: no complete checkpoint (neither a checkpoint folder nor a run with any)")
-    return found
+def _open(cfg: Config, directory: Path, mode: str) -> tuple[dict, run_dir.RunLock | None]:
+    """Check the directory for `mode` and reconcile a resume's config (every rank), then take the lock and empty
+    the directory under overwrite (rank 0); when any rank cannot, every rank stops rather than wait at a barrier."""
+
+    def check() -> dict:
+        run_dir.check_run_dir(directory, mode)
+        if mode != "resume":
+            return {}
+        cfg.train.output_dir = str(directory)
+        return resume_policy.reconcile(directory, cfg)
+
+    changed = _together(check)
+    lock = _together(lambda: run_dir.open_run_dir(directory, mode) if distributed.rank() == 0 else None)
+    return changed, lock
 
 
-def load_run_config(run_dir: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """The resolved config a run wrote, with further overrides (for `sharpclip train --resume RUN`)."""
-    path = Path(run_dir) / RESOLVED_CONFIG
-    if not path.is_file():
-        raise ConfigError(f"{run_dir}: no {RESOLVED_CONFIG}; pass the recipe again along with --resume")
-    return load_config(path, overrides)
+def _together(step):
+    """`step()` on every rank; if it raised on any rank, it raises on all (the others with a pointer to that one)."""
+    try:
+        result, error = step(), None
+    except (ConfigError, run_dir.RunDirError, OSError) as err:
+        result, error = None, err
+    if not distributed.all_true(error is None):
+        raise error or run_dir.RunDirError("another process could not open the run directory; see its error")
+    return result
+
+
+def _start(
+    cfg: Config, directory: Path, named: Path | None, changed: dict, resuming: bool, placement: str = ""
+) -> Trainer:
+    """Build the trainer (and resume it); a fresh run that fails to start leaves its directory empty again."""
+    try:
+        trainer = build_trainer(cfg)
+        if resuming:
+            path, loaded = resume_policy.pick_checkpoint(directory, named)
+            trainer.resume(path, loaded)
+            if distributed.rank() == 0:
+                _record_resume(directory, trainer.state.step, path, changed)
+    except BaseException:
+        if not resuming and distributed.rank() == 0:
+            run_dir.empty_dir(directory)
+        raise
+    if distributed.rank() == 0:
+        # only now: the values this run really uses; the resolved devices head it as a comment
+        (directory / RESOLVED_CONFIG).write_text(f"# {placement}\n{to_yaml(cfg)}" if placement else to_yaml(cfg))
+    return trainer
+
+
+def _record_resume(directory: Path, step: int, path: Path, changed: dict) -> None:
+    record = {"step": step, "checkpoint": path.name, "changed": {k: list(v) for k, v in changed.items()}}
+    with open(directory / RESUMES, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record, default=str) + "\n")
+
+
+def load_run_config(target: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """The config `sharpclip train --resume target` continues with: the run's config.yaml plus `overrides`."""
+    return resume_policy.load_resume_config(target, [], list(overrides))

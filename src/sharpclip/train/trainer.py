@@ -2,18 +2,26 @@
 
 What a recipe changes lives elsewhere: the objective's terms and weights (losses.build_objective), the model's
 adapters and freezing (models), the batches (data), the accumulation mode (train.step). The loop draws a batch,
-runs the step, skips non-finite steps, clips, steps the optimiser and the schedule, clamps the logit scale, logs,
-checkpoints, evaluates, and on request records gradient diagnostics.
+runs the step, skips non-finite steps, clips, steps the optimiser and the schedule, clamps the logit scale, checks
+that the weights are still finite, logs, checkpoints, evaluates, and on request records gradient diagnostics.
 
 Before the loop the trainer puts everything that computes on `train.device`: the model, the frozen text tower, the
 distillation teacher (batches follow in train.step, the one place that moves them); it compiles the towers under
 `train.compile` and turns on activation checkpointing under `train.grad_checkpointing`.
+
+Numerical faults are told apart: a step with a non-finite loss or gradient is skipped (bad data, or bf16 overflow);
+an update that leaves a weight non-finite stops the run at once, before anything is checkpointed; and when every
+step after one update fails and that update blew up the weights (`DIVERGED_GROWTH`), the stop message blames the
+update (learning rate), not the samples, and marks a checkpoint holding those weights as diverged (train.checkpoint)
+so that a resume starts from the one before it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
+import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -30,14 +38,24 @@ from sharpclip.models.base import DualEncoder
 from sharpclip.train import checkpoint, distributed
 from sharpclip.train.diagnostics import gradient_diagnostics
 from sharpclip.train.logging import RunLogger, log, progress
-from sharpclip.train.optim import build_optimizer, build_scheduler, clamp_logit_scale
+from sharpclip.train.optim import build_optimizer, build_scheduler, clamp_logit_scale, lr_for
 from sharpclip.train.step import SATURATED, DistillEncoder, FeatureEncoder, run_step
 
 Evaluate = Callable[[DualEncoder], dict[str, float]]
 
 
+DIVERGED_GROWTH = 10.0  # an update that multiplies the largest |weight| by this much, then only failed steps: diverged
+
+
 class TrainingDiverged(RuntimeError):
-    """Too many consecutive steps had a non-finite loss or gradient."""
+    """Too many consecutive steps had a non-finite loss or gradient, or an update made the weights non-finite."""
+
+
+def largest_weight(params: list[torch.Tensor]) -> float:
+    """max |w| over `params` (inf or nan when any weight is), with one device sync. aminmax, one pass per tensor,
+    was the fastest exact reduction measured (benchmarks/finite_check.py; an inf-norm was 70× slower on CPU)."""
+    extremes = [torch.stack(torch.aminmax(p.detach())) for p in params if p.numel()]
+    return float(torch.stack(extremes).abs().max()) if extremes else 0.0
 
 
 @dataclass
@@ -89,6 +107,8 @@ class Trainer:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.state = TrainerState()
         self._resume_rng: dict | None = None  # RNG states to restore once the resumed epoch's iterator exists
+        self._weights = largest_weight(self.params)  # max |w| after the last update
+        self._last_update: dict[str, float] = {}  # the last successful update: step, lr, max |w| before and after
         self.is_main = distributed.rank() == 0
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -166,9 +186,7 @@ class Trainer:
         improved = metrics is not None and metrics.get(self.cfg.best_metric, -math.inf) > self.state.best
         if improved:
             self.state.best = metrics[self.cfg.best_metric]
-        path = self.save()
-        if improved and self.is_main:
-            checkpoint.mark_best(self.ckpt_dir, path, self.state.best)
+        self.save(best=improved)  # marked best before pruning, so pruning can never delete the new best
 
     def _evaluate(self) -> dict[str, float] | None:
         every = self.cfg.eval_every
@@ -203,6 +221,7 @@ class Trainer:
         self.optimizer.step()
         self.scheduler.step()
         clamp_logit_scale(self.model.logit_scale)
+        self._check_weights(lr, result.terms["loss"], grad_norm)
         self.state.step += 1
         self.state.seen += result.rows
         seconds = time.perf_counter() - start
@@ -234,6 +253,19 @@ class Trainer:
         self._compiling = False
         return result
 
+    def _check_weights(self, lr: float, loss: float, grad_norm: float) -> None:
+        """After an update: all weights finite (else stop now, nothing saved); remember how much they grew."""
+        before, after = self._weights, largest_weight(self.params)
+        step = self.state.step + 1
+        if not math.isfinite(after):
+            raise TrainingDiverged(
+                f"the update of step {step} made the weights non-finite although its loss ({loss:.4g}) and gradient "
+                f"norm ({grad_norm:.4g}) were finite: the update diverged (learning rate {lr:.3g}). Lower train.lr or "
+                "lengthen train.warmup_steps; nothing after the last checkpoint was saved"
+            )
+        self._weights = after
+        self._last_update = {"step": step, "lr": lr, "before": before, "after": after}
+
     def _skip(self, batch: Batch, loss: float, grad_norm: float) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         self.state.bad_steps += 1
@@ -243,45 +275,107 @@ class Trainer:
                           "grad_norm": grad_norm,
                           "ids": batch.ids})  # fmt: skip
         if self.state.bad_steps >= self.cfg.nan_patience:
-            raise TrainingDiverged(
-                f"{self.state.bad_steps} consecutive steps had a non-finite loss or gradient (last samples: {ids}); "
-                "lower train.lr, use train.precision=fp32, or check these samples with `sharpclip validate-data`"
-            )
+            raise TrainingDiverged(self._diverged_update() or self._bad_steps_message(ids))
+
+    def _diverged_update(self) -> str | None:
+        """The stop message when the failures follow an update that blew up the weights (None otherwise)."""
+        last = self._last_update
+        if not last or last["step"] != self.state.step or not last["after"] > DIVERGED_GROWTH * last["before"]:
+            return None
+        step = int(last["step"])
+        suspect = self.ckpt_dir / checkpoint.checkpoint_name(step)
+        if self.is_main and suspect.is_dir():
+            checkpoint.mark_diverged(suspect, f"every step after the update of step {step} failed")
+        return (
+            f"the update of step {step} diverged: it grew the largest |weight| from {last['before']:.3g} to "
+            f"{last['after']:.3g} (learning rate {last['lr']:.3g}), and each of the {self.state.bad_steps} steps "
+            "since then had a non-finite loss or gradient. Lower train.lr or lengthen "
+            "train.warmup_steps. Checkpoints holding those weights are marked diverged; a resume uses the one before"
+        )
+
+    def _bad_steps_message(self, ids: str) -> str:
+        advice = ["check these samples with `sharpclip validate-data`", "lower train.lr"]
+        if self.cfg.precision == "bf16":
+            advice.insert(1, "use train.precision=fp32")
+        return (
+            f"{self.state.bad_steps} consecutive steps had a non-finite loss or gradient (last samples: {ids}); "
+            + ", ".join(advice[:-1])
+            + f" or {advice[-1]}"
+        )
 
     def _diagnose(self, batch: Batch) -> None:
         record = gradient_diagnostics(self.encoder, batch, self.micro, self.cfg.diagnostics_gamma)
         self.logger.diagnose({"step": self.state.step, "epoch": self.state.epoch, **record})
 
     # -- checkpoints ------------------------------------------------------------------------------------------
-    def save(self) -> Path:
-        """Write a checkpoint of the current step (rank 0), including the loader position and all RNG states."""
+    def save(self, best: bool = False) -> Path:
+        """Write a checkpoint of the current step (rank 0), including the loader position and all RNG states;
+        `best`: mark it best (before pruning). The checkpoint just written and the best are never pruned."""
         path = self.ckpt_dir / checkpoint.checkpoint_name(self.state.step)
         if self.is_main:
+            if not math.isfinite(largest_weight(self.params)):  # _check_weights stops earlier; never save such weights
+                raise TrainingDiverged(f"refusing to checkpoint non-finite weights at step {self.state.step}")
             training_state = {
                 "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(),
                 "rng": checkpoint.rng_state(self.device),
             }
-            trainer_state = {**asdict(self.state), "loader": self.loader.state_dict()}
+            trainer_state = {**asdict(self.state), "loader": self.loader.state_dict(), "logs": self._log_sizes()}
             path = checkpoint.save(self.ckpt_dir, self.state.step, self.write_model, training_state, trainer_state)
-            checkpoint.prune(self.ckpt_dir, self.cfg.keep_last)
+            if best:
+                checkpoint.mark_best(self.ckpt_dir, path, self.state.best)
+            checkpoint.prune(self.ckpt_dir, self.cfg.keep_last, keep=(path,))
         distributed.barrier()
         return path
 
-    def resume(self, path: Path) -> None:
-        """Continue exactly from checkpoint `path`: weights, optimiser, schedule, loader position, RNG."""
-        from safetensors.torch import load_file
+    def _log_sizes(self) -> dict[str, int]:
+        """Bytes of each JSONL log when a checkpoint is written: a resume cuts the logs back to these."""
+        writers = (self.logger.metrics, self.logger.diagnostics)
+        return {w.path.name: w.path.stat().st_size for w in writers if w.path.is_file()}
 
-        weights = load_file(str(path / "model.safetensors"))
+    def resume(self, path: Path, loaded: tuple | None = None) -> None:
+        """Continue exactly from checkpoint `path`: weights, optimiser, schedule, loader position, RNG.
+
+        `loaded`: `checkpoint.load(path)` already read (and checked). The learning rate then follows this trainer's
+        config at the restored step (train.resume documents what may change); the JSONL logs are cut back to what
+        they held when the checkpoint was written, so no step is logged twice.
+        """
+        weights, training, trainer_state = loaded if loaded is not None else checkpoint.load(path)
         self.model.load_state_dict(weights)
-        training = checkpoint.load_training_state(path)
         self.optimizer.load_state_dict(training["optimizer"])
         self.scheduler.load_state_dict(training["scheduler"])
-        trainer_state = checkpoint.load_trainer_state(path)
         self.loader.load_state_dict(trainer_state.pop("loader"))
+        logs = trainer_state.pop("logs", None)
         self.state = TrainerState(**trainer_state)
         self._resume_rng = training["rng"]
+        self._reschedule()
+        self._weights = largest_weight(self.params)
+        if self.is_main:
+            self._cut_logs(logs)
         log.info("resumed from %s at step %d (epoch %d)", path, self.state.step, self.state.epoch)
+
+    def _reschedule(self) -> None:
+        """Each group's base rate from this config, times this config's schedule at the restored step."""
+        groups = self.optimizer.param_groups
+        bases = [lr_for(g["names"][0], self.cfg.lr, self.cfg.module_lr) for g in groups]
+        factor = self.scheduler.lr_lambdas[0](self.scheduler.last_epoch)
+        for group, base in zip(groups, bases, strict=True):
+            group["initial_lr"], group["lr"] = base, base * factor
+        self.scheduler.base_lrs = bases
+        self.scheduler._last_lr = [g["lr"] for g in groups]
+
+    def _cut_logs(self, sizes: dict[str, int] | None) -> None:
+        for writer in (self.logger.metrics, self.logger.diagnostics):
+            if not writer.path.is_file():
+                continue
+            if sizes is not None:  # checkpoints record the byte length of each log when they were written
+                if writer.path.stat().st_size > sizes.get(writer.path.name, 0):
+                    os.truncate(writer.path, sizes.get(writer.path.name, 0))
+                continue
+            lines = writer.path.read_text().splitlines(keepends=True)  # older checkpoints: keep steps up to ours
+            kept = [line for line in lines if json.loads(line).get("step", 0) <= self.state.step]
+            if len(kept) != len(lines):
+                writer.path.write_text("".join(kept))
 
 
 def compile_towers(model: DualEncoder) -> None:

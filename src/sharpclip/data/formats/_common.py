@@ -46,21 +46,44 @@ def load_json(path: Path, what: str, report: BadSampleReport) -> Any:
     """The parsed JSON file (recorded in `report` as read); a missing or invalid file raises with the path and the
     parser's line/column."""
     report.read_file(require_file(path, what))
+    data = path.read_bytes()
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as err:  # one file holds every record: nothing to skip, so a setup error
+        raise ValueError(f"{path}:{line_of(data, err.start)}: {not_utf8(data, err)}; re-save it as UTF-8") from None
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: line {err.lineno} column {err.colno}: not valid JSON ({err.msg})") from None
+
+
+def line_of(data: bytes, offset: int) -> int:
+    """The 1-based line number of byte `offset` in `data`."""
+    return data.count(b"\n", 0, offset) + 1
+
+
+def not_utf8(data: bytes, err: UnicodeDecodeError) -> str:
+    """A short reason for a UTF-8 decoding failure: the offending byte and its column."""
+    column = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
+    return f"not valid UTF-8 (byte 0x{data[err.start]:02x} at column {column})"
+
+
+def decode_utf8(data: bytes, where: str, rid: str, report: BadSampleReport) -> str | None:
+    """`data` as UTF-8 text, or None after reporting a malformed record at `where` (file:line)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        report.add(BadSample(where, rid, f"malformed record: {not_utf8(data, err)}"))
+        return None
 
 
 def iter_jsonl(path: Path, report: BadSampleReport):
     """(where, record) for each non-blank line of a JSON Lines file; a line that is not a JSON object is reported."""
     report.read_file(require_file(path, "JSON Lines file"))
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
             where = f"{path}:{lineno}"
+            line = decode_utf8(raw, where, "?", report)  # one bad line is one bad sample, not a crash
+            if line is None or not line.strip():
+                continue
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as err:

@@ -13,15 +13,17 @@ A JSON Lines record with `source_image` and `edited_image` is an edit: `source_c
 from __future__ import annotations
 
 import csv
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 from sharpclip.config import DataConfig
-from sharpclip.data.formats._common import caption_ok, fields, iter_jsonl, require_dir
+from sharpclip.data.formats._common import caption_ok, fields, iter_jsonl, line_of, not_utf8, require_dir
 from sharpclip.data.schema import BadSample, BadSampleReport, EditSample, PairSample, Sample
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
 EDIT_KEYS = ("source_image", "edited_image", "source_caption", "target_caption")
+_SURROGATE = re.compile("[\udc80-\udcff]")  # what errors="surrogateescape" makes of a byte that is not UTF-8
 
 
 def _table_file(root: Path, split: str) -> Path | None:
@@ -37,9 +39,18 @@ def _records(path: Path, report: BadSampleReport) -> Iterator[tuple[str, dict]]:
     if path.suffix in (".jsonl", ".json"):
         yield from iter_jsonl(path, report)
         return
-    with open(report.read_file(path), encoding="utf-8", newline="") as f:
-        for i, row in enumerate(csv.DictReader(f, delimiter="\t" if path.suffix == ".tsv" else ",")):
-            yield f"{path}:row {i + 1}", {k: v for k, v in row.items() if v not in (None, "")}
+    # undecodable bytes become surrogates, so one latin-1 row is a bad sample (file:line) and the rest still parse
+    with open(report.read_file(path), encoding="utf-8", errors="surrogateescape", newline="") as f:
+        reader = csv.DictReader(f, delimiter="\t" if path.suffix == ".tsv" else ",")
+        for i, row in enumerate(reader):
+            values = {k: v for k, v in row.items() if v not in (None, "")}
+            bad = next((v for v in values.values() if isinstance(v, str) and _SURROGATE.search(v)), None)
+            if bad is not None:
+                byte = ord(_SURROGATE.search(bad).group()) - 0xDC00
+                reason = f"malformed record: not valid UTF-8 (byte 0x{byte:02x})"
+                report.add(BadSample(f"{path}:{reader.line_num}", "?", reason))
+                continue
+            yield f"{path}:row {i + 1}", values
 
 
 def _edit(record: dict, where: str, rid: str, base: Path, report: BadSampleReport) -> EditSample | None:
@@ -106,7 +117,14 @@ def _read_folder(folder: Path, report: BadSampleReport) -> list[PairSample]:
         elif stem not in images:
             report.add(BadSample(str(texts[stem]), stem, f"missing file: no image {stem}.jpg/.png for the caption"))
         else:
-            caption = report.read_file(texts[stem]).read_text(encoding="utf-8").strip()
+            data = report.read_file(texts[stem]).read_bytes()
+            where = str(texts[stem])
+            try:
+                caption = data.decode("utf-8").strip()
+            except UnicodeDecodeError as err:
+                reason = f"malformed record: {not_utf8(data, err)}"
+                report.add(BadSample(f"{where}:{line_of(data, err.start)}", stem, reason))
+                continue
             if caption_ok(caption, str(texts[stem]), stem, report):
                 samples.append(PairSample(id=stem, image=images[stem], caption=caption, source=str(texts[stem])))
     return samples
@@ -118,4 +136,10 @@ def read(root: Path, split: str, cfg: DataConfig, report: BadSampleReport) -> li
     if table is not None:
         return _read_table(table, cfg, report)
     folder = root / split if (root / split).is_dir() else require_dir(root, "generic data")
-    return _read_folder(folder, report)
+    samples = _read_folder(folder, report)
+    if not samples and not report.items and folder == root:  # nothing for this split anywhere: say where we looked
+        raise FileNotFoundError(
+            f"{root}: no {split}.jsonl, {split}.csv or {split}.tsv, no {split}/ folder, and no image + .txt pairs in "
+            "the folder itself (generic format; see the README's Data section)"
+        )
+    return samples

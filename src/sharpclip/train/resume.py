@@ -1,0 +1,137 @@
+"""What `sharpclip train --resume` continues, where it writes, and which changed settings it may apply.
+
+`--resume RUN` continues the run directory RUN (its newest complete checkpoint) and writes into RUN, wherever the
+run was first started: `train.output_dir` in RUN/config.yaml is only where it started. `--resume
+RUN/checkpoints/step-N` continues from that checkpoint, with RUN/config.yaml two levels up.
+
+A resume may change only what does not make the saved state a different experiment. Every config key is classified
+by its longest prefix in `APPLIED` or `REFUSED` (tests/train/test_train_resume.py checks that every key is):
+
+- applied: the learning rate and its schedule (`train.lr`, `warmup_steps`, `min_lr_ratio`, `epochs`, `max_steps`),
+  the evaluation and checkpoint cadence, clipping, diagnostics, progress and sinks, loader workers, `eval.*`. The
+  optimiser's moments are kept; the learning rate becomes the new config's warmup-cosine schedule evaluated at the
+  current step (`lr × warmup_cosine(step; warmup_steps, total steps, min_lr_ratio)`), as if the run had used that
+  schedule from the start;
+- refused (the saved state would not mean what the new value says): the model, the data, the objective, the batch
+  and micro-batch sizes, accumulation, seed, precision, weight decay, per-module learning rates, the best metric.
+  A refused change is an error listing saved → new for each key; start a new run from the checkpoint instead
+  (`model.name=RUN/checkpoints/step-N train.output_dir=NEW`).
+
+The applied changes are logged and appended to RUN/resumes.jsonl; config.yaml is rewritten only once the resume
+has succeeded, so it never records a value the run did not use.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from sharpclip.config import Config, ConfigError, load_config
+from sharpclip.train import checkpoint
+from sharpclip.train.logging import log
+
+RESOLVED_CONFIG = "config.yaml"
+APPLIED = (
+    "train.lr", "train.warmup_steps", "train.min_lr_ratio", "train.epochs", "train.max_steps",
+    "train.eval_every", "train.checkpoint_every", "train.keep_last", "train.grad_clip", "train.grad_checkpointing",
+    "train.diagnostics_every", "train.diagnostics_gamma", "train.nan_patience", "train.progress",
+    "train.tensorboard", "train.wandb", "train.device", "data.num_workers", "eval",
+)  # fmt: skip
+REFUSED = (
+    "model", "data", "loss", "train.seed", "train.batch_size", "train.micro_batch_size", "train.accumulation",
+    "train.precision", "train.weight_decay", "train.module_lr", "train.best_metric",
+)  # fmt: skip
+WHERE = "train.output_dir"  # not a setting: a resume writes into the directory it was given
+
+
+def classify(key: str) -> str | None:
+    """'applied' or 'refused' by the longest matching prefix of `key` (dotted); None for an unclassified key."""
+    matches = [(len(p), kind) for kind, table in (("applied", APPLIED), ("refused", REFUSED)) for p in table
+               if key == p or key.startswith(p + ".")]  # fmt: skip
+    return max(matches)[1] if matches else None
+
+
+def flatten(cfg: Config) -> dict[str, Any]:
+    """Every leaf of `cfg` as {dotted key: value} (lists stay values)."""
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, node: Any) -> None:
+        if isinstance(node, dict) and node:
+            for k, v in node.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        else:
+            out[prefix] = node
+
+    walk("", OmegaConf.to_container(OmegaConf.structured(cfg)))
+    return out
+
+
+def changes(saved: Config, new: Config) -> dict[str, tuple[Any, Any]]:
+    """{key: (saved, new)} for every leaf that differs (train.output_dir excluded)."""
+    a, b = flatten(saved), flatten(new)
+    missing = object()
+    diff = {k: (a.get(k, missing), b.get(k, missing)) for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)}
+    return {k: tuple(None if v is missing else v for v in pair) for k, pair in diff.items() if k != WHERE}
+
+
+def locate(target: str | Path) -> tuple[Path, Path | None]:
+    """(run directory, the checkpoint named by `target` or None for the newest) for `--resume target`."""
+    path = Path(target)
+    if (path / checkpoint.TRAINER_STATE).exists() or path.name.startswith("step-"):
+        run_dir = path.parent.parent
+        if path.parent.name != "checkpoints" or not (run_dir / RESOLVED_CONFIG).is_file():
+            raise ConfigError(
+                f"--resume {path}: a checkpoint must sit in RUN/checkpoints/ with RUN/{RESOLVED_CONFIG}; to start a "
+                f"new run from it use model.name={path} with a new train.output_dir"
+            )
+        return run_dir, path
+    if not (path / RESOLVED_CONFIG).is_file():
+        raise ConfigError(f"--resume {path}: not a run directory (no {RESOLVED_CONFIG}) nor RUN/checkpoints/step-N")
+    return path, None
+
+
+def load_resume_config(target: str | Path, files: list[str] = (), overrides: list[str] = ()) -> Config:
+    """The config to resume with: the recipe `files` if given, else the run's config.yaml, then `overrides`;
+    `train.output_dir` is the run directory."""
+    run_dir, _ = locate(target)
+    cfg = load_config(list(files) or [run_dir / RESOLVED_CONFIG], overrides)
+    cfg.train.output_dir = str(run_dir)
+    return cfg
+
+
+def reconcile(run_dir: Path, new: Config) -> dict[str, tuple[Any, Any]]:
+    """The applied changes of `new` against the run's saved config; raises `ConfigError` listing refused ones."""
+    saved = load_config(run_dir / RESOLVED_CONFIG)
+    found = changes(saved, new)
+    refused = {k: v for k, v in found.items() if classify(k) != "applied"}
+    if refused:
+        lines = "; ".join(f"{k}: {a!r} → {b!r}" for k, (a, b) in refused.items())
+        raise ConfigError(
+            f"--resume {run_dir}: these settings cannot change on resume ({lines}). Drop them to continue the run, or "
+            f"start a new run from its checkpoint: model.name={run_dir}/checkpoints/step-N train.output_dir=NEW"
+        )
+    if saved.train.output_dir != str(run_dir):
+        log.info("resuming into %s (the run was started in %s)", run_dir, saved.train.output_dir)
+    for key, (a, b) in found.items():
+        log.info("resume changes %s: %r → %r", key, a, b)
+    return found
+
+
+def pick_checkpoint(run_dir: Path, named: Path | None) -> tuple[Path, tuple]:
+    """The checkpoint to resume and its loaded parts (checkpoint.load); a corrupt newest one falls back to the
+    previous complete one with a warning naming the bad file. A named checkpoint never falls back."""
+    if named is not None:
+        return named, checkpoint.load(named)
+    candidates = checkpoint.all_checkpoints(run_dir / "checkpoints")
+    for path in reversed(candidates):
+        try:
+            return path, checkpoint.load(path)
+        except checkpoint.CorruptCheckpoint as err:
+            log.warning("cannot resume from %s: %s; falling back to the previous checkpoint", path.name, err)
+    found = ", ".join(p.name for p in candidates) or "none"
+    raise checkpoint.CheckpointError(
+        f"--resume {run_dir}: no complete, readable checkpoint in {run_dir / 'checkpoints'} (found: {found}); "
+        "start again with --overwrite"
+    )

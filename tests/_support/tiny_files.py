@@ -1,0 +1,38 @@
+"""A tiny generic-format dataset on disk (PNG files + JSON Lines) and a `Config` that trains the tiny CLIP on it.
+
+For tests of `run_train` and the CLI that need real files, run directories and checkpoints, in about a second.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from _support.tiny_run import caption
+from sharpclip.config import Config, load_config
+
+
+def write_generic(root: Path, n: int = 8, splits: tuple[str, ...] = ("train", "test")) -> Path:
+    """`root/<split>.jsonl` of `n` rows each, with `n` small random PNGs under `root/images/`."""
+    images = root / "images"
+    images.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(images / f"{i}.png")
+    for split in splits:
+        rows = [{"id": f"{split}-{i}", "image": f"images/{i}.png", "caption": caption(i)} for i in range(n)]
+        (root / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+def tiny_config(root: Path, out: Path, *overrides: str) -> Config:
+    """Tiny CLIP on the generic data at `root`, 2 steps of batch 4, a checkpoint every step, into `out`."""
+    base = [
+        "model.name=tiny-clip", "data.format=generic", f"data.root={root}", "data.image_size=32",
+        f"train.output_dir={out}", "train.batch_size=4", "train.micro_batch_size=4", "train.max_steps=2",
+        "train.epochs=1", "train.lr=1e-3", "train.checkpoint_every=1", "train.keep_last=5", "train.progress=false",
+    ]  # fmt: skip
+    return load_config(None, [*base, *overrides])

@@ -1,0 +1,84 @@
+"""Numerical faults (issue 11, item 7): a diverged update is reported as such and its weights never resumed from,
+non-finite weights stop the run before any checkpoint, and the logit scale is clamped to [0, ln 100]."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from _support.tiny_run import ToyLoader, toy_model
+from sharpclip.train import checkpoint
+from sharpclip.train.optim import clamp_logit_scale
+from sharpclip.train.trainer import TrainingDiverged
+from train.test_train_trainer import _trainer
+
+
+def test_a_huge_lr_is_reported_as_a_diverged_update_and_its_checkpoint_is_not_resumed(tmp_path):
+    trainer = _trainer(tmp_path, lr=1e6, warmup_steps=0, checkpoint_every=1, nan_patience=3, epochs=3)
+    with pytest.raises(TrainingDiverged) as err:
+        trainer.fit()
+    message = str(err.value)
+    assert "update of step 1 diverged" in message and "train.lr" in message
+    assert "validate-data" not in message and "fp32" not in message  # the samples and precision are not to blame
+    ckpts = tmp_path / "run" / "checkpoints"
+    assert (ckpts / "step-000001" / checkpoint.DIVERGED).is_file()
+    assert checkpoint.latest(ckpts) is None  # a resume will not start from the poisoned weights
+
+
+def test_an_update_that_makes_a_weight_non_finite_stops_before_any_checkpoint(tmp_path):
+    trainer = _trainer(tmp_path, checkpoint_every=1, epochs=1)
+    step = trainer.optimizer.step
+
+    def poisoning_step(*args, **kwargs):
+        out = step(*args, **kwargs)
+        if trainer.state.step == 1:  # the second update
+            with torch.no_grad():
+                trainer.model.hf_model.text_projection.weight[0, 0] = float("inf")
+        return out
+
+    trainer.optimizer.step = poisoning_step
+    with pytest.raises(TrainingDiverged, match="update of step 2 made the weights non-finite"):
+        trainer.fit()
+    names = [p.name for p in checkpoint.all_checkpoints(tmp_path / "run" / "checkpoints")]
+    assert names == ["step-000001"]
+
+
+def test_bad_data_is_still_blamed_on_the_samples_and_fp32_runs_are_not_told_to_use_fp32(tmp_path):
+    model = toy_model()
+    loader = ToyLoader(model.tokenizer, batch_size=16)
+    loader.pixels[:] = float("nan")
+    trainer = _trainer(tmp_path, loader=loader, nan_patience=2)
+    with pytest.raises(TrainingDiverged, match="validate-data") as err:
+        trainer.fit()
+    assert "fp32" not in str(err.value)
+
+
+def test_the_logit_scale_is_clamped_from_below_and_above():
+    scale = torch.nn.Parameter(torch.tensor(-3.0))
+    clamp_logit_scale(scale)
+    assert float(scale.detach()) == 0.0  # s = 1, not e^-3: a collapsed scale makes every logit equal
+    scale.data.fill_(7.0)
+    clamp_logit_scale(scale)
+    assert float(scale.detach()) == pytest.approx(math.log(100))
+    frozen = torch.nn.Parameter(torch.tensor(-3.0), requires_grad=False)
+    clamp_logit_scale(frozen)
+    assert float(frozen.detach()) == -3.0  # a frozen scale is the user's choice
+
+
+def test_a_runaway_scale_update_is_clamped_in_training(tmp_path):
+    trainer = _trainer(tmp_path, epochs=1, max_steps=1, warmup_steps=0)
+    with torch.no_grad():
+        trainer.model.logit_scale.fill_(1e-3)
+    step = trainer.optimizer.step
+
+    def shrink_scale(*args, **kwargs):
+        out = step(*args, **kwargs)
+        with torch.no_grad():
+            trainer.model.logit_scale.sub_(50.0)  # what a huge update does to it
+        return out
+
+    trainer.optimizer.step = shrink_scale
+    trainer.fit()
+    assert float(trainer.model.logit_scale.detach()) == 0.0

@@ -1,0 +1,134 @@
+"""Resume (issue 11, items 4-6): it writes into the directory it was given, finds a checkpoint's run two levels up,
+applies only what may change (the schedule rebuilt), refuses the rest with saved → new, falls back from a corrupt
+newest checkpoint naming the bad file, and never logs a step twice."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+
+import pytest
+
+from _support.tiny_files import tiny_config, write_generic
+from sharpclip.cli import main
+from sharpclip.config import Config, ConfigError, load_config
+from sharpclip.train import checkpoint
+from sharpclip.train.optim import warmup_cosine
+from sharpclip.train.resume import APPLIED, REFUSED, classify, flatten, load_resume_config
+from sharpclip.train.run import RESUMES, run_train
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return write_generic(tmp_path_factory.mktemp("data"))
+
+
+@pytest.fixture(scope="module")
+def trained(data, tmp_path_factory):
+    """A finished 2-step run with checkpoints after steps 1 and 2 (copied by each test before it changes it)."""
+    run = tmp_path_factory.mktemp("trained") / "run"
+    run_train(tiny_config(data, run, "train.warmup_steps=1"))
+    return run
+
+
+def _copy(run: Path, to: Path) -> Path:
+    shutil.copytree(run, to)
+    return to
+
+
+def _records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _steps(run: Path) -> list[int]:
+    return [r["step"] for r in _records(run) if "loss" in r]
+
+
+def test_resume_writes_into_the_directory_it_was_given(trained, tmp_path):
+    moved = _copy(trained, tmp_path / "moved")
+    original = sorted(p.name for p in (trained / "checkpoints").iterdir())
+    run_train(load_resume_config(moved, [], ["train.max_steps=3"]), resume=moved)
+    assert (moved / "checkpoints" / "step-000003").is_dir()
+    assert sorted(p.name for p in (trained / "checkpoints").iterdir()) == original  # the original is untouched
+    assert load_config(moved / "config.yaml").train.output_dir == str(moved)
+
+
+def test_resume_from_a_checkpoint_folder_through_the_cli_with_overrides(trained, tmp_path, capsys):
+    run = _copy(trained, tmp_path / "run")
+    assert main(["train", "--resume", str(run / "checkpoints" / "step-000001"), "train.max_steps=3"]) == 0
+    assert "trained 3 steps" in capsys.readouterr().out
+    assert _steps(run) == [1, 2, 3]  # steps 2 was redone from step 1: logged once
+    assert json.loads((run / RESUMES).read_text().splitlines()[-1])["checkpoint"] == "step-000001"
+
+
+def test_a_changed_lr_is_applied_on_the_rebuilt_schedule_and_recorded(trained, tmp_path):
+    run = _copy(trained, tmp_path / "run")
+    run_train(load_resume_config(run, [], ["train.max_steps=4", "train.lr=5e-4"]), resume=run)
+    resumed = [r for r in _records(run) if "loss" in r and r["step"] > 2]
+    for r in resumed:  # the new rate on the new schedule (warmup 1, 4 steps), at the step that used it
+        assert r["lr"] == pytest.approx(5e-4 * warmup_cosine(r["step"] - 1, 1, 4))
+    assert load_config(run / "config.yaml").train.lr == 5e-4
+    changed = json.loads((run / RESUMES).read_text().splitlines()[-1])["changed"]
+    assert changed["train.lr"] == [1e-3, 5e-4] and changed["train.max_steps"] == [2, 4]
+
+
+@pytest.mark.parametrize(
+    "override, shown",
+    [("train.batch_size=8", "train.batch_size: 4 → 8"), ("model.tiny.width=64", "model.tiny.width: 32 → 64"),
+     ("loss.terms.contrastive.weight=2", "loss.terms.contrastive.weight: 1.0 → 2.0")],
+)  # fmt: skip
+def test_a_refused_change_lists_saved_and_new_and_changes_nothing(trained, tmp_path, override, shown):
+    run = _copy(trained, tmp_path / "run")
+    before = (run / "config.yaml").read_text()
+    with pytest.raises(ConfigError, match="cannot change on resume") as err:
+        run_train(load_resume_config(run, [], [override]), resume=run)
+    assert shown in str(err.value)
+    assert (run / "config.yaml").read_text() == before and not (run / RESUMES).exists()
+
+
+def _leaves(node, prefix=""):
+    for f in fields(node):
+        value = getattr(node, f.name)
+        key = f"{prefix}{f.name}"
+        yield from _leaves(value, key + ".") if is_dataclass(value) else [key]
+
+
+def test_every_config_key_is_classified_applied_or_refused():
+    keys = list(_leaves(Config())) + [k for k in flatten(load_config(None)) if k.startswith("loss.")]
+    unclassified = [k for k in keys if k != "train.output_dir" and classify(k) is None]
+    assert not unclassified, f"classify these in sharpclip/train/resume.py (APPLIED or REFUSED): {unclassified}"
+    assert classify("train.lr") == "applied" and classify("train.batch_size") == "refused"
+    assert classify("data.num_workers") == "applied" and classify("data.root") == "refused"
+    assert not set(APPLIED) & set(REFUSED)
+
+
+def _corrupt(ckpt: Path, which: str) -> Path:
+    path = ckpt / which
+    if which == checkpoint.TRAINER_STATE:
+        path.write_text('{"step": 2, "epo')
+    else:
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+    return path
+
+
+@pytest.mark.parametrize("which", ["model.safetensors", checkpoint.TRAINER_STATE, checkpoint.TRAINING_STATE])
+def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(trained, tmp_path, caplog, which):
+    run = _copy(trained, tmp_path / "run")
+    bad = _corrupt(run / "checkpoints" / "step-000002", which)
+    with caplog.at_level(logging.WARNING, logger="sharpclip.train"):
+        state = run_train(load_resume_config(run, [], ["train.max_steps=3"]), resume=run)
+    assert state.step == 3
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(str(bad) in w and "falling back" in w for w in warnings), warnings
+    assert _steps(run) == [1, 2, 3]  # step 2, logged before the crash-like corruption, is not logged twice
+
+
+def test_a_named_corrupt_checkpoint_is_an_error_naming_the_file(trained, tmp_path):
+    run = _copy(trained, tmp_path / "run")
+    bad = _corrupt(run / "checkpoints" / "step-000001", "model.safetensors")
+    with pytest.raises(checkpoint.CorruptCheckpoint, match=str(bad)):
+        run_train(load_resume_config(run, [], []), resume=run / "checkpoints" / "step-000001")

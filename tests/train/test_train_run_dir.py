@@ -1,0 +1,153 @@
+"""Run directories (issue 11, items 1-3): a fresh run refuses a non-empty directory, --overwrite empties it,
+pruning keeps the newest and the best, keep_last >= 1, and a lock keeps a second run out (a stale one is taken over)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from _support.tiny_files import tiny_config, write_generic
+from sharpclip.config import ConfigError, load_config
+from sharpclip.train import checkpoint
+from sharpclip.train.run import run_train
+from sharpclip.train.run_dir import LOCK, RunDirError, RunLock
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return write_generic(tmp_path_factory.mktemp("data"))
+
+
+def _steps(run: Path) -> list[int]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r["step"] for r in records if "loss" in r]
+
+
+def _fake_old_run(run: Path, steps: tuple[int, ...]) -> None:
+    """What an older, longer run leaves behind: higher-numbered checkpoints, its config and metrics."""
+    for step in steps:
+        folder = run / "checkpoints" / checkpoint.checkpoint_name(step)
+        folder.mkdir(parents=True)
+        (folder / checkpoint.TRAINER_STATE).write_text(json.dumps({"step": step, "loader": {}}))
+    (run / "config.yaml").write_text("train:\n  seed: 123\n")
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 50, "loss": 1.0}) + "\n")
+
+
+def test_a_fresh_run_refuses_a_non_empty_directory_and_says_how_to_go_on(data, tmp_path):
+    run = tmp_path / "run"
+    _fake_old_run(run, (40, 50))
+    before = sorted(p.name for p in (run / "checkpoints").iterdir())
+    with pytest.raises(RunDirError, match=r"not empty.*--resume.*--overwrite"):
+        run_train(tiny_config(data, run))
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == before  # nothing touched
+    assert (run / "config.yaml").read_text() == "train:\n  seed: 123\n"
+    assert not (run / LOCK).exists()
+
+
+def test_overwrite_empties_the_old_run_so_the_new_one_keeps_its_checkpoints(data, tmp_path):
+    run = tmp_path / "run"
+    _fake_old_run(run, (40, 50))
+    state = run_train(tiny_config(data, run, "train.keep_last=1"), overwrite=True)
+    assert state.step == 2
+    ckpts = run / "checkpoints"
+    names = [p.name for p in checkpoint.all_checkpoints(ckpts)]
+    assert "step-000002" in names and not any(n in names for n in ("step-000040", "step-000050"))
+    assert checkpoint.best(ckpts).is_dir()  # best.json names a folder that exists
+    assert _steps(run) == [1, 2]  # metrics.jsonl holds this run only
+    assert load_config(run / "config.yaml").train.seed == 0
+
+
+def test_overwrite_refuses_a_folder_that_is_not_a_run_directory(data, tmp_path):
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    (folder / "holiday.jpg").write_bytes(b"not a run")
+    with pytest.raises(RunDirError, match="not a sharpclip run directory"):
+        run_train(tiny_config(data, folder), overwrite=True)
+    assert (folder / "holiday.jpg").is_file()
+
+
+def test_a_run_that_fails_to_start_leaves_its_new_directory_empty(data, tmp_path):
+    run = tmp_path / "run"
+    with pytest.raises(ConfigError):
+        run_train(tiny_config(data, run, "data.eval_split=nosuchsplit"))
+    assert not run.exists() or not list(run.iterdir())
+    assert run_train(tiny_config(data, run)).step == 2  # so trying again needs no --overwrite
+
+
+def _fake_checkpoints(directory: Path, steps: tuple[int, ...]) -> list[Path]:
+    paths = []
+    for step in steps:
+        folder = directory / checkpoint.checkpoint_name(step)
+        folder.mkdir(parents=True)
+        (folder / checkpoint.TRAINER_STATE).write_text("{}")
+        paths.append(folder)
+    return paths
+
+
+def test_prune_keeps_the_checkpoint_just_written_and_the_best_even_beside_higher_steps(tmp_path):
+    old_best, old_newest, written = _fake_checkpoints(tmp_path, (10, 90, 2))
+    checkpoint.mark_best(tmp_path, old_best, 0.5)
+    checkpoint.prune(tmp_path, keep_last=1, keep=(written,))
+    assert written.is_dir() and old_best.is_dir() and old_newest.is_dir()  # newest by number, just written, best
+    checkpoint.mark_best(tmp_path, written, 0.9)
+    checkpoint.prune(tmp_path, keep_last=1, keep=(written,))
+    assert written.is_dir() and old_newest.is_dir() and not old_best.exists()
+
+
+@pytest.mark.parametrize("keep_last", [0, -1])
+def test_keep_last_below_one_is_refused(keep_last, tmp_path):
+    with pytest.raises(ConfigError, match=r"train\.keep_last"):
+        load_config(None, [f"train.keep_last={keep_last}"])
+    (only,) = _fake_checkpoints(tmp_path, (3,))
+    with pytest.raises(ValueError, match="keep_last"):
+        checkpoint.prune(tmp_path, keep_last)
+    assert only.is_dir()
+
+
+@pytest.fixture
+def live_pid():
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield proc.pid
+    proc.kill()
+    proc.wait()
+
+
+def _write_lock(run: Path, pid: int) -> None:
+    run.mkdir(parents=True, exist_ok=True)
+    (run / LOCK).write_text(json.dumps({"host": os.uname().nodename, "pid": pid}))
+
+
+def test_a_second_training_into_a_locked_directory_names_the_pid(data, tmp_path, live_pid):
+    run = tmp_path / "run"
+    _write_lock(run, live_pid)
+    with pytest.raises(RunDirError, match=f"pid {live_pid}"):
+        run_train(tiny_config(data, run))
+    assert json.loads((run / LOCK).read_text())["pid"] == live_pid  # the holder's lock is left alone
+    with pytest.raises(RunDirError, match=f"pid {live_pid}"):
+        RunLock(run).acquire()
+
+
+def test_a_stale_lock_is_taken_over_with_a_warning(data, tmp_path, caplog):
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()  # its pid is now free
+    run = tmp_path / "run"
+    _write_lock(run, proc.pid)
+    with caplog.at_level(logging.WARNING, logger="sharpclip.train"):
+        assert run_train(tiny_config(data, run)).step == 2
+    assert any("stale lock" in r.getMessage() and str(proc.pid) in r.getMessage() for r in caplog.records)
+    assert not (run / LOCK).exists()  # released when the run ended
+
+
+def test_an_unreadable_best_json_does_not_stop_pruning(tmp_path, caplog):
+    old, new = _fake_checkpoints(tmp_path, (1, 2))
+    (tmp_path / checkpoint.BEST).write_text('{"name": ')  # a crash while writing it by hand, a bad copy
+    with caplog.at_level(logging.WARNING, logger="sharpclip.train"):
+        checkpoint.prune(tmp_path, keep_last=1, keep=(new,))
+    assert new.is_dir() and not old.exists()
+    assert any("best.json" in r.getMessage() for r in caplog.records)
