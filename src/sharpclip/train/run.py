@@ -4,8 +4,8 @@
     torchrun --nproc_per_node 2 -m sharpclip train configs/hnclip_docci.yaml   (each rank: batch_size / world)
 
 `train.device` (auto: cuda:<LOCAL_RANK> with CUDA, else cpu) is resolved first: it picks the process group's
-backend, the model is moved there before rank 0's weights are broadcast, and the
-loader pins its batches when it is a GPU. The resolved devices are logged and recorded at the top of config.yaml.
+backend, the model is moved there before rank 0's weights are broadcast, and the loader pins its batches when it is
+a GPU. The resolved devices are logged and recorded at the top of config.yaml.
 
 The model decides the preprocessing: images at its own size and mean/std, captions at its own context length
 (data.model_transforms), so a Long-CLIP-stretched tower reads 248 tokens without a second setting to keep in step.
