@@ -16,14 +16,15 @@ from sharpclip.config import Config, load_config
 
 
 def write_generic(root: Path, n: int = 8, splits: tuple[str, ...] = ("train", "test")) -> Path:
-    """`root/<split>.jsonl` of `n` rows each, with `n` small random PNGs under `root/images/`."""
+    """`root/<split>.jsonl` of `n` rows each, with `n` small random PNGs per split under `root/images/`
+    (`<split>-<i>.png`: splits share no image, as training refuses a validation split that overlaps it)."""
     images = root / "images"
     images.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
-    for i in range(n):
-        Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(images / f"{i}.png")
     for split in splits:
-        rows = [{"id": f"{split}-{i}", "image": f"images/{i}.png", "caption": caption(i)} for i in range(n)]
+        for i in range(n):
+            Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(images / f"{split}-{i}.png")
+        rows = [{"id": f"{split}-{i}", "image": f"images/{split}-{i}.png", "caption": caption(i)} for i in range(n)]
         (root / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return root
 

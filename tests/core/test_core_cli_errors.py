@@ -34,10 +34,10 @@ def _one_line(err: str) -> str:
 def test_a_bad_sample_is_one_line_and_exit_2_with_a_traceback_only_on_request(data, tmp_path, capsys, monkeypatch):
     (tmp_path / "d").mkdir()
     root = write_generic(tmp_path / "d")
-    (root / "images" / "3.png").write_bytes(b"not a png")
+    (root / "images" / "train-3.png").write_bytes(b"not a png")
     assert main(_train_args(root, tmp_path / "run")) == 2
     err = _one_line(capsys.readouterr().err)
-    assert err.startswith("sharpclip train: ") and "3.png" in err and "on_bad_sample=skip" in err
+    assert err.startswith("sharpclip train: ") and "train-3.png" in err and "on_bad_sample=skip" in err
     assert main(["--debug", *_train_args(root, tmp_path / "run2")]) == 2
     assert "Traceback" in capsys.readouterr().err
     monkeypatch.setenv("SHARPCLIP_DEBUG", "1")

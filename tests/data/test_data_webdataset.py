@@ -191,9 +191,9 @@ def test_validate_data_on_shards_counts_per_shard_and_names_bad_keys(tmp_path, c
     assert "3 shards: 00000.tar 3, 00001.tar 3, 00002.tar 1" in out
 
 
-def test_validate_data_on_an_empty_folder_fails(tmp_path):
+def test_validate_data_on_an_empty_folder_fails(tmp_path, capsys):
     from sharpclip.cli import main
 
     (tmp_path / "empty").mkdir()
-    assert main(["validate-data", str(tmp_path / "empty"), "--json", str(tmp_path / "r.json")]) == 1
-    assert "no generic samples" in json.loads((tmp_path / "r.json").read_text())["errors"][0]
+    assert main(["validate-data", str(tmp_path / "empty"), "--json", str(tmp_path / "r.json")]) == 2
+    assert "no train.jsonl, train.csv or train.tsv" in capsys.readouterr().err  # names what it looked for

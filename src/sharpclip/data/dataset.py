@@ -97,7 +97,8 @@ def build_rows(samples: Sequence[Sample], caption_choice: str = "random", group_
 
 
 class SampleDataset(Dataset):
-    """Rows of samples; `dataset[i]` is an `Item`, or a `BadSample` under `on_bad_sample: skip`."""
+    """Rows of samples; `dataset[i]` is an `Item`, or a `BadSample` (SampleLoader raises it under `on_bad_sample:
+    error`, in the training process rather than in a loader worker, whose traceback would wrap the message)."""
 
     def __init__(
         self,
@@ -145,11 +146,8 @@ class SampleDataset(Dataset):
         row = self.rows[i]
         try:
             pixels = self.transform(load_image(row.image, self.draft_size, self.max_image_pixels))
-        except ImageLoadError as err:
-            bad = BadSample(self.samples[row.sample].source or describe(row.image), row.id, err.reason)
-            if self.on_bad_sample != "skip":
-                raise BadSampleError(bad) from None
-            return bad
+        except ImageLoadError as err:  # returned, not raised: a loader worker would wrap it in its traceback
+            return BadSample(self.samples[row.sample].source or describe(row.image), row.id, err.reason)
         return Item(row, pixels, self.caption_of(i))
 
 
@@ -250,6 +248,8 @@ class SampleLoader(DataLoader):
         self.consumed = self.batch_sampler.start
         new, sizes, nominal, empty, shrunk = 0, [], 0, 0, 0
         for batch in super().__iter__():
+            if batch.skipped and self.dataset.on_bad_sample != "skip":  # raised here, in the training process
+                raise BadSampleError(batch.skipped[0])
             self.consumed += 1  # counts an all-bad batch too, so a resume lands after it
             new += self._record(batch.skipped)
             nominal = max(nominal, len(batch) + len(batch.skipped))

@@ -102,11 +102,8 @@ class ShardStream(IterableDataset):
         caption = wds_format.pick_caption(sample, self.cfg, self.settings.seed, self.epoch)
         try:
             return Item(replace(row, caption=caption), self.transform(load_image(sample.image)), caption)
-        except ImageLoadError as err:
-            bad = BadSample(sample.source, sample.id, err.reason)
-            if self.cfg.on_bad_sample != "skip":
-                raise BadSampleError(bad) from None
-            return bad
+        except ImageLoadError as err:  # returned, not raised: StreamLoader applies the policy in the main process
+            return BadSample(sample.source, sample.id, err.reason)
 
     def __iter__(self) -> Iterator[Batch | list[BadSample]]:
         info = get_worker_info()
@@ -115,7 +112,7 @@ class ShardStream(IterableDataset):
         slot = s.rank * workers + worker
         shards = slot_shards(len(self.urls), slot, s.world_size * workers)
         order = shard_order(shards, s.seed, self.epoch, slot, s.train and self.cfg.shuffle)
-        report = BadSampleReport(self.cfg.on_bad_sample)
+        report = BadSampleReport("skip")  # bad samples travel to StreamLoader, which raises them under `error`
         cursor = [0, 0]
         raw = self._raw(order, worker, report, cursor)
         if s.train and self.cfg.shuffle and self.cfg.shuffle_buffer > 1:
@@ -189,6 +186,9 @@ class StreamLoader(DataLoader):
         if self.consumed >= self.length:
             return
         for batch in super().__iter__():
+            bads = batch if isinstance(batch, list) else batch.skipped
+            if bads and self.stream.cfg.on_bad_sample != "skip":  # raised here, not in a worker's traceback
+                raise BadSampleError(bads[0])
             if isinstance(batch, list):  # a worker's last bad samples, in no batch
                 self._record(batch)
                 continue

@@ -8,7 +8,8 @@ A resume may change only what does not make the saved state a different experime
 by its longest prefix in `APPLIED` or `REFUSED` (tests/train/test_train_resume.py checks that every key is):
 
 - applied: the learning rate and its schedule (`train.lr`, `warmup_steps`, `min_lr_ratio`, `epochs`, `max_steps`),
-  the evaluation and checkpoint cadence, clipping, diagnostics, progress and sinks, loader workers, `eval.*`. The
+  the evaluation and checkpoint cadence, clipping, diagnostics, progress and sinks, the device, TF32 and compilation,
+  loader workers and prefetching, `eval.*`. The
   optimiser's moments are kept; the learning rate becomes the new config's warmup-cosine schedule evaluated at the
   current step (`lr × warmup_cosine(step; warmup_steps, total steps, min_lr_ratio)`), as if the run had used that
   schedule from the start;
@@ -37,7 +38,8 @@ APPLIED = (
     "train.lr", "train.warmup_steps", "train.min_lr_ratio", "train.epochs", "train.max_steps",
     "train.eval_every", "train.checkpoint_every", "train.keep_last", "train.grad_clip", "train.grad_checkpointing",
     "train.diagnostics_every", "train.diagnostics_gamma", "train.nan_patience", "train.progress",
-    "train.tensorboard", "train.wandb", "train.device", "data.num_workers", "eval",
+    "train.tensorboard", "train.wandb", "train.wandb_project", "train.wandb_name", "train.device", "train.tf32",
+    "train.compile", "data.num_workers", "data.prefetch_factor", "eval",
 )  # fmt: skip
 REFUSED = (
     "model", "data", "loss", "train.seed", "train.batch_size", "train.micro_batch_size", "train.accumulation",
