@@ -105,3 +105,27 @@ def test_unrun_claims_say_so_and_table_has_every_arm():
     table = report.markdown_table(res)
     assert "| (a) InfoNCE |" in table and "| (b) HN |" in table
     assert "+2.0" in table  # the gain column
+
+
+def test_training_stats_count_every_micro_batch(tmp_path):
+    """Under per_micro_batch a step holds several contrastive matrices; saturation is the share of all of them."""
+    step = {"lr": 1e-4, "logit_scale": 100.0, "grad_norm": 1.0, "samples_per_s": 10.0, "loss": 0.5, "epoch": 0}
+    metrics = [
+        {
+            **step,
+            "infonce_monitor": 2e-3,
+            "rows_saturated_monitor": 0.9,
+            "saturated_monitor": 0.75,
+            "matrices_monitor": 8,
+        },
+        {
+            **step,
+            "infonce_monitor": 5e-3,
+            "rows_saturated_monitor": 0.5,
+            "saturated_monitor": 0.25,
+            "matrices_monitor": 8,
+        },
+    ]
+    _write(tmp_path / "metrics.jsonl", metrics)
+    s = training_stats(tmp_path)
+    assert s["sat_batches_ep1"] == pytest.approx(50.0)  # 8 of 16 micro-batches; both steps' means are above 1e-3

@@ -225,3 +225,25 @@ def test_tensorboard_and_wandb_sinks_receive_every_step(tmp_path, monkeypatch):
     assert ("loss", 1) in calls["tb"] and ("loss", 2) in calls["tb"] and calls["tb_closed"]
     assert [step for _, step in calls["wandb"]][:2] == [1, 2] and "lr" in calls["wandb"][0][0]
     assert calls["wandb_finished"] and calls["tb_dir"].endswith("tensorboard")
+
+
+def test_per_micro_batch_counts_every_micro_batch(tmp_path):
+    """Issue 11 item 17: seen, samples/s and the saturation monitor cover all micro-batches of a step, not the last."""
+    from sharpclip.train.step import FeatureEncoder, run_step, saturation_monitor, split_rows
+
+    trainer = _trainer(tmp_path, terms={"clip": TermConfig("infonce")}, epochs=1, micro_batch_size=4,
+                       accumulation="per_micro_batch")  # fmt: skip
+    batch = next(iter(trainer.loader))
+    encoder = FeatureEncoder(trainer.model, trainer.objective.feature_keys)
+    with torch.no_grad():
+        expected = [saturation_monitor(encoder(mb), trainer.model.logit_scale) for mb in split_rows(batch, 4)]
+    trainer.model.zero_grad()
+    result = run_step(encoder, trainer.objective, batch, 4, "per_micro_batch")
+    assert result.rows == 16
+    assert result.monitor["matrices"] == 4
+    assert result.monitor["infonce"] == pytest.approx(sum(m["infonce"] for m in expected) / 4, rel=1e-5)
+    assert result.monitor["saturated"] == sum(m["infonce"] < 1e-3 for m in expected) / 4
+    trainer.fit()
+    steps = [r for r in _records(tmp_path / "run" / "metrics.jsonl") if "loss" in r]
+    assert [r["seen"] for r in steps] == [16 * (k + 1) for k in range(len(steps))]
+    assert all(r["matrices_monitor"] == 4 for r in steps)

@@ -98,6 +98,17 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def _saturated_share(steps: list[dict]) -> float | None:
+    """Share (%) of the steps' contrastive matrices (micro-batches under per_micro_batch) with InfoNCE < 1e-3."""
+    if not steps:
+        return None
+    def share(r: dict) -> float:  # records written before the per-matrix count: one matrix per step
+        return r["saturated_monitor"] if "saturated_monitor" in r else float(r["infonce_monitor"] < SATURATED)
+
+    matrices = [r.get("matrices_monitor", 1.0) for r in steps]
+    return 100.0 * sum(share(r) * n for r, n in zip(steps, matrices, strict=True)) / sum(matrices)
+
+
 def training_stats(run_dir: str | Path) -> dict[str, Any]:
     """Saturation and activity of a finished arm (shares in %), from its metrics.jsonl and diagnostics.jsonl."""
     run_dir = Path(run_dir)
@@ -106,9 +117,9 @@ def training_stats(run_dir: str | Path) -> dict[str, Any]:
     out: dict[str, Any] = {
         "steps": len(steps),
         "steps_first_epoch": len(first),
-        "sat_batches_ep1": _share([r["infonce_monitor"] < SATURATED for r in first]),
+        "sat_batches_ep1": _saturated_share(first),
         "sat_rows_ep1": None if not first else 100.0 * _mean([r["rows_saturated_monitor"] for r in first]),
-        "sat_batches": _share([r["infonce_monitor"] < SATURATED for r in steps]),
+        "sat_batches": _saturated_share(steps),
         "sat_rows_last": None if not steps else 100.0 * steps[-1]["rows_saturated_monitor"],
         "min_infonce": min((r["infonce_monitor"] for r in steps), default=None),
         "active_batches": _share([r["loss"] >= SATURATED for r in steps]),
