@@ -102,6 +102,7 @@ def _saturated_share(steps: list[dict]) -> float | None:
     """Share (%) of the steps' contrastive matrices (micro-batches under per_micro_batch) with InfoNCE < 1e-3."""
     if not steps:
         return None
+
     def share(r: dict) -> float:  # records written before the per-matrix count: one matrix per step
         return r["saturated_monitor"] if "saturated_monitor" in r else float(r["infonce_monitor"] < SATURATED)
 
