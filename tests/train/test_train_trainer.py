@@ -127,6 +127,26 @@ def test_diagnostics_with_gamma_zero_compare_a_gradient_with_itself(tmp_path):
     assert r["grad_cosine"] == pytest.approx(1.0, abs=1e-5) and r["grad_norm_ratio"] == pytest.approx(1.0, abs=1e-5)
 
 
+def test_diagnostics_under_per_micro_batch_measure_each_micro_batch(tmp_path):
+    """The paper's 16 × 8: each micro-batch's own InfoNCE and zero-gradient flag; the step's gradient is their mean."""
+    from sharpclip.train.diagnostics import gradient_diagnostics
+    from sharpclip.train.step import FeatureEncoder, run_step
+
+    trainer = _trainer(tmp_path, terms={"clip": TermConfig("infonce")}, epochs=1, accumulation="per_micro_batch")
+    batch = next(iter(trainer.loader))
+    encoder = FeatureEncoder(trainer.model, trainer.objective.feature_keys)
+    r = gradient_diagnostics(encoder, batch, 4, 0.5, "per_micro_batch")
+    assert len(r["micro_loss_infonce"]) == len(r["micro_grad_zero_infonce"]) == 4 and r["batch_rows"] == 16
+    assert r["loss_infonce"] == pytest.approx(sum(r["micro_loss_infonce"]) / 4, rel=1e-5)
+    assert r["micro_grad_zero_infonce"] == [0.0] * 4
+    trainer.model.zero_grad(set_to_none=True)
+    run_step(encoder, trainer.objective, batch, 4, "per_micro_batch")  # what training does with this batch
+    trained = torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
+    assert r["grad_norm_infonce"] == pytest.approx(float(trained.norm()), rel=1e-4)
+    whole = gradient_diagnostics(encoder, batch, 4, 0.5, "exact")  # one 16 × 16 matrix: another gradient
+    assert "micro_loss_infonce" not in whole and whole["loss_infonce"] != pytest.approx(r["loss_infonce"])
+
+
 def test_checkpoints_keep_the_last_n_and_the_best(tmp_path):
     scores = iter([0.2, 0.5, 0.3, 0.1])
     trainer = _trainer(tmp_path, epochs=4, keep_last=1)

@@ -213,7 +213,8 @@ class Trainer:
             )
 
     def _diagnose(self, batch: Batch) -> None:
-        record = gradient_diagnostics(self.encoder, batch, self.micro, self.cfg.diagnostics_gamma)
+        cfg = self.cfg
+        record = gradient_diagnostics(self.encoder, batch, self.micro, cfg.diagnostics_gamma, cfg.accumulation)
         self.logger.diagnose({"step": self.state.step, "epoch": self.state.epoch, **record})
 
     # -- checkpoints ------------------------------------------------------------------------------------------
