@@ -124,6 +124,14 @@ def convergence(run_dir: str | Path, metric: str = "R@1", file: str = "metrics.j
     return {"epoch": [r["epoch"] for r in rows], **{k: [r.get(k) for r in rows] for k in keys}}
 
 
+def training_curve(run_dir: str | Path, file: str = "metrics.jsonl") -> dict[str, list]:
+    """{"step": [...], "loss": [...], "infonce_monitor": [...]} of the training steps (skipped steps left out)."""
+    records = [r for r in read_jsonl(Path(run_dir) / file) if "loss" in r and "step" in r and not r.get("skipped")]
+    if not records:
+        raise ValueError(f"{Path(run_dir) / file}: no training steps")
+    return {k: [r.get(k) for r in records] for k in ("step", "loss", "infonce_monitor")}
+
+
 def comparison_table(curves: dict[str, dict[str, list]]) -> str:
     """Markdown: per run and metric key, the last value, the best value and its epoch."""
     lines = ["| run | metric | last | best | best epoch |", "|---|---|---|---|---|"]
