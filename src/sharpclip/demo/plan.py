@@ -1,13 +1,16 @@
 """What the demo runs: the sizes of each mode (quick / default / full) and the fine-tuning arms as config overrides.
 
-Every arm starts from the same stage-A initialisation with the same seed and the same budget (optimiser steps at the
-same batch size), so the table compares objectives and nothing else. The arms (issue 7):
+Every arm starts from the same stage-A2 initialisation with the same seed and the same budget (optimiser steps at the
+same batch size), so the table compares objectives and nothing else. The arms (issues 7, 13):
 
     (a) infonce        InfoNCE, HN-CLIP eq. 1 (the control)
     (b) hn             HN-CLIP eq. 2, γ = 0.5, Ḡ recomputed every step
     (c) hn_tok         HN-CLIP eq. 3: eq. 2 + FILIP token-level term
-    (d) clipin         CLIP-IN eq. 8 stage 2: short + long captions + edit hard negatives (train + edits in one epoch)
+    (d) clipin         CLIP-IN eq. 8 stage 2: short + long captions + edit hard negatives (train + edits in one epoch;
+                       exact accumulation, as its edit pairs must share one matrix)
     --full adds
+    (a') infonce_exact (a) with exact accumulation: one 128 × 128 matrix from the same 8 micro-batches
+    (b') hn_exact      (b) likewise
     (d0) clipin_noedit the same without the edit term (what the edit negatives add, at equal data and budget)
     (e) hn_frozen      HN-CLIP with Ḡ from the frozen initial text tower (Table 3c)
     (f) hn_g*          the γ sweep {0.25, 0.75, 1.0} (0.5 is (b))

@@ -1,16 +1,21 @@
-"""The demo's two training stages, each an ordinary `sharpclip train` configuration built by `build_trainer`.
+"""The demo's training stages, each an ordinary `sharpclip train` configuration built by `build_trainer`.
 
-Stage A (the "strong initialisation" HN-CLIP fine-tunes from): a tiny CLIP trained from scratch on SynthDense's
-shape + colour coarse captions ("a picture of a red circle, ..."), the recipe the prototype found to work
-(shared/reference/synthdense-feasibility.md: shapes-only captions were too weak). It is made once and cached under
-`<cache>/demo-init-<key>/`, the key hashing everything that determines it, so a second demo reuses it. Coarse
-captions fit in 32 tokens, so stage A trains a 32-position text tower, and stage B stretches it to the dense captions'
-152 by Long-CLIP's rule (models.long_context: 20 positions kept and frozen, the rest interpolated), as Long-CLIP
-extends CLIP's 77.
+The strong initialisation HN-CLIP fine-tunes from is made as CLIP and then Long-CLIP were, in two stages cached
+together under `<cache>/demo-init-<key>/` (the key hashes everything that determines either stage, so a second demo
+reuses both; a finished stage A survives an interrupted stage A2):
 
-Stage B: one fine-tuning run per arm (demo.plan) on the dense captions, from the cached init, with the same seed and
-number of steps, the logit scale frozen at 100 unless the arm says otherwise, and the per-epoch validation on a
-second SynthDense corpus (another seed's test families), so that the test split is only read at the end.
+- stage A (`stage_a/`, CLIP's stage): a tiny CLIP from scratch on SynthDense's shape + colour coarse captions ("a
+  picture of a red circle, ..."), the recipe the prototype found to work, at a 32-token context (coarse captions
+  fit in 25 tokens);
+- stage A2 (`stage_a2/`, Long-CLIP's stage): stage A stretched to the dense captions' 152 positions by Long-CLIP's
+  rule (models.long_context: 20 positions kept and frozen, the rest interpolated) and trained with InfoNCE and a
+  learnable scale on the layout captions of the same scenes: dense, but without the objects' size and texture.
+
+Stage B: one fine-tuning run per arm (demo.plan) on the full dense captions, whose size and texture words are the
+target task's shift (its test families' near-duplicates differ only there), from the A2 init, with the same seed and
+number of steps, in the paper's regime (micro-batches 16 × 8, each its own InfoNCE problem), the logit scale frozen
+at 100 unless the arm says otherwise, and the per-epoch validation on a second SynthDense corpus (another seed's test
+families), so that the test split is only read at the end.
 """
 
 from __future__ import annotations
