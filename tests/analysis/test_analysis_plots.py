@@ -193,3 +193,11 @@ def test_fitted_range_hugs_the_data() -> None:
     assert fitted_range([0.5, 0.9], pad=0.5, lo=0.0, hi=1.0) == (pytest.approx(0.3), 1.0)
     low, high = fitted_range([1.0, 1.0])  # equal values: a small span around them, not a zero-height axis
     assert low < 1.0 < high
+
+
+def test_per_micro_batch_diagnostics_count_each_micro_batch() -> None:
+    rows = [{"step": 0, "epoch": 0, "loss_infonce": 0.02, "loss_hn": 1.0, "grad_norm_infonce": 1.0, "grad_norm_hn": 2.0,
+             "grad_zero_infonce": 0.0, "micro_loss_infonce": [0.0, 1e-4, 0.08, 0.0],
+             "micro_grad_zero_infonce": [1.0, 0.0, 0.0, 1.0], "micro_loss_hn": [1.0] * 4}]  # fmt: skip
+    e0 = gradient_dynamics(rows)["per_epoch"]["0"]
+    assert e0["saturated_infonce"] == 0.75 and e0["zero_grad_infonce"] == 0.5 and e0["saturated_hn"] == 0.0

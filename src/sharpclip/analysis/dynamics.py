@@ -75,15 +75,26 @@ def _quartiles(values: list[float]) -> dict[str, float | None]:
     return {"median": med, "q25": q25, "q75": q75}
 
 
+def _per_matrix(rs: list[dict[str, Any]], key: str, micro: str) -> list[float]:
+    """`key` of each measured contrastive matrix: the per-micro-batch list under per_micro_batch, else the step's."""
+    return [v for r in rs for v in (r[micro] if micro in r else [r[key]])]
+
+
 def _epoch_summary(rs: list[dict[str, Any]], saturation: float) -> dict[str, Any]:
     zero = [bool(r.get("grad_zero_infonce", r["grad_norm_infonce"] == 0.0)) for r in rs]
     ratios = [r["grad_norm_hn"] / r["grad_norm_infonce"] for r, z in zip(rs, zero, strict=True) if not z]
     cos = [c for c in (_number(r.get("grad_cosine")) for r in rs) if c is not None]
+    infonce, hn = _per_matrix(rs, "loss_infonce", "micro_loss_infonce"), _per_matrix(rs, "loss_hn", "micro_loss_hn")
+    zero_matrix = (
+        [bool(z) for z in _per_matrix(rs, "grad_zero_infonce", "micro_grad_zero_infonce")]
+        if all("grad_zero_infonce" in r or "micro_grad_zero_infonce" in r for r in rs)
+        else zero
+    )
     return {
         "measurements": len(rs),
-        "saturated_infonce": sum(r["loss_infonce"] < saturation for r in rs) / len(rs),
-        "saturated_hn": sum(r["loss_hn"] < saturation for r in rs) / len(rs),
-        "zero_grad_infonce": sum(zero) / len(rs),
+        "saturated_infonce": sum(v < saturation for v in infonce) / len(infonce),
+        "saturated_hn": sum(v < saturation for v in hn) / len(hn),
+        "zero_grad_infonce": sum(zero_matrix) / len(zero_matrix),
         "grad_ratio": _quartiles(ratios),
         "cosine_mean": float(np.mean(cos)) if cos else None,
         "cosine_std": float(np.std(cos)) if cos else None,

@@ -115,7 +115,8 @@ def fig_caption_similarity(stats: dict[str, dict[str, Any]], out: str | Path) ->
             centres = (edges[:-1] + edges[1:]) / 2
             counts = np.asarray(s[key], dtype=np.float64)
             counts_all.append(counts)
-            (line,) = ax.plot(centres, counts / max(counts.sum(), 1), label=name, **_style(k))
+            every = max(1, len(centres) // 15)  # a dozen markers per curve, not one per bin
+            (line,) = ax.plot(centres, counts / max(counts.sum(), 1), label=name, markevery=every, **_style(k))
             ax.axvline(s[mean], ls=":", color=line.get_color())
         if counts_all:
             ax.set_xlim(*_occupied(np.asarray(next(iter(stats.values()))["hist_bins"]), counts_all))

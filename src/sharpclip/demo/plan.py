@@ -65,7 +65,7 @@ class Profile:
     steps: int = 80  # 4 epochs of 2,560 independent scenes
     batch_size: int = 128
     micro_batch_size: int = 16
-    lr: float = 1e-4
+    lr: float = 3e-4
     diagnostics: int = 10  # gradient measurements in the InfoNCE arm (each costs two extra forward-backward passes)
 
 

@@ -163,10 +163,11 @@ def _gain_verdict(results: Results, arm: str, base: str, key: str, what: str) ->
 
 def _saturation(results: Results) -> dict[str, str]:
     t = lambda k: values(results, BASELINE, "train", k)  # noqa: E731
+    lowest = ", ".join(f"{v:.1e}" for v in t("min_infonce")) or "–"
     measured = (
         f"InfoNCE arm, first epoch: {fmt(t('sat_batches_ep1'))}% of contrastive micro-batches and "
         f"{fmt(t('sat_rows_ep1'))}% of rows with loss < 1e-3 (paper: 80 % of batches); lowest InfoNCE "
-        f"{fmt(t('min_infonce'), 5)}; exact-zero fp32 gradient on {fmt(t('zero_grad_saturated'))}% of the measured "
+        f"{lowest}; exact-zero fp32 gradient on {fmt(t('zero_grad_saturated'))}% of the measured "
         f"saturated micro-batches ({fmt(t('zero_grad_micro'))}% of all measured micro-batches; paper: 47 %)"
     )
     batches, zeros = summary(t("sat_batches_ep1")), summary(t("zero_grad_saturated"))
