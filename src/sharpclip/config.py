@@ -140,10 +140,14 @@ class SynthDenseConfig:
     train_family_size: int = 1
     test_families: int = 150
     test_family_size: int = 6  # a base scene and 5 near-duplicates, each 1 or 2 attributes of one object apart
+    test_variants: str = "any"  # what the near-duplicates change: any attribute | details (size, texture only)
     pretrain_scenes: int = 20000  # independent scenes with coarse captions (stage A)
     edits: int = 2000  # instruction-edit pairs
     mmvp_pairs: int = 15  # image pairs per visual pattern
     workers: int = 2  # rendering processes
+
+    def __post_init__(self) -> None:
+        _check_choice("data.synthdense.test_variants", self.test_variants, ("any", "details"))
 
 
 @dataclass

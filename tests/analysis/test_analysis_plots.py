@@ -168,3 +168,36 @@ def test_analyze_geometry_over_a_dataset(tmp_path: Path) -> None:
     assert stats["mean_hardest"] == pytest.approx(1.0, abs=1e-4)  # every caption appears three times
     for p in written:
         assert p.stat().st_size > 0
+
+
+def test_analyze_draws_what_a_run_has(tmp_path: Path) -> None:
+    """A run with training steps only (no evaluation, an empty diagnostics file) still gets its training curve."""
+    from sharpclip.analysis.run import analyze_runs
+
+    run = tmp_path / "run_b"
+    run.mkdir()
+    steps = [{"step": k, "epoch": 0, "loss": 1.0 / (k + 1), "infonce_monitor": 10.0**-k} for k in range(1, 6)]
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in steps) + "\n")
+    (run / "diagnostics.jsonl").write_text("")
+    written = analyze_runs([run], tmp_path / "figs")
+    assert sorted(p.name for p in written) == ["training.json", "training.png"]
+    numbers = _check_png(tmp_path / "figs" / "training.png", tmp_path / "figs" / "training.json")
+    assert numbers["run_b"]["infonce_monitor"][-1] == pytest.approx(1e-5)
+
+
+def test_fitted_range_hugs_the_data() -> None:
+    from sharpclip.analysis.plots import fitted_range
+
+    low, high = fitted_range([0.95, 0.99, 0.97], pad=0.1)
+    assert low == pytest.approx(0.946) and high == pytest.approx(0.994)
+    assert fitted_range([0.5, 0.9], pad=0.5, lo=0.0, hi=1.0) == (pytest.approx(0.3), 1.0)
+    low, high = fitted_range([1.0, 1.0])  # equal values: a small span around them, not a zero-height axis
+    assert low < 1.0 < high
+
+
+def test_per_micro_batch_diagnostics_count_each_micro_batch() -> None:
+    rows = [{"step": 0, "epoch": 0, "loss_infonce": 0.02, "loss_hn": 1.0, "grad_norm_infonce": 1.0, "grad_norm_hn": 2.0,
+             "grad_zero_infonce": 0.0, "micro_loss_infonce": [0.0, 1e-4, 0.08, 0.0],
+             "micro_grad_zero_infonce": [1.0, 0.0, 0.0, 1.0], "micro_loss_hn": [1.0] * 4}]  # fmt: skip
+    e0 = gradient_dynamics(rows)["per_epoch"]["0"]
+    assert e0["saturated_infonce"] == 0.75 and e0["zero_grad_infonce"] == 0.5 and e0["saturated_hn"] == 0.0

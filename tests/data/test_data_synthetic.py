@@ -145,3 +145,41 @@ def test_the_generic_loaders_read_every_split(corpus):
 def test_a_different_config_in_the_same_folder_is_an_error(corpus):
     with pytest.raises(ValueError, match="different config"):
         sd.ensure(corpus, SynthDenseConfig(**{**vars(SMALL), "edits": 13}))
+
+
+def test_layout_captions_leave_out_exactly_size_and_texture():
+    rng = random.Random(1)
+    words = set(sd.SIZES) | set(sd.TEXTURES)
+    for _ in range(300):
+        scene = sd.random_scene(rng, 3, 5)
+        layout = sd.dense_caption(scene, details=False)
+        assert len(layout.split()) >= 80 and not words & set(layout.replace(".", " ").split())
+        for o in scene.objects:
+            assert f"there is a {o.colour} {o.shape}." in layout
+    detailed = sd.dense_caption(sd.random_scene(random.Random(2), 3, 5))
+    assert words & set(detailed.replace(".", " ").split())
+
+
+def test_detail_families_differ_only_in_size_or_texture(tmp_path):
+    for i in range(100):
+        base, *variants = sd.family(random.Random(i), 6, 3, 5, sd.DETAILS)
+        for v in variants:
+            (x,) = set(base.objects) - set(v.objects)
+            (y,) = set(v.objects) - set(base.objects)
+            assert (x.shape, x.colour, x.cell) == (y.shape, y.colour, y.cell) and (x.size, x.texture) != (
+                y.size,
+                y.texture,
+            )
+            assert sd.dense_caption(v, details=False) == sd.dense_caption(base, details=False)  # the init can't tell
+    cfg = SynthDenseConfig(train_families=0, test_families=2, test_variants="details", pretrain_scenes=3, edits=0,
+                           mmvp_pairs=0, resolution=32, workers=1)  # fmt: skip
+    root = sd.generate(tmp_path, cfg)
+    data = DataConfig(root=str(root), synthdense=cfg, image_size=32, context_length=160)
+    test = read_samples(data, "test")
+    assert (
+        len(test) == 12
+        and read_samples(data, "pretrain_layout")[0].caption
+        == json.loads((root / "pretrain.jsonl").read_text().splitlines()[0])["caption_layout"]
+    )
+    with pytest.raises(ValueError, match="test_variants"):
+        SynthDenseConfig(test_variants="colours")

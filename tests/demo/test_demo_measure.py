@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from sharpclip.demo import report
-from sharpclip.demo.measure import hardest_is_sibling, training_stats, within_family_r1
+from sharpclip.demo.measure import family_r1, hardest_is_sibling, mmvp_breakdown, training_stats, within_family_r1
 
 
 def test_within_family_r1_hand_case():
@@ -105,3 +105,87 @@ def test_unrun_claims_say_so_and_table_has_every_arm():
     table = report.markdown_table(res)
     assert "| (a) InfoNCE |" in table and "| (b) HN |" in table
     assert "+2.0" in table  # the gain column
+
+
+def test_training_stats_count_every_micro_batch(tmp_path):
+    """Under per_micro_batch a step holds several contrastive matrices; saturation is the share of all of them."""
+    step = {"lr": 1e-4, "logit_scale": 100.0, "grad_norm": 1.0, "samples_per_s": 10.0, "loss": 0.5, "epoch": 0}
+    metrics = [
+        {
+            **step,
+            "infonce_monitor": 2e-3,
+            "rows_saturated_monitor": 0.9,
+            "saturated_monitor": 0.75,
+            "matrices_monitor": 8,
+        },
+        {
+            **step,
+            "infonce_monitor": 5e-3,
+            "rows_saturated_monitor": 0.5,
+            "saturated_monitor": 0.25,
+            "matrices_monitor": 8,
+        },
+    ]
+    _write(tmp_path / "metrics.jsonl", metrics)
+    s = training_stats(tmp_path)
+    assert s["sat_batches_ep1"] == pytest.approx(50.0)  # 8 of 16 micro-batches; both steps' means are above 1e-3
+
+
+def test_family_r1_is_the_per_family_mean_of_both_directions():
+    sim = torch.tensor([[0.5, 0.9, 0.95], [0.1, 0.8, 0.2], [0.3, 0.9, 0.4]])  # the within-family hand case above
+    out = family_r1(sim, ["A", "A", "B"])
+    # whole set: t2i hits caption 1 only; i2t: image 0 -> (0.5, 0.1, 0.3) hit, image 1 -> miss, image 2 -> miss
+    assert out["family_r1"] == pytest.approx([50.0, 0.0])  # A: (0 + 1 + 1 + 0) / 4; B: 0
+    assert out["family_within"] == pytest.approx([50.0, 100.0])
+
+
+def test_paired_noise_uses_the_spread_of_per_family_differences():
+    res = _results([12.0], [10.0])
+    res["infonce"]["seeds"][0]["test"]["t2i_R@1"] = 10.0
+    res["hn"]["seeds"][0]["test"]["family_r1"] = [12.0, 14.0, 10.0, 12.0]
+    res["infonce"]["seeds"][0]["test"]["family_r1"] = [10.0, 10.0, 10.0, 10.0]
+    # differences 2, 4, 0, 2: sd = 1.633, SE = 0.816, bar = 2·SE
+    assert report.paired_noise(res, "hn", "infonce", "mean_R@1") == pytest.approx(2 * 1.63299 / 2, rel=1e-4)
+    # without per-family values: the binomial bar of two independent arms
+    assert report.paired_noise(res, "hn", "infonce", "t2i_R@1") == report.noise(res, "t2i_R@1")
+
+
+def test_every_seed_is_compared_with_the_one_init_and_the_headroom_claim():
+    res = _results([60.0, 61.0], [56.0, 58.0])
+    for seed, sat in ((0, 75.0), (1, 55.0)):
+        res["infonce"]["seeds"][seed]["test"]["within_mean_R@1"] = 40.0 + seed
+        res["infonce"]["seeds"][seed]["train"]["sat_batches_ep1"] = sat
+    res["init"] = {"label": "A2", "seeds": {0: {"test": {"mean_R@1": 50.0, "within_mean_R@1": 30.0}}}}
+    assert report.gains(res, "infonce", "mean_R@1", report.INIT) == [6.0, 8.0]
+    assert report._headroom(res)["verdict"] == "holds"
+    res["infonce"]["seeds"][1]["train"]["sat_batches_ep1"] = 45.0  # one seed saturates less than half its batches
+    assert report._headroom(res)["verdict"] == "does not hold"
+    head, rows = report.table_rows(res)
+    assert "Δ init" in head and any("+7.0 ± 1.4" in r for r in rows)
+
+
+def test_mmvp_breakdown_counts_same_image_picks_and_the_chance_they_leave():
+    # (P, statement, image); statement k is true of image k
+    scores = torch.tensor(
+        [
+            [[0.9, 0.1], [0.1, 0.9]],  # right
+            [[0.9, 0.1], [0.8, 0.2]],  # both statements pick image a
+            [[0.2, 0.8], [0.1, 0.9]],  # both pick image b
+            [[0.1, 0.9], [0.9, 0.1]],  # different images, the wrong way round
+        ]
+    )
+    out = mmvp_breakdown(scores, torch.tensor([0.9, 0.99, 0.99, 0.5]), ["colour", "count", "count", "colour"])
+    assert out["right"] == 25.0 and out["same_image"] == 50.0 and out["both_pick_a"] == 25.0
+    assert out["chance"] == 25.0  # half of the 2 pairs whose statements pick different images
+    assert out["per_pattern"]["count"]["same_image"] == 100.0 and out["statement_cos"] == pytest.approx(0.845)
+
+
+def test_exact_zero_gradients_are_counted_on_saturated_micro_batches(tmp_path):
+    step = {"epoch": 0, "infonce_monitor": 1e-4, "rows_saturated_monitor": 1.0, "loss": 1e-4, "logit_scale": 100.0}
+    _write(tmp_path / "metrics.jsonl", [{**step, "grad_norm": 0.0, "samples_per_s": 1.0}])
+    diag = {"step": 0, "epoch": 0, "loss_infonce": 1e-3, "loss_hn": 1.0, "grad_norm_infonce": 1.0, "grad_norm_hn": 2.0}
+    micro = {"micro_loss_infonce": [0.0, 1e-5, 0.5, 2e-4], "micro_grad_zero_infonce": [1.0, 0.0, 0.0, 1.0]}
+    _write(tmp_path / "diagnostics.jsonl", [{**diag, **micro, "grad_zero_infonce": 0.0}])
+    s = training_stats(tmp_path)
+    assert s["saturated_measured"] == 3 and s["zero_grad_saturated"] == pytest.approx(200 / 3)
+    assert s["zero_grad_micro"] == pytest.approx(50.0)

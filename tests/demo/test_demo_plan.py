@@ -3,13 +3,14 @@ selection refuses unknown names."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from sharpclip.demo import DemoOptions, select
 from sharpclip.demo.plan import PROFILES, arms
-from sharpclip.demo.stages import arm_config, init_config, init_key
+from sharpclip.demo.stages import a2_config, arm_config, init_config, init_key
 from sharpclip.losses import build_objective
 
 
@@ -26,6 +27,10 @@ def test_every_arm_is_a_valid_config(arm, tmp_path):
     assert ("text_frozen" in objective.feature_keys) is (arm.name == "hn_frozen")
     assert (cfg.data.train_split == "train+edits") is arm.name.startswith("clipin")
     assert (cfg.train.diagnostics_every > 0) is (arm.name == "infonce")
+    exact = arm.name.endswith("_exact") or arm.name.startswith("clipin")  # edit pairs need one matrix
+    assert cfg.train.accumulation == ("exact" if exact else "per_micro_batch")
+    assert cfg.train.micro_batch_size == p.micro_batch_size == 16 and p.batch_size == 128  # the paper's 16 × 8
+    assert cfg.data.synthdense.test_variants == "details" and cfg.data.synthdense.test_families >= 300
 
 
 def test_init_config_and_key():
@@ -34,6 +39,15 @@ def test_init_config_and_key():
     assert cfg.data.train_split == "coarse_colours" and cfg.model.tiny.context_length == p.init_context_length
     assert cfg.train.max_steps == p.init_steps and cfg.model.logit_scale_learnable
     assert init_key(p) == init_key(PROFILES["default"]) != init_key(PROFILES["quick"])
+
+
+def test_stage_a2_stretches_stage_a_and_reads_layout_captions():
+    p = PROFILES["default"]
+    cfg = a2_config(p, Path("/tmp/x"), progress=False)
+    assert cfg.model.name == "/tmp/x/stage_a/model" and cfg.model.context_length == p.context_length
+    assert cfg.data.train_split == "pretrain_layout" and cfg.model.logit_scale_learnable
+    assert cfg.train.max_steps == p.a2_steps and cfg.train.output_dir == "/tmp/x/stage_a2/run"
+    assert init_key(replace(p, a2_steps=p.a2_steps + 1)) != init_key(p)  # both stages are under the one key
 
 
 def test_select_arms():

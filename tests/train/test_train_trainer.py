@@ -127,6 +127,26 @@ def test_diagnostics_with_gamma_zero_compare_a_gradient_with_itself(tmp_path):
     assert r["grad_cosine"] == pytest.approx(1.0, abs=1e-5) and r["grad_norm_ratio"] == pytest.approx(1.0, abs=1e-5)
 
 
+def test_diagnostics_under_per_micro_batch_measure_each_micro_batch(tmp_path):
+    """The paper's 16 × 8: each micro-batch's own InfoNCE and zero-gradient flag; the step's gradient is their mean."""
+    from sharpclip.train.diagnostics import gradient_diagnostics
+    from sharpclip.train.step import FeatureEncoder, run_step
+
+    trainer = _trainer(tmp_path, terms={"clip": TermConfig("infonce")}, epochs=1, accumulation="per_micro_batch")
+    batch = next(iter(trainer.loader))
+    encoder = FeatureEncoder(trainer.model, trainer.objective.feature_keys)
+    r = gradient_diagnostics(encoder, batch, 4, 0.5, "per_micro_batch")
+    assert len(r["micro_loss_infonce"]) == len(r["micro_grad_zero_infonce"]) == 4 and r["batch_rows"] == 16
+    assert r["loss_infonce"] == pytest.approx(sum(r["micro_loss_infonce"]) / 4, rel=1e-5)
+    assert r["micro_grad_zero_infonce"] == [0.0] * 4
+    trainer.model.zero_grad(set_to_none=True)
+    run_step(encoder, trainer.objective, batch, 4, "per_micro_batch")  # what training does with this batch
+    trained = torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
+    assert r["grad_norm_infonce"] == pytest.approx(float(trained.norm()), rel=1e-4)
+    whole = gradient_diagnostics(encoder, batch, 4, 0.5, "exact")  # one 16 × 16 matrix: another gradient
+    assert "micro_loss_infonce" not in whole and whole["loss_infonce"] != pytest.approx(r["loss_infonce"])
+
+
 def test_checkpoints_keep_the_last_n_and_the_best(tmp_path):
     scores = iter([0.2, 0.5, 0.3, 0.1])
     trainer = _trainer(tmp_path, epochs=4, keep_last=1)
@@ -239,3 +259,25 @@ def test_tensorboard_and_wandb_sinks_receive_every_step(tmp_path, monkeypatch):
     assert first["resume"] == "allow" and len(first["id"]) == 16
     _trainer(tmp_path, epochs=1, max_steps=2, wandb=True)  # the same run directory again, as --resume does
     assert calls["init"][1]["id"] == first["id"]
+
+
+def test_per_micro_batch_counts_every_micro_batch(tmp_path):
+    """seen, samples/s and the saturation monitor cover all micro-batches of a step, not the last."""
+    from sharpclip.train.step import FeatureEncoder, run_step, saturation_monitor, split_rows
+
+    trainer = _trainer(tmp_path, terms={"clip": TermConfig("infonce")}, epochs=1, micro_batch_size=4,
+                       accumulation="per_micro_batch")  # fmt: skip
+    batch = next(iter(trainer.loader))
+    encoder = FeatureEncoder(trainer.model, trainer.objective.feature_keys)
+    with torch.no_grad():
+        expected = [saturation_monitor(encoder(mb), trainer.model.logit_scale) for mb in split_rows(batch, 4)]
+    trainer.model.zero_grad()
+    result = run_step(encoder, trainer.objective, batch, 4, "per_micro_batch")
+    assert result.rows == 16
+    assert result.monitor["matrices"] == 4
+    assert result.monitor["infonce"] == pytest.approx(sum(m["infonce"] for m in expected) / 4, rel=1e-5)
+    assert result.monitor["saturated"] == sum(m["infonce"] < 1e-3 for m in expected) / 4
+    trainer.fit()
+    steps = [r for r in _records(tmp_path / "run" / "metrics.jsonl") if "loss" in r]
+    assert [r["seen"] for r in steps] == [16 * (k + 1) for k in range(len(steps))]
+    assert all(r["matrices_monitor"] == 4 for r in steps)

@@ -75,15 +75,26 @@ def _quartiles(values: list[float]) -> dict[str, float | None]:
     return {"median": med, "q25": q25, "q75": q75}
 
 
+def _per_matrix(rs: list[dict[str, Any]], key: str, micro: str) -> list[float]:
+    """`key` of each measured contrastive matrix: the per-micro-batch list under per_micro_batch, else the step's."""
+    return [v for r in rs for v in (r[micro] if micro in r else [r[key]])]
+
+
 def _epoch_summary(rs: list[dict[str, Any]], saturation: float) -> dict[str, Any]:
     zero = [bool(r.get("grad_zero_infonce", r["grad_norm_infonce"] == 0.0)) for r in rs]
     ratios = [r["grad_norm_hn"] / r["grad_norm_infonce"] for r, z in zip(rs, zero, strict=True) if not z]
     cos = [c for c in (_number(r.get("grad_cosine")) for r in rs) if c is not None]
+    infonce, hn = _per_matrix(rs, "loss_infonce", "micro_loss_infonce"), _per_matrix(rs, "loss_hn", "micro_loss_hn")
+    zero_matrix = (
+        [bool(z) for z in _per_matrix(rs, "grad_zero_infonce", "micro_grad_zero_infonce")]
+        if all("grad_zero_infonce" in r or "micro_grad_zero_infonce" in r for r in rs)
+        else zero
+    )
     return {
         "measurements": len(rs),
-        "saturated_infonce": sum(r["loss_infonce"] < saturation for r in rs) / len(rs),
-        "saturated_hn": sum(r["loss_hn"] < saturation for r in rs) / len(rs),
-        "zero_grad_infonce": sum(zero) / len(rs),
+        "saturated_infonce": sum(v < saturation for v in infonce) / len(infonce),
+        "saturated_hn": sum(v < saturation for v in hn) / len(hn),
+        "zero_grad_infonce": sum(zero_matrix) / len(zero_matrix),
         "grad_ratio": _quartiles(ratios),
         "cosine_mean": float(np.mean(cos)) if cos else None,
         "cosine_std": float(np.std(cos)) if cos else None,
@@ -122,6 +133,14 @@ def convergence(run_dir: str | Path, metric: str = "R@1", file: str = "metrics.j
         raise ValueError(f"{Path(run_dir) / file}: no epoch records with a metric ending in {metric!r}")
     rows = [r for r in records if any(k in r for k in keys)]
     return {"epoch": [r["epoch"] for r in rows], **{k: [r.get(k) for r in rows] for k in keys}}
+
+
+def training_curve(run_dir: str | Path, file: str = "metrics.jsonl") -> dict[str, list]:
+    """{"step": [...], "loss": [...], "infonce_monitor": [...]} of the training steps (skipped steps left out)."""
+    records = [r for r in read_jsonl(Path(run_dir) / file) if "loss" in r and "step" in r and not r.get("skipped")]
+    if not records:
+        raise ValueError(f"{Path(run_dir) / file}: no training steps")
+    return {k: [r.get(k) for r in records] for k in ("step", "loss", "infonce_monitor")}
 
 
 def comparison_table(curves: dict[str, dict[str, list]]) -> str:

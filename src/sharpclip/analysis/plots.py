@@ -7,6 +7,7 @@
 | fig_margin_heatmap       | Fig. A5           | {dataset: one batch of caption embeddings (B, D)}         |
 | fig_gradient_dynamics    | Fig. 4            | dynamics.gradient_dynamics(records)                       |
 | fig_convergence          | Fig. 5 / A9       | {run: dynamics.convergence(run_dir)}                      |
+| fig_training_curves      | -                 | {run: dynamics.training_curve(run_dir)}                   |
 
 matplotlib runs on the Agg backend (no display needed).
 """
@@ -36,25 +37,92 @@ def _save(fig: Any, numbers: dict[str, Any], out: str | Path) -> tuple[Path, Pat
     png, js = out.with_suffix(".png"), out.with_suffix(".json")
     if fig.get_layout_engine() is None:
         fig.tight_layout()
-    fig.savefig(png, dpi=120)
+    fig.savefig(png, dpi=120, bbox_inches="tight")  # "tight": legends outside the axes stay in the picture
     plt.close(fig)
     js.write_text(json.dumps(numbers, indent=2, default=float) + "\n")
     return png, js
 
 
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p")  # one per series: equal curves stay visible
+LINESTYLES = ("-", "--", "-.", ":")
+
+
+def _style(k: int) -> dict[str, Any]:
+    """Marker and line style of the k-th series: markers always drawn (a one-point series is visible), hollow and a
+    little smaller for each later series, so identical curves show as nested markers instead of hiding each other."""
+    return {
+        "marker": MARKERS[k % len(MARKERS)], "ls": LINESTYLES[k % len(LINESTYLES)], "ms": max(3.0, 9.0 - 1.2 * k),
+        "mfc": "none", "mew": 1.2,
+    }  # fmt: skip
+
+
+def _legend_outside(ax: Any, fontsize: int = 7) -> None:
+    """The legend to the right of the axes, never over the data."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=fontsize, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, frameon=False)
+
+
+def _plain_log(ax: Any, axis: str = "y") -> None:
+    """Log axis with plain labels (1e-05, 0.001, 1, 100) instead of mathtext powers."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    target = ax.yaxis if axis == "y" else ax.xaxis
+    target.set_major_locator(LogLocator(base=10.0, numticks=8))
+    target.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    target.set_minor_formatter(NullFormatter())
+
+
+def _integer_ticks(ax: Any) -> None:
+    """Whole-number x ticks (epochs), at least one epoch of room either side of a single point."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    low, high = ax.get_xlim()
+    if high - low < 2:
+        middle = round((low + high) / 2)
+        ax.set_xlim(middle - 1, middle + 1)
+
+
+def fitted_range(values: Any, pad: float = 0.08, lo: float = -np.inf, hi: float = np.inf) -> tuple[float, float]:
+    """(low, high) around the finite `values`, padded by `pad` of their span (a minimum span for equal values),
+    clipped to [lo, hi]: an axis fitted to the data rather than to the quantity's whole range."""
+    v = np.asarray(values, dtype=np.float64)
+    v = v[np.isfinite(v)]
+    if not len(v):
+        return (0.0, 1.0)
+    a, b = float(v.min()), float(v.max())
+    span = b - a if b > a else 0.05 * max(1.0, abs(b))  # equal values: a readable span around them
+    return max(lo, a - pad * span), min(hi, b + pad * span)
+
+
+def _occupied(edges: np.ndarray, counts: list[np.ndarray]) -> tuple[float, float]:
+    """The x-range of histogram bins that hold data in any series (one empty bin of margin each side)."""
+    used = np.flatnonzero(np.sum([c > 0 for c in counts], axis=0))
+    if not len(used):
+        return float(edges[0]), float(edges[-1])
+    first, last = max(0, used[0] - 1), min(len(edges) - 1, used[-1] + 2)
+    return float(edges[first]), float(edges[last])
+
+
 def fig_caption_similarity(stats: dict[str, dict[str, Any]], out: str | Path) -> tuple[Path, Path]:
     """Fig. 1: distributions of (a) all pairwise caption similarities, (b) each caption's hardest companion."""
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    for name, s in stats.items():
-        edges = np.asarray(s["hist_bins"])
-        centres = (edges[:-1] + edges[1:]) / 2
-        for ax, key, mean in ((axes[0], "hist_pairwise", "mean_pairwise"), (axes[1], "hist_hardest", "mean_hardest")):
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    panels = ((axes[0], "hist_pairwise", "mean_pairwise"), (axes[1], "hist_hardest", "mean_hardest"))
+    for ax, key, mean in panels:
+        counts_all = []
+        for k, (name, s) in enumerate(stats.items()):
+            edges = np.asarray(s["hist_bins"])
+            centres = (edges[:-1] + edges[1:]) / 2
             counts = np.asarray(s[key], dtype=np.float64)
-            (line,) = ax.plot(centres, counts / max(counts.sum(), 1), label=name)
+            counts_all.append(counts)
+            every = max(1, len(centres) // 15)  # a dozen markers per curve, not one per bin
+            (line,) = ax.plot(centres, counts / max(counts.sum(), 1), label=name, markevery=every, **_style(k))
             ax.axvline(s[mean], ls=":", color=line.get_color())
+        if counts_all:
+            ax.set_xlim(*_occupied(np.asarray(next(iter(stats.values()))["hist_bins"]), counts_all))
     axes[0].set(title="(a) pairwise caption similarity", xlabel="cosine", ylabel="share")
-    axes[1].set(title="(b) hardest companion", xlabel="cosine")
-    axes[0].legend()
+    axes[1].set(title="(b) hardest companion (dotted: means)", xlabel="cosine")
+    _legend_outside(axes[1])
     numbers = {
         n: {k: s[k] for k in ("mean_pairwise", "mean_hardest", "hist_bins", "hist_pairwise", "hist_hardest")}
         for n, s in stats.items()
@@ -62,22 +130,30 @@ def fig_caption_similarity(stats: dict[str, dict[str, Any]], out: str | Path) ->
     return _save(fig, numbers, out)
 
 
+def _value_bars(ax: Any, names: list[str], heights: list[float], title: str) -> None:
+    """Bars with their values written on them, the y-axis fitted to the values (not to [0, 1])."""
+    bars = ax.bar(names, heights, color=[f"C{k}" for k in range(len(names))])
+    ax.bar_label(bars, labels=[f"{h:.3f}" for h in heights], fontsize=7, padding=2)
+    low, high = fitted_range(heights, pad=0.25, lo=-1.0, hi=1.0)
+    ax.set(title=title, ylim=(low, high + 0.1 * (high - low)))
+    ax.tick_params(axis="x", labelrotation=45, labelsize=7)
+
+
 def fig_geometry_summary(stats: dict[str, dict[str, Any]], out: str | Path) -> tuple[Path, Path]:
     """Fig. A6: (A) mean pairwise similarity, (B) mean hardest companion, (C) negatives by hardness bucket."""
     names = list(stats)
     buckets = {n: hardness_buckets(s) for n, s in stats.items()}
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
-    axes[0].bar(names, [stats[n]["mean_pairwise"] for n in names])
-    axes[1].bar(names, [stats[n]["mean_hardest"] for n in names])
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
+    _value_bars(axes[0], names, [stats[n]["mean_pairwise"] for n in names], "(A) mean pairwise similarity")
+    _value_bars(axes[1], names, [stats[n]["mean_hardest"] for n in names], "(B) mean hardest companion")
     bottom = np.zeros(len(names))
     for label in next(iter(buckets.values())):
         share = np.asarray([buckets[n][label] for n in names])
         axes[2].bar(names, share, bottom=bottom, label=label)
         bottom += share
-    axes[0].set(title="(A) mean pairwise similarity", ylim=(0, 1))
-    axes[1].set(title="(B) mean hardest companion", ylim=(0, 1))
-    axes[2].set(title="(C) in-batch negatives by hardness", ylim=(0, 1))
-    axes[2].legend(fontsize=7)
+    axes[2].set(title="(C) in-batch negatives by hardness", ylim=(0, 1), ylabel="share")
+    axes[2].tick_params(axis="x", labelrotation=45, labelsize=7)
+    _legend_outside(axes[2])
     numbers = {
         n: {
             "mean_pairwise": stats[n]["mean_pairwise"],
@@ -115,37 +191,44 @@ def fig_gradient_dynamics(dyn: dict[str, Any], out: str | Path) -> tuple[Path, P
     """Fig. 4: losses, saturated share per epoch, gradient norms, their ratio per epoch (median, IQR), cosine."""
     s, per = dyn["series"], dyn["per_epoch"]
     epochs = [int(e) for e in per]
-    fig, ax = plt.subplots(2, 3, figsize=(13, 6.4))
-    ax[0, 0].semilogy(s["step"], _floor(s["loss_infonce"]), label="L_CLIP")
-    ax[0, 0].semilogy(s["step"], _floor(s["loss_hn"]), label="L_HN")
-    ax[0, 0].axhline(dyn["saturation_threshold"], ls=":", color="gray")
+    fig, ax = plt.subplots(2, 3, figsize=(15, 6.8))
+    threshold = dyn["saturation_threshold"]
+    ax[0, 0].semilogy(s["step"], _floor(s["loss_infonce"]), label="L_CLIP", **_style(0))
+    ax[0, 0].semilogy(s["step"], _floor(s["loss_hn"]), label="L_HN", **_style(1))
+    ax[0, 0].axhline(threshold, ls=":", color="gray", label=f"{threshold:g}")
     ax[0, 0].set(title="(a) loss per measured batch", xlabel="step")
-    ax[0, 0].legend()
+    _plain_log(ax[0, 0])
+    _legend_outside(ax[0, 0])
     width = 0.4
     ax[0, 1].bar(
         np.asarray(epochs) - width / 2, [per[str(e)]["saturated_infonce"] for e in epochs], width, label="L_CLIP"
     )
     ax[0, 1].bar(np.asarray(epochs) + width / 2, [per[str(e)]["saturated_hn"] for e in epochs], width, label="L_HN")
-    ax[0, 1].plot(epochs, [per[str(e)]["zero_grad_infonce"] for e in epochs], "k.--", label="∇L_CLIP = 0")
-    ax[0, 1].set(title=f"(a') share saturated (loss < {dyn['saturation_threshold']:g})", xlabel="epoch", ylim=(0, 1))
-    ax[0, 1].legend(fontsize=7)
-    ax[0, 2].semilogy(s["step"], _floor(s["grad_norm_infonce"]), label="‖∇L_CLIP‖")
-    ax[0, 2].semilogy(s["step"], _floor(s["grad_norm_hn"]), label="‖∇L_HN‖")
+    ax[0, 1].plot(epochs, [per[str(e)]["zero_grad_infonce"] for e in epochs], "kD--", ms=5, label="∇L_CLIP = 0")
+    ax[0, 1].set(title=f"(a') share saturated (loss < {threshold:g})", xlabel="epoch", ylim=(0, 1.05))
+    _integer_ticks(ax[0, 1])
+    _legend_outside(ax[0, 1])
+    ax[0, 2].semilogy(s["step"], _floor(s["grad_norm_infonce"]), label="‖∇L_CLIP‖", **_style(0))
+    ax[0, 2].semilogy(s["step"], _floor(s["grad_norm_hn"]), label="‖∇L_HN‖", **_style(1))
     ax[0, 2].set(title="(b) gradient norms", xlabel="step")
-    ax[0, 2].legend()
+    _plain_log(ax[0, 2])
+    _legend_outside(ax[0, 2])
     ratio = [per[str(e)]["grad_ratio"] for e in epochs]
     med = _floor([r["median"] for r in ratio])
     lo, hi = _floor([r["q25"] for r in ratio]), _floor([r["q75"] for r in ratio])
-    ax[1, 0].semilogy(epochs, med, "o-")
+    ax[1, 0].semilogy(epochs, med, "o-", ms=5)
     ax[1, 0].fill_between(epochs, lo, hi, alpha=0.3)
     ax[1, 0].set(title="(b') ‖∇L_HN‖ / ‖∇L_CLIP‖ (median, IQR; ∇L_CLIP ≠ 0)", xlabel="epoch")
+    _plain_log(ax[1, 0])
+    _integer_ticks(ax[1, 0])
     cos = np.asarray([np.nan if c is None else c for c in s["grad_cosine"]], dtype=np.float64)
-    ax[1, 1].plot(s["step"], cos, ".", ms=3)
+    ax[1, 1].plot(s["step"], cos, "o", ms=3)
     ax[1, 1].axhline(0.0, color="gray", lw=0.5)
+    mean = dyn["overall"]["cosine_mean"]
     ax[1, 1].set(
-        title=f"(c) cos(∇L_CLIP, ∇L_HN), mean {dyn['overall']['cosine_mean'] or float('nan'):.2f}",
+        title=f"(c) cos(∇L_CLIP, ∇L_HN), mean {mean if mean is not None else float('nan'):.2f}",
         xlabel="step",
-        ylim=(-1, 1),
+        ylim=fitted_range(np.append(cos, 0.0), pad=0.15, lo=-1.0, hi=1.0),
     )
     ax[1, 2].axis("off")
     o = dyn["overall"]
@@ -161,13 +244,36 @@ def fig_gradient_dynamics(dyn: dict[str, Any], out: str | Path) -> tuple[Path, P
 
 def fig_convergence(curves: dict[str, dict[str, list]], out: str | Path) -> tuple[Path, Path]:
     """R@1 (or any metric) per epoch, one line per run and metric key, on one plot."""
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    fig, ax = plt.subplots(figsize=(8.5, 4.2))
+    k = 0
+    values_all: list[float] = []
     for run, c in curves.items():
         for key, values in c.items():
             if key != "epoch":
-                ax.plot(c["epoch"], [np.nan if v is None else v for v in values], "o-", ms=3, label=f"{run}: {key}")
-    ax.set(xlabel="epoch", ylabel="R@1 (%)", title="convergence")
-    ax.legend(fontsize=7)
+                ys = [np.nan if v is None else v for v in values]
+                values_all += ys
+                ax.plot(c["epoch"], ys, label=f"{run}: {key}", **_style(k))
+                k += 1
+    ax.set(xlabel="epoch", ylabel="R@1 (%)", title="convergence", ylim=fitted_range(values_all, pad=0.1))
+    ax.ticklabel_format(axis="y", useOffset=False)
+    _integer_ticks(ax)
+    _legend_outside(ax)
+    return _save(fig, curves, out)
+
+
+def fig_training_curves(curves: dict[str, dict[str, list]], out: str | Path) -> tuple[Path, Path]:
+    """Training loss and the InfoNCE monitor per step, one line per run (what any metrics.jsonl holds)."""
+    fig, ax = plt.subplots(figsize=(8.5, 4.2))
+    k = 0
+    for run, c in curves.items():
+        for key in ("loss", "infonce_monitor"):
+            if any(v is not None for v in c.get(key, [])):
+                ax.semilogy(c["step"], _floor(c[key]), label=f"{run}: {key}", **{**_style(k), "ms": 3})
+                k += 1
+    ax.axhline(1e-3, ls=":", color="gray", label="1e-3 (saturated)")
+    ax.set(xlabel="step", ylabel="loss", title="training loss")
+    _plain_log(ax)
+    _legend_outside(ax)
     return _save(fig, curves, out)
 
 

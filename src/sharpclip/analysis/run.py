@@ -1,11 +1,12 @@
 """Entry points of `sharpclip analyze`: the figures of finished runs, and caption geometry of evaluation datasets.
 
-analyze_runs([run_dir, ...], out_dir)        Fig. 4 per run with diagnostics.jsonl; convergence of all runs
+analyze_runs([run_dir, ...], out_dir)        Fig. 4 per run with diagnostics; convergence and training curves
 analyze_geometry(model, eval_cfg, out_dir)   Table A1 columns, Fig. 1, Fig. A6, Fig. A5 for eval_cfg.suites
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -16,12 +17,15 @@ from sharpclip.analysis import dynamics, geometry, plots
 
 
 def analyze_runs(run_dirs: list[str | Path], out_dir: str | Path, metric: str = "R@1") -> list[Path]:
-    """Figures of finished runs; returns the files written. A run without diagnostics.jsonl gets no Fig. 4."""
+    """Every figure the runs have data for; returns the files written. Fig. 4 needs diagnostics.jsonl with records,
+    the convergence plot evaluation records (metrics.jsonl or eval.jsonl), the training curves only metrics.jsonl."""
     out, written = Path(out_dir), []
     curves: dict[str, dict[str, list]] = {}
+    training: dict[str, dict[str, list]] = {}
     for run in map(Path, run_dirs):
-        if (run / "diagnostics.jsonl").is_file():
-            dyn = dynamics.gradient_dynamics(dynamics.read_diagnostics(run / "diagnostics.jsonl"))
+        diag = run / "diagnostics.jsonl"
+        if diag.is_file() and diag.read_text().strip():
+            dyn = dynamics.gradient_dynamics(dynamics.read_diagnostics(diag))
             written += plots.fig_gradient_dynamics(dyn, out / f"{run.name}_gradient_dynamics")
         for file in ("metrics.jsonl", "eval.jsonl"):
             try:
@@ -29,10 +33,14 @@ def analyze_runs(run_dirs: list[str | Path], out_dir: str | Path, metric: str = 
                 break
             except (FileNotFoundError, ValueError):
                 continue
+        with contextlib.suppress(FileNotFoundError, ValueError):  # a run without training steps has no curve
+            training[run.name] = dynamics.training_curve(run)
     if curves:
         written += plots.fig_convergence(curves, out / "convergence")
         (out / "convergence.md").write_text(dynamics.comparison_table(curves))
         written.append(out / "convergence.md")
+    if training:
+        written += plots.fig_training_curves(training, out / "training")
     if not written:
         raise ValueError(f"nothing to analyze in {[str(r) for r in run_dirs]}: no diagnostics.jsonl or metrics.jsonl")
     return written

@@ -44,7 +44,7 @@ from PIL import Image, ImageChops, ImageDraw
 
 from sharpclip.config import SynthDenseConfig
 
-VERSION = 1  # bump when the output for a given config changes
+VERSION = 2  # bump when the output for a given config changes (2: caption_layout, test_variants)
 SHAPES = ("circle", "square", "triangle", "diamond", "pentagon", "hexagon", "star", "cross")
 PLURALS = {s: s + ("es" if s == "cross" else "s") for s in SHAPES}
 COLOURS = {
@@ -74,6 +74,7 @@ CELL_NAMES = (
 CELL_PREPOSITIONS = ("in the", "at the", "in the", "on the", "in the", "on the", "in the", "at the", "in the")
 NUMBERS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 ATTRIBUTES = ("colour", "shape", "size", "texture", "position")
+DETAILS = ("size", "texture")  # what `caption_layout` leaves out; `test_variants: details` families differ only here
 EDIT_KINDS = ("colour", "shape", "size", "position", "add", "remove")
 MMVP_PATTERNS = ("colour", "count", "position", "size", "presence", "texture")
 MIN_DENSE_WORDS = 80
@@ -137,12 +138,12 @@ def _changed(before: Scene, after: Scene) -> Obj:
     return next(o for o in after.objects if o not in before.objects)
 
 
-def near_duplicate(scene: Scene, rng: random.Random) -> Scene:
-    """Change one (60 %) or two attributes of one object; retries until the result is valid and differs."""
+def near_duplicate(scene: Scene, rng: random.Random, attributes: tuple[str, ...] = ATTRIBUTES) -> Scene:
+    """Change one (60 %) or two of `attributes` of one object; retries until the result is valid and differs."""
     for _ in range(50):
         out: Scene | None = scene
         i = rng.randrange(len(scene.objects))
-        for attribute in rng.sample(ATTRIBUTES, 1 if rng.random() < 0.6 else 2):
+        for attribute in rng.sample(attributes, 1 if rng.random() < 0.6 else 2):
             before, out = out, change(out, i, attribute, rng)
             if out is None:
                 break
@@ -152,11 +153,13 @@ def near_duplicate(scene: Scene, rng: random.Random) -> Scene:
     raise RuntimeError("could not make a near-duplicate scene")  # unreachable for 3x3 grids with <= 8 objects
 
 
-def family(rng: random.Random, size: int, n_min: int, n_max: int) -> list[Scene]:
-    """A base scene and size-1 distinct near-duplicates of it."""
+def family(
+    rng: random.Random, size: int, n_min: int, n_max: int, attributes: tuple[str, ...] = ATTRIBUTES
+) -> list[Scene]:
+    """A base scene and size-1 distinct near-duplicates of it, each changing `attributes` of one object."""
     scenes = [random_scene(rng, n_min, n_max)]
     while len(scenes) < size:
-        variant = near_duplicate(scenes[0], rng)
+        variant = near_duplicate(scenes[0], rng, attributes)
         if variant not in scenes and dense_caption(variant) not in {dense_caption(s) for s in scenes}:
             scenes.append(variant)
     return scenes
@@ -193,11 +196,14 @@ def _counts(scene: Scene) -> str:
     return f"In total the picture has {_listing(parts)}."
 
 
-def dense_caption(scene: Scene) -> str:
-    """≥ 80 words: every object with all attributes in reading order, relations along reading order, counts."""
+def dense_caption(scene: Scene, details: bool = True) -> str:
+    """≥ 80 words: every object with all attributes in reading order, relations along reading order, counts.
+
+    details=False: the layout caption, without the DETAILS (size, texture) of the objects (stage A2's captions)."""
     objs = scene.objects
     parts = [f"The picture shows {NUMBERS[len(objs)]} shapes on a {scene.background} background."]
-    parts += [f"{_where(o.cell).capitalize()} there is a {o.size} {o.texture} {o.colour} {o.shape}." for o in objs]
+    look = (lambda o: f"{o.size} {o.texture} {o.colour} {o.shape}") if details else (lambda o: f"{o.colour} {o.shape}")
+    parts += [f"{_where(o.cell).capitalize()} there is a {look(o)}." for o in objs]
     chain = list(pairwise(objs))
     parts += [_relation(a, b) for a, b in chain] + [_counts(scene)]
     extra = [p for p in combinations(objs, 2) if p not in chain]
@@ -416,7 +422,8 @@ def _rng(seed: int, split: str, index: int) -> random.Random:
 
 
 def _pair_records(cfg: SynthDenseConfig, split: str, index: int, fam_size: int) -> Iterator[tuple[dict, Scene]]:
-    scenes = family(_rng(cfg.seed, split, index), fam_size, cfg.min_objects, cfg.max_objects)
+    attributes = DETAILS if split == "test" and cfg.test_variants == "details" else ATTRIBUTES
+    scenes = family(_rng(cfg.seed, split, index), fam_size, cfg.min_objects, cfg.max_objects, attributes)
     for v, scene in enumerate(scenes):
         rid = f"{split}-{index:06d}-{v}"
         yield (
@@ -424,6 +431,7 @@ def _pair_records(cfg: SynthDenseConfig, split: str, index: int, fam_size: int) 
                 "id": rid,
                 "image": f"images/{split}/{rid}.png",
                 "caption": dense_caption(scene),
+                "caption_layout": dense_caption(scene, details=False),
                 "short_caption": coarse_caption(scene, "colours"),
                 "caption_shapes": coarse_caption(scene, "shapes"),
                 "caption_colours": coarse_caption(scene, "colours"),

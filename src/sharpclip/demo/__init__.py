@@ -2,9 +2,14 @@
 
 1. SynthDense (data.synthetic) into the run directory: training scenes, test families of near-duplicates, edit pairs,
    MMVP-style pairs, and a validation corpus (another seed) for the convergence curves.
-2. The strong initialisation (stage A, demo.stages): a tiny CLIP pre-trained on coarse captions, cached for reuse.
-3. One fine-tuning run per objective (demo.plan): InfoNCE, HN-CLIP (eq. 2), HN-CLIP + token term (eq. 3), CLIP-IN
-   stage 2 (eq. 8); `--full` adds the ablations (frozen Ḡ, γ sweep, LoRA ± boost, learnable scale, no edit term).
+2. The strong initialisation (demo.stages), made as CLIP then Long-CLIP were and cached for reuse: stage A, a tiny
+   CLIP pre-trained on coarse captions at 32 tokens; stage A2, stretched to 152 tokens and trained on dense layout
+   captions (everything but the objects' size and texture).
+3. One fine-tuning run per objective (demo.plan) on the target task, the full dense captions (size and texture
+   included) with test families whose near-duplicates differ exactly there: InfoNCE, HN-CLIP (eq. 2), HN-CLIP + token
+   term (eq. 3), CLIP-IN stage 2 (eq. 8), in the paper's regime (micro-batches 16 × 8, scale frozen at 100); `--full`
+   adds exact 128 × 128 accumulation and the ablations (frozen Ḡ, γ sweep, LoRA ± boost, learnable scale, no edit
+   term).
 4. Each is measured (demo.measure), tabulated with its gain over InfoNCE and judged against the papers' claims
    (demo.report); report.md / report.json and the figures go into the run directory.
 
@@ -30,7 +35,7 @@ from sharpclip.demo.stages import (
     corpus,
     data_config,
     ensure_init,
-    init_key,
+    init_home,
     run_arm,
     validation_corpus,
 )
@@ -44,7 +49,7 @@ class DemoOptions:
     quick: bool = False  # CI size: every arm and output, tiny model, seconds per arm
     full: bool = False  # the ablation arms as well
     seeds: int = 1
-    cache: str = ""  # where the stage-A init is kept; "" = $SHARPCLIP_CACHE or ~/.cache/sharpclip
+    cache: str = ""  # where the two-stage init is kept; "" = $SHARPCLIP_CACHE or ~/.cache/sharpclip
     progress: bool = True
     only: tuple[str, ...] = ()  # run only these arms (names in demo.plan); InfoNCE is always run (the baseline)
     steps: int = 0  # > 0: fine-tuning steps per arm instead of the profile's (e.g. more epochs for saturation)
@@ -82,14 +87,16 @@ def prepare_data(p: Profile, out: Path) -> tuple[Any, Any, float]:
 
 def obtain_init(p: Profile, opts: DemoOptions) -> Init:
     cache = cache_dir(opts.cache)
-    if not (cache / f"demo-init-{init_key(p)}" / "init.json").is_file():
-        print(f"pre-training the strong initialisation (stage A: {p.init_steps} steps on coarse captions); "
+    if not (init_home(p, cache) / "init.json").is_file():
+        print(f"pre-training the strong initialisation (stage A: {p.init_steps} steps on coarse captions, then "
+              f"stage A2: {p.a2_steps} steps stretched to {p.context_length} tokens on dense layout captions); "
               f"done once, cached under {cache}", flush=True)  # fmt: skip
     init = ensure_init(p, cache, opts.progress)
+    stages = f"stage A {init.record['stage_a']['seconds']:.0f} s, A2 {init.record['stage_a2']['seconds']:.0f} s"
     if init.reused:
-        print(f"reusing the cached init {init.model_dir} (pre-training took {init.seconds:.0f} s)", flush=True)
+        print(f"reusing the cached init {init.model_dir} (pre-training took {stages})", flush=True)
     else:
-        print(f"pre-training took {init.seconds:.0f} s; the next demo reuses {init.model_dir}", flush=True)
+        print(f"pre-training took {stages}; the next demo reuses {init.model_dir}", flush=True)
     return init
 
 
@@ -105,7 +112,7 @@ def run_arms(p: Profile, plan: list[Arm], init: Init, data: Any, validation: Any
     results: report.Results = {}
     run_dirs: dict[str, Path] = {}
     geometry: dict[str, dict] = {}
-    jobs = [(seed, arm) for seed in range(opts.seeds) for arm in plan]
+    jobs = [(seed, arm) for arm in plan for seed in range(opts.seeds)]  # arm by arm: a partial run has whole rows
     bar = tqdm(jobs, desc="demo", unit="run", disable=not opts.progress, dynamic_ncols=True)
     for seed, arm in bar:
         bar.set_description(f"seed {seed} {arm.label}")
@@ -148,12 +155,20 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
     sizes = f"{p.train_families} training scenes, {p.test_families} × 6 test, {p.val_families} × 6 validation"
     print(f"SynthDense in {out}: {sizes}, {p.edits} edit pairs, MMVP pairs ({data_seconds:.0f} s)", flush=True)
     init = obtain_init(p, opts)
-    init_model = create_model(ModelConfig(name=str(init.model_dir), context_length=p.context_length))
-    init_test = evaluate_model(init_model, data)  # stretched as the arms start, so no caption is truncated
+    inits = {}
+    for name, model_dir, label, stage in (
+        ("init_a", init.stage_a_dir, "stage-A init (coarse captions)", "stage_a"),
+        ("init", init.model_dir, "stage-A2 init (layout captions; every arm starts here)", "stage_a2"),
+    ):
+        model = create_model(ModelConfig(name=str(model_dir), context_length=p.context_length))
+        test = evaluate_model(model, data)  # stretched as the arms start, so no caption is truncated
+        inits[name] = {"label": label, "seeds": {0: {"test": test, "seconds": init.record[stage]["seconds"]}}}
+        print(f"{label}: mean R@1 {test['mean_R@1']:.1f}, within-family {test['within_mean_R@1']:.1f}", flush=True)
     results, run_dirs, geometry = run_arms(p, plan, init, data, validation, opts, out)
-    results = {"init": {"label": "stage-A init (no fine-tuning)", "seeds": {0: {"test": _slim(init_test),
-               "seconds": init.seconds}}}, **results}  # fmt: skip
-    geometry = {"init": init_test["geometry"], **geometry}
+    geometry = {"init": inits["init"]["seeds"][0]["test"]["geometry"], **geometry}
+    for entry in inits.values():
+        entry["seeds"][0]["test"] = _slim(entry["seeds"][0]["test"])
+    results = {**inits, **results}
     figures = report.write_figures(results, run_dirs, geometry, out)
     meta = {
         "command": command_line(opts),

@@ -49,6 +49,60 @@ def within_family_r1(sim: Tensor, groups: Sequence[str]) -> dict[str, float]:
     return out
 
 
+def family_r1(sim: Tensor, groups: Sequence[str]) -> dict[str, list[float]]:
+    """Per family (in order of first appearance): its mean R@1 (%) over both directions, whole-set and within-family.
+
+    The demo's noise bar (demo.report.paired_noise) resamples these: the errors of one family's near-duplicates are
+    not independent, so the family, not the pair, is the unit of the test set. sim: (N, N) text × image."""
+    codes = {g: i for i, g in enumerate(dict.fromkeys(groups))}
+    fam = torch.tensor([codes[g] for g in groups])
+    same = fam[:, None] == fam[None, :]
+    eye = torch.eye(len(sim), dtype=torch.bool)
+    out: dict[str, list[float]] = {}
+    for name, gallery in (("family_r1", torch.ones_like(same)), ("family_within", same)):
+        hits = []
+        for s in (sim, sim.t()):
+            masked = s.masked_fill(~gallery, float("-inf"))
+            own = s.diagonal()[:, None]
+            hits.append(~((masked > own) | ((masked == own) & ~eye)).any(1))
+        per_query = torch.stack(hits).double().mean(0)  # (N,): mean of the two directions
+        sums = torch.zeros(len(codes), dtype=torch.float64).index_add_(0, fam, per_query)
+        counts = torch.zeros(len(codes), dtype=torch.float64).index_add_(
+            0, fam, torch.ones(len(fam), dtype=torch.float64)
+        )
+        out[name] = (100.0 * sums / counts).tolist()
+    return out
+
+
+def mmvp_breakdown(scores: Tensor, statement_cos: Tensor, patterns: Sequence[str]) -> dict[str, Any]:
+    """Why MMVP-style pair accuracy can sit below 25 %: how often both statements pick the same image.
+
+    scores: (P, 2 statements, 2 images), statement k true of image k; statement_cos: (P,) cosine of the two
+    statements' embeddings. A pair is right only when the statements pick different images the right way round; when
+    the two statements embed almost alike (they differ in one word), both prefer the same image and the pair is lost
+    whatever the images show. `chance` is the accuracy of a model that keeps these picks but whose image preference is
+    unrelated to the truth: half the pairs whose statements pick different images (25 % only if the two picks were
+    independent coins). Ties (equal scores) count as picking image b, as the scorer does."""
+    pick = torch.where(scores[:, :, 0] > scores[:, :, 1], 0, 1)  # (P, 2): image chosen by statement 0 / 1
+    right = (pick[:, 0] == 0) & (pick[:, 1] == 1)
+    same = pick[:, 0] == pick[:, 1]
+    ties = (scores[:, :, 0] == scores[:, :, 1]).any(1)
+    pct = lambda x: 100.0 * float(x.double().mean()) if len(x) else 0.0  # noqa: E731
+    per = {}
+    for pattern in dict.fromkeys(patterns):
+        idx = torch.tensor([i for i, q in enumerate(patterns) if q == pattern])
+        per[pattern] = {
+            "right": pct(right[idx]),
+            "same_image": pct(same[idx]),
+            "both_pick_b": pct((pick[idx] == 1).all(1)),
+        }
+    return {
+        "right": pct(right), "same_image": pct(same), "both_pick_a": pct((pick == 0).all(1)),
+        "both_pick_b": pct((pick == 1).all(1)), "ties": pct(ties), "chance": pct(~same) / 2,
+        "statement_cos": float(statement_cos.mean()), "per_pattern": per,
+    }  # fmt: skip
+
+
 def hardest_is_sibling(text: Tensor, groups: Sequence[str]) -> float:
     """Share (%) of captions whose most similar other caption is a near-duplicate of the same family. text: (N, D)."""
     g = text @ text.t()
@@ -65,7 +119,7 @@ def evaluate_model(model: Any, data: DataConfig, batch_size: int = 128) -> dict[
     from sharpclip.eval.embed import ModelEmbedder
     from sharpclip.eval.metrics import pairs_from_caption_index, retrieval_metrics
     from sharpclip.eval.pair_data import read_synth_mmvp
-    from sharpclip.eval.suite import score_choice_set
+    from sharpclip.eval.suite import choice_scores, score_choice_set
 
     samples = read_samples(data, "test")
     preprocess, tokenizer = model_transforms(model)
@@ -80,9 +134,16 @@ def evaluate_model(model: Any, data: DataConfig, batch_size: int = 128) -> dict[
     groups = [s.group or s.id for s in samples]
     out.update(within_family_r1(text @ image.t(), groups))
     out["within_mean_R@1"] = (out["within_t2i_R@1"] + out["within_i2t_R@1"]) / 2
-    mmvp = score_choice_set(embed, read_synth_mmvp(data.root))
+    out.update(family_r1(text @ image.t(), groups))
+    pairs = read_synth_mmvp(data.root)
+    mmvp = score_choice_set(embed, pairs)
     out["mmvp"], out["mmvp_pairs"] = mmvp["mean"], mmvp["pairs"]
     out["mmvp_per_pattern"] = mmvp["per_pattern"]
+    with torch.no_grad():
+        statements = embed.texts([t for item in pairs.texts for t in item]).float().reshape(len(pairs), 2, -1)
+    cos = torch.nn.functional.cosine_similarity(statements[:, 0], statements[:, 1], dim=-1)
+    out["mmvp_breakdown"] = mmvp_breakdown(choice_scores(embed, pairs), cos, pairs.groups)
+    out["mmvp_chance"] = out["mmvp_breakdown"]["chance"]
     geometry = caption_geometry(text)
     out["geometry"] = geometry
     out["pairwise_sim"], out["hardest_sim"] = geometry["mean_pairwise"], geometry["mean_hardest"]
@@ -100,6 +161,34 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def _saturated_share(steps: list[dict]) -> float | None:
+    """Share (%) of the steps' contrastive matrices (micro-batches under per_micro_batch) with InfoNCE < 1e-3."""
+    if not steps:
+        return None
+
+    def share(r: dict) -> float:  # records written before the per-matrix count: one matrix per step
+        return r["saturated_monitor"] if "saturated_monitor" in r else float(r["infonce_monitor"] < SATURATED)
+
+    matrices = [r.get("matrices_monitor", 1.0) for r in steps]
+    return 100.0 * sum(share(r) * n for r, n in zip(steps, matrices, strict=True)) / sum(matrices)
+
+
+def _micro_zero_grads(diag: list[dict]) -> dict[str, float | None]:
+    """Exact-zero fp32 InfoNCE gradients per measured contrastive matrix: of all, and of the saturated ones (loss <
+    1e-3). Per micro-batch under per_micro_batch (train.diagnostics), else one matrix per measured step."""
+    pairs = []
+    for d in diag:
+        if "micro_loss_infonce" in d:
+            pairs += list(zip(d["micro_loss_infonce"], d["micro_grad_zero_infonce"], strict=True))
+        else:
+            pairs.append((d["loss_infonce"], d["grad_zero_infonce"]))
+    return {
+        "zero_grad_micro": _share([bool(z) for _, z in pairs]),
+        "zero_grad_saturated": _share([bool(z) for loss, z in pairs if loss < SATURATED]),
+        "saturated_measured": float(sum(loss < SATURATED for loss, _ in pairs)),
+    }
+
+
 def training_stats(run_dir: str | Path) -> dict[str, Any]:
     """Saturation and activity of a finished arm (shares in %), from its metrics.jsonl and diagnostics.jsonl."""
     run_dir = Path(run_dir)
@@ -108,9 +197,9 @@ def training_stats(run_dir: str | Path) -> dict[str, Any]:
     out: dict[str, Any] = {
         "steps": len(steps),
         "steps_first_epoch": len(first),
-        "sat_batches_ep1": _share([r["infonce_monitor"] < SATURATED for r in first]),
+        "sat_batches_ep1": _saturated_share(first),
         "sat_rows_ep1": None if not first else 100.0 * _mean([r["rows_saturated_monitor"] for r in first]),
-        "sat_batches": _share([r["infonce_monitor"] < SATURATED for r in steps]),
+        "sat_batches": _saturated_share(steps),
         "sat_rows_last": None if not steps else 100.0 * steps[-1]["rows_saturated_monitor"],
         "min_infonce": min((r["infonce_monitor"] for r in steps), default=None),
         "active_batches": _share([r["loss"] >= SATURATED for r in steps]),
@@ -128,4 +217,5 @@ def training_stats(run_dir: str | Path) -> dict[str, Any]:
         out["zero_grad_infonce"] = _share([bool(d["grad_zero_infonce"]) for d in diag])
         ratios = [d["grad_norm_hn"] / d["grad_norm_infonce"] for d in diag if d["grad_norm_infonce"] > 0]
         out["grad_ratio_hn_over_infonce"] = _mean(ratios)
+        out.update(_micro_zero_grads(diag))
     return out

@@ -1,13 +1,16 @@
 """What the demo runs: the sizes of each mode (quick / default / full) and the fine-tuning arms as config overrides.
 
-Every arm starts from the same stage-A initialisation with the same seed and the same budget (optimiser steps at the
-same batch size), so the table compares objectives and nothing else. The arms (issue 7):
+Every arm starts from the same stage-A2 initialisation with the same seed and the same budget (optimiser steps at the
+same batch size), so the table compares objectives and nothing else. The arms (issues 7, 13):
 
     (a) infonce        InfoNCE, HN-CLIP eq. 1 (the control)
     (b) hn             HN-CLIP eq. 2, γ = 0.5, Ḡ recomputed every step
     (c) hn_tok         HN-CLIP eq. 3: eq. 2 + FILIP token-level term
-    (d) clipin         CLIP-IN eq. 8 stage 2: short + long captions + edit hard negatives (train + edits in one epoch)
+    (d) clipin         CLIP-IN eq. 8 stage 2: short + long captions + edit hard negatives (train + edits in one epoch;
+                       exact accumulation, as its edit pairs must share one matrix)
     --full adds
+    (a') infonce_exact (a) with exact accumulation: one 128 × 128 matrix from the same 8 micro-batches
+    (b') hn_exact      (b) likewise
     (d0) clipin_noedit the same without the edit term (what the edit negatives add, at equal data and budget)
     (e) hn_frozen      HN-CLIP with Ḡ from the frozen initial text tower (Table 3c)
     (f) hn_g*          the γ sweep {0.25, 0.75, 1.0} (0.5 is (b))
@@ -36,9 +39,10 @@ class Profile:
     context_length: int = 152  # dense captions run to 141 tokens with bos/eos; 152 = 20 + 11 · (32 − 20) (see below)
     patch_size: int = 8
     # SynthDense
-    train_families: int = 1280  # independent scenes: 20 steps per epoch at batch 64
+    train_families: int = 2560  # independent scenes: 20 steps per epoch at batch 128
     train_family_size: int = 1  # 1: independent scenes (the prototype's v1); 6: near-duplicate families in batches
-    test_families: int = 100  # × 6 near-duplicates = 600 test pairs
+    test_families: int = 300  # × 6 near-duplicates = 1,800 test pairs (noise bar: see demo.report.noise)
+    test_variants: str = "details"  # test siblings differ in size / texture only: what stage A2 never saw
     val_families: int = 40  # a second corpus (another seed): the per-epoch convergence curves
     edits: int = 512
     mmvp_pairs: int = 30  # per visual pattern (6 patterns: 180 pairs)
@@ -51,9 +55,16 @@ class Profile:
     init_lr: float = 1e-3
     init_batch_size: int = 128
     init_context_length: int = 32
-    # stage B (each arm): batch 64, as the feasibility notes suggest for saturation (fewer negatives to beat)
-    steps: int = 160  # 8 epochs
-    batch_size: int = 64
+    # stage A2 (Long-CLIP's stage): stage A stretched to `context_length`, InfoNCE with a learnable scale on the
+    # layout captions (dense without size and texture) of the same pre-training scenes
+    a2_steps: int = 192
+    a2_lr: float = 3e-4
+    a2_batch_size: int = 128
+    # stage B (each arm), the paper's regime: 128 rows a step as 8 micro-batches of 16, each its own InfoNCE problem
+    # (HN-CLIP's effective batch of 128 = 16 × 8), scale frozen at 100; lr from the sweep in the README
+    steps: int = 80  # 4 epochs of 2,560 independent scenes
+    batch_size: int = 128
+    micro_batch_size: int = 16
     lr: float = 3e-4
     diagnostics: int = 10  # gradient measurements in the InfoNCE arm (each costs two extra forward-backward passes)
 
@@ -61,8 +72,8 @@ class Profile:
 PROFILES = {
     "quick": Profile(
         "quick", width=32, layers=2, image_size=32, train_families=128, test_families=8, val_families=4, edits=32,
-        mmvp_pairs=2, pretrain_scenes=512, init_steps=24, init_batch_size=32, steps=8, batch_size=32, lr=1e-3,
-        diagnostics=2,
+        mmvp_pairs=2, pretrain_scenes=512, init_steps=24, init_batch_size=32, a2_steps=8, a2_batch_size=32, steps=8,
+        batch_size=32, micro_batch_size=8, lr=1e-3, diagnostics=2,
     ),
     "default": Profile("default", width=64, layers=2, image_size=48),
 }  # fmt: skip
@@ -97,7 +108,9 @@ def _clipin(edits: bool) -> dict[str, str]:
 
 # LoRA trains few parameters from a fixed point: 3× the full fine-tuning rate (the same for both LoRA arms)
 LORA = ("model.adapter.method=lora", "model.adapter.rank=8", "model.adapter.alpha=16", "train.lr=1e-3")
-CLIPIN_DATA = ("data.train_split=train+edits",)
+# edit pairs must share a contrastive matrix: CLIP-IN trains on the whole batch of 128 (exact accumulation)
+CLIPIN_DATA = ("data.train_split=train+edits", "train.accumulation=exact")
+EXACT = ("train.accumulation=exact",)  # one 128 × 128 matrix from the same 8 micro-batches (sharpclip's addition)
 
 
 def core_arms() -> list[Arm]:
@@ -111,6 +124,8 @@ def core_arms() -> list[Arm]:
 
 def full_arms() -> list[Arm]:
     return [
+        Arm("infonce_exact", "(a') InfoNCE, exact 128 × 128", EXACT, terms=INFONCE),
+        Arm("hn_exact", "(b') HN-CLIP, exact 128 × 128", EXACT, terms=_hn()),
         Arm("clipin_noedit", "(d0) CLIP-IN, no edit term", CLIPIN_DATA, terms=_clipin(edits=False)),
         Arm("hn_frozen", "(e) HN-CLIP, Ḡ frozen", terms=_hn(frozen=True)),
         *[Arm(f"hn_g{g}", f"(f) HN-CLIP γ={g}", terms=_hn(g)) for g in (0.25, 0.75, 1.0)],

@@ -1,16 +1,21 @@
-"""The demo's two training stages, each an ordinary `sharpclip train` configuration built by `build_trainer`.
+"""The demo's training stages, each an ordinary `sharpclip train` configuration built by `build_trainer`.
 
-Stage A (the "strong initialisation" HN-CLIP fine-tunes from): a tiny CLIP trained from scratch on SynthDense's
-shape + colour coarse captions ("a picture of a red circle, ..."), the recipe the prototype found to work
-(shared/reference/synthdense-feasibility.md: shapes-only captions were too weak). It is made once and cached under
-`<cache>/demo-init-<key>/`, the key hashing everything that determines it, so a second demo reuses it. Coarse
-captions fit in 32 tokens, so stage A trains a 32-position text tower, and stage B stretches it to the dense captions'
-152 by Long-CLIP's rule (models.long_context: 20 positions kept and frozen, the rest interpolated), as Long-CLIP
-extends CLIP's 77.
+The strong initialisation HN-CLIP fine-tunes from is made as CLIP and then Long-CLIP were, in two stages cached
+together under `<cache>/demo-init-<key>/` (the key hashes everything that determines either stage, so a second demo
+reuses both; a finished stage A survives an interrupted stage A2):
 
-Stage B: one fine-tuning run per arm (demo.plan) on the dense captions, from the cached init, with the same seed and
-number of steps, the logit scale frozen at 100 unless the arm says otherwise, and the per-epoch validation on a
-second SynthDense corpus (another seed's test families), so that the test split is only read at the end.
+- stage A (`stage_a/`, CLIP's stage): a tiny CLIP from scratch on SynthDense's shape + colour coarse captions ("a
+  picture of a red circle, ..."), the recipe the prototype found to work, at a 32-token context (coarse captions
+  fit in 25 tokens);
+- stage A2 (`stage_a2/`, Long-CLIP's stage): stage A stretched to the dense captions' 152 positions by Long-CLIP's
+  rule (models.long_context: 20 positions kept and frozen, the rest interpolated) and trained with InfoNCE and a
+  learnable scale on the layout captions of the same scenes: dense, but without the objects' size and texture.
+
+Stage B: one fine-tuning run per arm (demo.plan) on the full dense captions, whose size and texture words are the
+target task's shift (its test families' near-duplicates differ only there), from the A2 init, with the same seed and
+number of steps, in the paper's regime (micro-batches 16 × 8, each its own InfoNCE problem), the logit scale frozen
+at 100 unless the arm says otherwise, and the per-epoch validation on a second SynthDense corpus (another seed's test
+families), so that the test split is only read at the end.
 """
 
 from __future__ import annotations
@@ -28,22 +33,23 @@ from sharpclip.models.base import DualEncoder
 from sharpclip.train.logging import log
 from sharpclip.train.run_dir import open_run_dir
 
-INIT_VERSION = 1  # bump when stage A's recipe changes, so caches of the old one are not reused
+INIT_VERSION = 2  # bump when stage A's recipe changes, so caches of the old one are not reused
 
 
 def corpus(p: Profile) -> SynthDenseConfig:
     """The fine-tuning corpus: independent training scenes (the prototype's v1), test families, edits, MMVP pairs."""
     return SynthDenseConfig(
         resolution=p.image_size, train_families=p.train_families, train_family_size=p.train_family_size,
-        test_families=p.test_families, pretrain_scenes=0, edits=p.edits, mmvp_pairs=p.mmvp_pairs,
+        test_families=p.test_families, test_variants=p.test_variants, pretrain_scenes=0, edits=p.edits,
+        mmvp_pairs=p.mmvp_pairs,
     )  # fmt: skip
 
 
 def validation_corpus(p: Profile) -> SynthDenseConfig:
     """Held-out families for the convergence curves: the test split of a corpus drawn with another seed."""
     return SynthDenseConfig(
-        seed=1, resolution=p.image_size, train_families=0, test_families=p.val_families, pretrain_scenes=0, edits=0,
-        mmvp_pairs=0,
+        seed=1, resolution=p.image_size, train_families=0, test_families=p.val_families, test_variants=p.test_variants,
+        pretrain_scenes=0, edits=0, mmvp_pairs=0,
     )  # fmt: skip
 
 
@@ -68,10 +74,12 @@ def _model_overrides(p: Profile) -> list[str]:
     return ["model.name=tiny-clip", "model.vocabulary=synthdense", *_dotted("model.tiny", sizes)]
 
 
-def _train_overrides(out: Path, seed: int, steps: int, batch: int, lr: float, progress: bool) -> list[str]:
-    # one micro-batch per step: per_micro_batch is then exact, without cached accumulation's second forward pass
+def _train_overrides(
+    out: Path, seed: int, steps: int, batch: int, lr: float, progress: bool, micro: int = 0
+) -> list[str]:
+    # micro 0: one micro-batch per step (per_micro_batch is then exact, without cached accumulation's second pass)
     values = dict(
-        output_dir=out, seed=seed, max_steps=steps, epochs=10**6, batch_size=batch, micro_batch_size=batch,
+        output_dir=out, seed=seed, max_steps=steps, epochs=10**6, batch_size=batch, micro_batch_size=micro or batch,
         accumulation="per_micro_batch", lr=lr, warmup_steps=max(1, steps // 20), checkpoint_every=0, keep_last=1,
         progress=progress,
     )  # fmt: skip
@@ -83,44 +91,59 @@ def _data_overrides(root: Path, sd: SynthDenseConfig) -> list[str]:
     return ["data.format=synthdense", f"data.root={root}", *_dotted("data.synthdense", values)]
 
 
-# -- stage A -----------------------------------------------------------------------------------------------------
+# -- stage A and A2: the initialisation ----------------------------------------------------------------------
 def init_config(p: Profile, home: Path, progress: bool) -> Config:
+    """Stage A: a tiny CLIP from scratch on shape + colour coarse captions at a 32-token context (CLIP's stage)."""
     overrides = _model_overrides(p) + _data_overrides(home / "synthdense", pretrain_corpus(p))
-    overrides += _train_overrides(home / "run", 0, p.init_steps, p.init_batch_size, p.init_lr, progress)
+    overrides += _train_overrides(home / "stage_a" / "run", 0, p.init_steps, p.init_batch_size, p.init_lr, progress)
     overrides += ["data.train_split=coarse_colours", "train.eval_every=0", "train.grad_clip=5.0"]
     return load_config(None, overrides)
 
 
+def a2_config(p: Profile, home: Path, progress: bool) -> Config:
+    """Stage A2 (Long-CLIP's stage): stage A stretched to `context_length` positions, trained with InfoNCE and a
+    learnable scale on the layout captions (dense, without size and texture) of the same pre-training scenes."""
+    overrides = [f"model.name={home / 'stage_a' / 'model'}", f"model.context_length={p.context_length}"]
+    overrides += [*_data_overrides(home / "synthdense", pretrain_corpus(p)), "data.train_split=pretrain_layout"]
+    overrides += _train_overrides(home / "stage_a2" / "run", 0, p.a2_steps, p.a2_batch_size, p.a2_lr, progress)
+    return load_config(None, [*overrides, "train.eval_every=0", "train.grad_clip=5.0"])
+
+
 def init_key(p: Profile) -> str:
-    """What determines the init: the recipe version, model sizes, corpus, steps, lr and batch size."""
-    fields = {k: v for k, v in asdict(p).items() if k.startswith("init_") or k in _INIT_FIELDS}
+    """What determines the init (both stages): the recipe version, model sizes, corpus, steps, lr and batch sizes."""
+    fields = {k: v for k, v in asdict(p).items() if k.startswith(("init_", "a2_")) or k in _INIT_FIELDS}
     blob = json.dumps({"v": INIT_VERSION, **fields, "corpus": asdict(pretrain_corpus(p))}, sort_keys=True)
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
 
-_INIT_FIELDS = ("width", "layers", "image_size", "patch_size", "pretrain_scenes")
+_INIT_FIELDS = ("width", "layers", "image_size", "patch_size", "pretrain_scenes", "context_length")
+
+
+def init_home(p: Profile, cache: Path) -> Path:
+    return cache / f"demo-init-{init_key(p)}"
 
 
 @dataclass
 class Init:
-    model_dir: Path
-    seconds: float  # what stage A took when it was made
+    model_dir: Path  # stage A2's model: what every arm starts from
+    seconds: float  # what both stages took when they were made
     reused: bool
-    record: dict
+    record: dict  # per stage: seconds, steps, final loss and scale; "stage_a_dir"
+
+    @property
+    def stage_a_dir(self) -> Path:
+        return Path(self.record["stage_a_dir"])
 
 
-def ensure_init(p: Profile, cache: Path, progress: bool = True) -> Init:
-    """The cached stage-A checkpoint for profile `p`, training it first when the cache has none."""
-    home = cache / f"demo-init-{init_key(p)}"
-    record_path = home / "init.json"
-    if record_path.is_file():
-        record = json.loads(record_path.read_text())
-        return Init(home / "model", record["seconds"], True, record)
+def _run_stage(cfg: Config, home: Path, steps: int) -> dict:
+    """Train one stage into `home` (config.yaml, run/, model/); its record, written last as `home`/done.json."""
     from sharpclip.models.factory import save_checkpoint
     from sharpclip.train.run import build_trainer
 
+    done = home / "done.json"
+    if done.is_file():  # an interrupted demo keeps a finished stage A
+        return json.loads(done.read_text())
     start = time.perf_counter()
-    cfg = init_config(p, home, progress)
     home.mkdir(parents=True, exist_ok=True)
     (home / "config.yaml").write_text(to_yaml(cfg))
     # the cache's own run folder: a stage A interrupted before init.json was written is redone from scratch
@@ -129,10 +152,25 @@ def ensure_init(p: Profile, cache: Path, progress: bool = True) -> Init:
         trainer.fit()
     save_checkpoint(trainer.model, home / "model", cfg.model)
     last = _last_step(home / "run" / "metrics.jsonl")
-    record = {"seconds": time.perf_counter() - start, "steps": p.init_steps, "final_loss": last.get("loss")}
+    record = {"seconds": time.perf_counter() - start, "steps": steps, "final_loss": last.get("loss")}
     record["final_scale"] = last.get("logit_scale")
+    done.write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def ensure_init(p: Profile, cache: Path, progress: bool = True) -> Init:
+    """The cached two-stage init for profile `p` (stage A, then A2 from it), training what the cache lacks."""
+    home = init_home(p, cache)
+    record_path = home / "init.json"
+    if record_path.is_file():
+        record = json.loads(record_path.read_text())
+        return Init(home / "stage_a2" / "model", record["seconds"], True, record)
+    stage_a = _run_stage(init_config(p, home, progress), home / "stage_a", p.init_steps)
+    stage_a2 = _run_stage(a2_config(p, home, progress), home / "stage_a2", p.a2_steps)
+    record = {"seconds": stage_a["seconds"] + stage_a2["seconds"], "stage_a": stage_a, "stage_a2": stage_a2}
+    record["stage_a_dir"] = str(home / "stage_a" / "model")
     record_path.write_text(json.dumps(record, indent=2) + "\n")  # written last: its presence marks a complete init
-    return Init(home / "model", record["seconds"], False, record)
+    return Init(home / "stage_a2" / "model", record["seconds"], False, record)
 
 
 def _last_step(path: Path) -> dict:
@@ -168,7 +206,8 @@ def arm_config(p: Profile, arm: Arm, init: Path, data_root: Path, out: Path, see
     overrides = [f"model.name={init}", f"model.context_length={p.context_length}"]  # the Long-CLIP stretch
     overrides += ["model.logit_scale_learnable=false", f"model.logit_scale_init={SCALE}"]
     overrides += [*_data_overrides(data_root, corpus(p)), "data.train_split=train", "data.eval_split=test"]
-    overrides += [*_train_overrides(out, seed, p.steps, p.batch_size, p.lr, progress), "train.eval_every=1"]
+    overrides += _train_overrides(out, seed, p.steps, p.batch_size, p.lr, progress, p.micro_batch_size)
+    overrides.append("train.eval_every=1")
     if arm.name == "infonce":  # Fig. 4 is measured along the InfoNCE trajectory (both losses' gradients, same batch)
         overrides.append(f"train.diagnostics_every={max(1, p.steps // p.diagnostics)}")
     return load_config(None, overrides + list(arm.overrides) + term_overrides(arm))

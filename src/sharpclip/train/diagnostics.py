@@ -7,11 +7,15 @@ For the step's global batch, both objectives of the paper's analysis are evaluat
     (the paper's "exact zero in fp32": the softmax residual underflowed for every row),
     and the batch's Ḡ statistics: mean off-diagonal caption similarity and mean hardest companion.
 
-Each gradient is the full effective-batch gradient, computed with the same exact accumulation as training, and
-averaged across ranks. The record's fields (read by analysis/dynamics.py):
+Each gradient is the full effective-batch gradient, computed with the accumulation training uses, and averaged
+across ranks. The record's fields (read by analysis/dynamics.py):
 
     step, epoch, loss_infonce, loss_hn, grad_norm_infonce, grad_norm_hn, grad_norm_ratio (hn / infonce),
     grad_cosine, grad_zero_infonce, grad_zero_hn, margin_mean, margin_hardest, batch_rows
+
+Under per_micro_batch accumulation every micro-batch is its own contrastive problem (HN-CLIP's 16 × 8), so the
+record also lists, per micro-batch, its InfoNCE and whether its own InfoNCE gradient is exactly zero
+(micro_loss_infonce, micro_grad_zero_infonce); the step's gradient is their mean, as in training.
 """
 
 from __future__ import annotations
@@ -42,17 +46,41 @@ def margin_stats(text: Tensor) -> dict[str, float]:
     return {"margin_mean": float(g.sum() / max(1, b * (b - 1))), "margin_hardest": float(off.max(dim=1).values.mean())}
 
 
+def _per_micro_batch(encoder: FeatureEncoder, micro: list[Batch], fn, params: list, record: dict) -> tuple:
+    """Each micro-batch's own loss and gradient; returns (mean loss, mean gradient) and fills the per-micro lists."""
+    losses, total = [], None
+    for mb in micro:
+        encoder.model.zero_grad(set_to_none=True)
+        feats = distributed.gather_features(encoder(mb))
+        loss = fn(feats["image"], feats["text"], encoder.model.logit_scale)
+        loss.backward()
+        grad = _flat_grad(params)
+        losses.append(float(loss.detach()))
+        record.setdefault("_zero", []).append(float(grad.norm() == 0.0))
+        record.setdefault("_margin", []).append(margin_stats(feats["text"].detach()))
+        total = grad / len(micro) if total is None else total + grad / len(micro)
+    return sum(losses) / len(losses), total, losses
+
+
 def gradient_diagnostics(
-    encoder: FeatureEncoder, batch: Batch, micro_batch_size: int, gamma: float = 0.5
+    encoder: FeatureEncoder, batch: Batch, micro_batch_size: int, gamma: float = 0.5, accumulation: str = "exact"
 ) -> dict[str, float]:
     """Both objectives' losses and gradients on `batch`; leaves every `.grad` zeroed."""
     model = encoder.model
     params = [p for p in model.parameters() if p.requires_grad]
     micro = split_rows(to_model_device(batch, model), micro_batch_size)
-    record: dict[str, float] = {}
+    record: dict = {}
     grads = {}
     for name, fn in (("infonce", infonce), ("hn", lambda i, t, s: hn_clip(i, t, s, gamma=gamma))):
         model.zero_grad(set_to_none=True)
+        if accumulation == "per_micro_batch":
+            parts: dict = {}
+            record[f"loss_{name}"], grads[name], losses = _per_micro_batch(encoder, micro, fn, params, parts)
+            record[f"micro_loss_{name}"], record[f"micro_grad_zero_{name}"] = losses, parts["_zero"]
+            record["margin_mean"] = sum(m["margin_mean"] for m in parts["_margin"]) / len(micro)
+            record["margin_hardest"] = sum(m["margin_hardest"] for m in parts["_margin"]) / len(micro)
+            record["batch_rows"] = len(batch)
+            continue
 
         def loss_fn(feats: Mapping[str, Tensor], fn=fn, name=name) -> dict[str, Tensor]:
             if name == "hn":

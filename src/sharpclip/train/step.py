@@ -128,8 +128,8 @@ def with_edits(feats: Mapping[str, Tensor], source: Tensor, target: Tensor) -> d
 @dataclass
 class StepResult:
     terms: dict[str, float]  # every loss term and the total, averaged as the accumulation mode defines
-    monitor: dict[str, float]  # InfoNCE on the same global batch (detached) and its share of saturated rows
-    rows: int  # rows in the global contrastive matrix
+    monitor: dict[str, float]  # InfoNCE of the step's contrastive matrices (detached): see `combine_monitors`
+    rows: int  # rows the step trained on (global), over all its contrastive matrices
 
 
 def saturation_monitor(feats: Mapping[str, Tensor], logit_scale: Tensor) -> dict[str, float]:
@@ -144,6 +144,22 @@ def saturation_monitor(feats: Mapping[str, Tensor], logit_scale: Tensor) -> dict
         return {"infonce": float(per_row.mean()), "rows_saturated": float((per_row < SATURATED).float().mean())}
 
 
+def combine_monitors(parts: list[dict[str, float]]) -> dict[str, float]:
+    """One step's monitor from its contrastive matrices (one under exact accumulation, one per micro-batch under
+    per_micro_batch): mean InfoNCE and saturated-row share (row-weighted), the share of matrices whose InfoNCE is
+    below 1e-3 (`saturated`: HN-CLIP §2.1 counts batches of 16) and how many matrices there were."""
+    measured = [m for m in parts if "infonce" in m]
+    if not measured:
+        return {}
+    rows = sum(m["rows"] for m in measured)
+    return {
+        "infonce": sum(m["infonce"] * m["rows"] for m in measured) / rows,
+        "rows_saturated": sum(m["rows_saturated"] * m["rows"] for m in measured) / rows,
+        "saturated": sum(m["infonce"] < SATURATED for m in measured) / len(measured),
+        "matrices": float(len(measured)),
+    }
+
+
 def run_step(
     encoder: FeatureEncoder | DistillEncoder,
     objective: Objective,
@@ -155,7 +171,7 @@ def run_step(
     model = encoder.model
     batch = to_model_device(batch, model)  # once for the whole step, before the micro-batches are cut
     model_inputs = {"logit_scale": model.logit_scale, "logit_bias": model.logit_bias}
-    monitor: dict[str, float] = {}
+    monitors: list[dict[str, float]] = []  # one per contrastive matrix (per micro-batch under per_micro_batch)
 
     def prepare(feats: Mapping[str, Tensor]) -> dict[str, Tensor]:
         if "image" in feats:
@@ -163,9 +179,10 @@ def run_step(
         return distributed.gather_features(feats)
 
     def loss_fn(feats: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        monitor = {"rows": float(len(next(iter(feats.values()))))}
         if "image" in feats and "text" in feats:
             monitor.update(saturation_monitor(feats, model.logit_scale))
-        monitor["rows"] = len(next(iter(feats.values())))
+        monitors.append(monitor)
         return objective({**feats, **model_inputs})
 
     micro = split_rows(batch, micro_batch_size)
@@ -175,5 +192,5 @@ def run_step(
         if len(batch.edit_source) and len(micro) > 1:
             raise ValueError("per_micro_batch accumulation cannot keep edit pairs together; use accumulation: exact")
         terms = per_micro_batch_step(encoder, micro, loss_fn, gather=prepare)
-    rows = int(monitor.pop("rows"))
-    return StepResult({k: float(v) for k, v in terms.items()}, monitor, rows)
+    rows = int(sum(m["rows"] for m in monitors))
+    return StepResult({k: float(v) for k, v in terms.items()}, combine_monitors(monitors), rows)

@@ -39,7 +39,7 @@ from sharpclip.train import checkpoint, distributed
 from sharpclip.train.diagnostics import gradient_diagnostics
 from sharpclip.train.logging import RunLogger, log, progress
 from sharpclip.train.optim import build_optimizer, build_scheduler, clamp_logit_scale, lr_for
-from sharpclip.train.step import SATURATED, DistillEncoder, FeatureEncoder, run_step
+from sharpclip.train.step import DistillEncoder, FeatureEncoder, run_step
 
 Evaluate = Callable[[DualEncoder], dict[str, float]]
 
@@ -156,13 +156,13 @@ class Trainer:
         if self._resume_rng is not None:  # after the iterator drew its seed (see resume)
             checkpoint.set_rng_state(self._resume_rng, self.device)
             self._resume_rng = None
-        saturated = []
+        saturated = []  # (saturated, all) contrastive matrices of each step
         for batch in self._steps(batches):
             record = self._train_step(batch)
             if record is None:  # a skipped (non-finite) step: nothing to count, log or save
                 continue
-            if "infonce_monitor" in record:
-                saturated.append(record["infonce_monitor"] < SATURATED)
+            if "matrices_monitor" in record:
+                saturated.append((record["saturated_monitor"] * record["matrices_monitor"], record["matrices_monitor"]))
             bar.update(1)
             bar.set_postfix(loss=f"{record['loss']:.4f}", scale=f"{record['logit_scale']:.1f}")
             if self.cfg.checkpoint_every and self.state.step % self.cfg.checkpoint_every == 0:
@@ -176,10 +176,10 @@ class Trainer:
                 return
             yield batch
 
-    def _end_epoch(self, saturated: list[bool]) -> None:
-        if saturated:  # image-caption objectives: HN-CLIP §2.1's saturation share of this epoch
-            share = sum(saturated) / len(saturated)
-            log.info("epoch %d: %.1f%% of batches had InfoNCE < 1e-3", self.state.epoch, 100 * share)
+    def _end_epoch(self, saturated: list[tuple[float, float]]) -> None:
+        if saturated:  # image-caption objectives: HN-CLIP §2.1's saturation share of this epoch's batches
+            share = sum(s for s, _ in saturated) / sum(n for _, n in saturated)
+            log.info("epoch %d: %.1f%% of contrastive batches had InfoNCE < 1e-3", self.state.epoch, 100 * share)
             self.logger.step({"step": self.state.step, "epoch": self.state.epoch, "saturated_batches": share})
         metrics = self._evaluate()  # recorded under this epoch's index, as its steps are
         self.state.epoch += 1  # every rank evaluates the same model on the same data: same decision below
@@ -304,7 +304,8 @@ class Trainer:
         )
 
     def _diagnose(self, batch: Batch) -> None:
-        record = gradient_diagnostics(self.encoder, batch, self.micro, self.cfg.diagnostics_gamma)
+        cfg = self.cfg
+        record = gradient_diagnostics(self.encoder, batch, self.micro, cfg.diagnostics_gamma, cfg.accumulation)
         self.logger.diagnose({"step": self.state.step, "epoch": self.state.epoch, **record})
 
     # -- checkpoints ------------------------------------------------------------------------------------------
