@@ -136,7 +136,7 @@ class SynthDenseConfig:
     resolution: int = 64  # rendered image side in pixels
     min_objects: int = 3
     max_objects: int = 5
-    train_families: int = 9000  # the prototype's v1: independent scenes (train_family_size 1) train as well
+    train_families: int = 9000  # independent scenes (train_family_size 1) train as well as families
     train_family_size: int = 1
     test_families: int = 150
     test_family_size: int = 6  # a base scene and 5 near-duplicates, each 1 or 2 attributes of one object apart
