@@ -151,11 +151,11 @@ def _add_blend(sub: argparse._SubParsersAction) -> None:
 
     def run(args: argparse.Namespace) -> int:
         from sharpclip.analysis.wise_ft import parse_alphas, run_blend
-        from sharpclip.eval.guards import Guard
+        from sharpclip.eval.guards import parse_guard
 
         try:
             alphas = parse_alphas(args.sweep) if args.sweep else [args.alpha]
-            guards = [Guard.parse(g) for g in args.guard]
+            guards = [parse_guard(g) for g in args.guard]
             written = run_blend(
                 args.init, args.finetuned, args.to, _load(args), alphas, args.target, guards, args.best, args.force
             )

@@ -136,7 +136,7 @@ class SynthDenseConfig:
     resolution: int = 64  # rendered image side in pixels
     min_objects: int = 3
     max_objects: int = 5
-    train_families: int = 9000  # the prototype's v1: independent scenes (train_family_size 1) train as well
+    train_families: int = 9000  # independent scenes (train_family_size 1) train as well as families
     train_family_size: int = 1
     test_families: int = 150
     test_family_size: int = 6  # a base scene and 5 near-duplicates, each 1 or 2 attributes of one object apart
@@ -278,6 +278,22 @@ DEFAULT_TERMS = {"contrastive": TermConfig("infonce")}
 
 
 @dataclass
+class GuardConfig:
+    """A forgetting guard (train.guards; eval.guards does the arithmetic): one evaluation number, `suite/key/…`
+    (e.g. `zeroshot/top1`, `coco/mean_R@1`), evaluated at every validation as its change from the initial model;
+    with `max_drop`, a checkpoint that lost more points than that cannot become the best one."""
+
+    metric: str = ""
+    max_drop: float | None = None
+
+    def __post_init__(self) -> None:
+        if "/" not in self.metric:
+            raise ConfigError(f"train.guards: metric {self.metric!r} must be suite/key, e.g. zeroshot/top1")
+        if self.max_drop is not None and not self.max_drop >= 0:
+            raise ConfigError(f"train.guards ({self.metric}): max_drop must be >= 0 points, got {self.max_drop}")
+
+
+@dataclass
 class TrainConfig:
     """The optimisation loop (train.Trainer)."""
 
@@ -311,6 +327,8 @@ class TrainConfig:
     wandb: bool = False
     wandb_project: str = "sharpclip"
     wandb_name: str = ""  # the W&B run name; default: the run directory's name
+    # forgetting guards, evaluated with the validation (eval.* settings; the initial model once, before step 0)
+    guards: list[GuardConfig] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         _check_choice("train.accumulation", self.accumulation, ("exact", "per_micro_batch"))
@@ -339,6 +357,8 @@ class TrainConfig:
                 f"train.best_metric: {self.best_metric!r} is not a validation metric; use one of "
                 f"{', '.join(VALIDATION_METRICS)}"
             )
+        if self.guards and not self.eval_every:
+            raise ConfigError("train.guards are evaluated with the validation: set train.eval_every >= 1")
 
 
 @dataclass

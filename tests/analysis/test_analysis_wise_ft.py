@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from _support.finetuned_run import finetuned_run, init_checkpoint
-from sharpclip.analysis.wise_ft import parse_alphas, suites_needed
+from sharpclip.analysis.wise_ft import parse_alphas
 from sharpclip.cli import main
 from sharpclip.config import EvalConfig
-from sharpclip.eval.guards import Guard
+from sharpclip.eval.guards import suites_for
 from sharpclip.eval.suite import run_suite
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "data"
@@ -48,4 +48,4 @@ def test_alpha_lists_and_suites() -> None:
         parse_alphas("0,1.2")
     with pytest.raises(ValueError, match="comma-separated"):
         parse_alphas("0;1")
-    assert suites_needed("docci/mean_R@1", [Guard("zeroshot/top1"), Guard("docci/t2i/R@5")]) == ["docci", "zeroshot"]
+    assert suites_for(["docci/mean_R@1", "zeroshot/top1", "docci/t2i/R@5"]) == ["docci", "zeroshot"]

@@ -1,4 +1,4 @@
-"""The command line's errors (issue 11, item 16): sharpclip's own errors are one line on stderr and exit 2, with a
+"""The command line's errors: sharpclip's own errors are one line on stderr and exit 2, with a
 traceback only under --debug or SHARPCLIP_DEBUG=1; a full disk and a missing eval split say what to do."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Config validation at load (issue 11, item 15): each bad value is a ConfigError naming its key, before any work."""
+"""Config validation at load: each bad value is a ConfigError naming its key, before any work."""
 
 from __future__ import annotations
 

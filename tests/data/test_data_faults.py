@@ -1,4 +1,4 @@
-"""Data faults (issue 11, items 10, 11, 13): non-UTF-8 captions are bad samples with file:line; 16-bit, 32-bit and
+"""Data faults: non-UTF-8 captions are bad samples with file:line; 16-bit, 32-bit and
 float images are scaled to 8 bits, not clipped white; images above data.max_image_pixels are bad samples; a batch
 whose every sample is bad is skipped and counted, and shrunken batches are logged."""
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sharpclip.eval.guards import Guard, crossed_floors, guard_deltas, metric_value, pick_guarded
+from sharpclip.eval.guards import Guard, crossed_floors, guard_deltas, metric_value, parse_guard, pick_guarded
 
 REPORT = {"coco": {"t2i": {"R@1": 40.0}, "i2t": {"R@1": 50.0}}, "zeroshot": {"top1": 62.5}}
 
@@ -20,12 +20,12 @@ def test_metric_paths_and_the_derived_mean_r1() -> None:
 
 
 def test_guard_parsing() -> None:
-    assert Guard.parse("zeroshot/top1:2") == Guard("zeroshot/top1", 2.0)
-    assert Guard.parse("coco/mean_R@1") == Guard("coco/mean_R@1", None)
+    assert parse_guard("zeroshot/top1:2") == Guard("zeroshot/top1", 2.0)
+    assert parse_guard("coco/mean_R@1") == Guard("coco/mean_R@1", None)
     with pytest.raises(ValueError, match="suite/metric"):
-        Guard.parse("top1:2")
+        parse_guard("top1:2")
     with pytest.raises(ValueError, match="not a number"):
-        Guard.parse("zeroshot/top1:two")
+        parse_guard("zeroshot/top1:two")
 
 
 def test_deltas_are_against_the_initial_evaluation() -> None:

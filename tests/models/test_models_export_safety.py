@@ -1,4 +1,4 @@
-"""Export targets and model loading (issue 11, items 8-9): no export over old files unless --force (which empties
+"""Export targets and model loading: no export over old files unless --force (which empties
 first), never into a run's checkpoints/ or onto its source or a file; weights that do not fit their model, and
 corrupt safetensors, are errors naming the keys or the file; no message suggests weights_only=False."""
 

@@ -1,4 +1,4 @@
-"""Numerical faults (issue 11, item 7): a diverged update is reported as such and its weights never resumed from,
+"""Numerical faults: a diverged update is reported as such and its weights never resumed from,
 non-finite weights stop the run before any checkpoint, and the logit scale is clamped to [0, ln 100]."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Resume (issue 11, items 4-6): it writes into the directory it was given, finds a checkpoint's run two levels up,
+"""Resume: it writes into the directory it was given, finds a checkpoint's run two levels up,
 applies only what may change (the schedule rebuilt), refuses the rest with saved → new, falls back from a corrupt
 newest checkpoint naming the bad file, and never logs a step twice."""
 

@@ -1,4 +1,4 @@
-"""Run directories (issue 11, items 1-3): a fresh run refuses a non-empty directory, --overwrite empties it,
+"""Run directories: a fresh run refuses a non-empty directory, --overwrite empties it,
 pruning keeps the newest and the best, keep_last >= 1, and a lock keeps a second run out (a stale one is taken over)."""
 
 from __future__ import annotations

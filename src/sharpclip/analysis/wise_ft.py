@@ -15,7 +15,7 @@ from typing import Any
 
 from sharpclip.analysis.plots import fig_wise_ft
 from sharpclip.config import Config, DataConfig, EvalConfig
-from sharpclip.eval.guards import Guard, guard_deltas, metric_value, pick_guarded
+from sharpclip.eval.guards import Guard, guard_deltas, metric_value, pick_guarded, suites_for
 from sharpclip.eval.suite import run_suite
 from sharpclip.models.blend import WeightBlend
 from sharpclip.models.factory import save_checkpoint
@@ -32,11 +32,6 @@ def parse_alphas(spec: str) -> list[float]:
     return alphas
 
 
-def suites_needed(target: str, guards: Sequence[Guard]) -> list[str]:
-    """The evaluation suites the target and guard paths name, in order, each once."""
-    return list(dict.fromkeys(path.split("/")[0] for path in [target, *(g.metric for g in guards)]))
-
-
 def sweep(
     blend: WeightBlend,
     alphas: Sequence[float],
@@ -46,7 +41,7 @@ def sweep(
     guards: Sequence[Guard],
 ) -> dict[str, Any]:
     """{"target", "guards", "initial", "points": [{alpha, target, guard values, deltas}], "best_alpha"}."""
-    cfg = replace(eval_cfg, suites=suites_needed(target, guards))
+    cfg = replace(eval_cfg, suites=suites_for([target, *(g.metric for g in guards)]))
     reports = {a: run_suite(blend.at(a), cfg, data_cfg).results for a in sorted({0.0, *alphas})}
     initial = reports[0.0]
     points = [

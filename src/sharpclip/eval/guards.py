@@ -1,9 +1,9 @@
 """Forgetting guards: evaluation numbers that fine-tuning must not give away, measured against the initial model.
 
-A guard names one number of an evaluation report by its path, `suite/key/…` (e.g. `zeroshot/top1`,
+A guard (config.GuardConfig) names one number of an evaluation report by its path, `suite/key/…` (e.g. `zeroshot/top1`,
 `coco/t2i/R@1`, or `coco/mean_R@1`, the mean of a retrieval suite's t2i and i2t R@1), and optionally a floor:
-`max_drop` points below the initial model's value. Everything here is pure arithmetic on reports; the trainer and
-`sharpclip blend --sweep` decide when to evaluate.
+`max_drop` points below the initial model's value. Apart from `evaluate_guards`, everything here is arithmetic on
+reports; the trainer (train.guards) and `sharpclip blend --sweep` decide when to evaluate.
 
 The floor rule (picking a checkpoint or a WiSE-FT α): among the candidates whose every floored guard holds, the one
 with the highest target metric; ties go to the earliest candidate. When no candidate holds, there is no pick.
@@ -12,29 +12,52 @@ with the highest target metric; ties go to the earliest candidate. When no candi
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
+from sharpclip.config import DataConfig, EvalConfig, GuardConfig
+
 MEAN_R1 = "mean_R@1"  # derived key of a retrieval suite: (t2i R@1 + i2t R@1) / 2
+GUARDS_HOLD = "guards_hold"  # validation key: 1.0 when every floored guard holds (train.Trainer's best rule)
+Guard = GuardConfig  # a guard: `metric` (report path) and `max_drop` (points; None: watched only)
 
 
-@dataclass(frozen=True)
-class Guard:
-    """One guarded number: its report path and the largest drop (points) that still holds (None: watched only)."""
+def parse_guard(spec: str) -> Guard:
+    """`suite/key[:max_drop]`, e.g. `zeroshot/top1:2.0` (the command-line form)."""
+    path, _, drop = spec.partition(":")
+    if "/" not in path:
+        raise ValueError(f"guard {spec!r}: expected suite/metric[:max_drop], e.g. zeroshot/top1:2.0")
+    try:
+        value = float(drop) if drop else None
+    except ValueError:
+        raise ValueError(f"guard {spec!r}: max_drop {drop!r} is not a number") from None
+    return Guard(path, value)
 
-    metric: str
-    max_drop: float | None = None
 
-    @classmethod
-    def parse(cls, spec: str) -> Guard:
-        """`suite/key[:max_drop]`, e.g. `zeroshot/top1:2.0` (the command-line form)."""
-        path, _, drop = spec.partition(":")
-        if "/" not in path:
-            raise ValueError(f"guard {spec!r}: expected suite/metric[:max_drop], e.g. zeroshot/top1:2.0")
-        try:
-            return cls(path, float(drop) if drop else None)
-        except ValueError:
-            raise ValueError(f"guard {spec!r}: max_drop {drop!r} is not a number") from None
+def suites_for(paths: Sequence[str]) -> list[str]:
+    """The evaluation suites that metric paths name, in order, each once."""
+    return list(dict.fromkeys(path.split("/")[0] for path in paths))
+
+
+def evaluate_guards(model: Any, guards: Sequence[Guard], cfg: EvalConfig, data: DataConfig | None) -> dict[str, Any]:
+    """The evaluation report of the guards' suites for `model`, on the device its parameters are on (a model being
+    trained is never moved), without progress bars."""
+    from sharpclip.eval.suite import run_suite
+
+    device = str(next(model.parameters()).device)
+    suites = suites_for([g.metric for g in guards])
+    return run_suite(model, replace(cfg, suites=suites, device=device, progress=False), data).results
+
+
+def guard_metrics(
+    report: Mapping[str, Any], initial: Mapping[str, Any], guards: Sequence[Guard]
+) -> tuple[dict[str, float], list[str]]:
+    """What a validation records for the guards — `guard/<metric>` values, `guard_delta/<metric>` changes from the
+    initial model and GUARDS_HOLD (1.0 or 0.0) — and the floors crossed (`crossed_floors`)."""
+    deltas = guard_deltas(report, initial, guards)
+    crossed = crossed_floors(deltas, guards)
+    values = {f"guard/{g.metric}": metric_value(report, g.metric) for g in guards}
+    return {**values, **{f"guard_delta/{m}": d for m, d in deltas.items()}, GUARDS_HOLD: float(not crossed)}, crossed
 
 
 def metric_value(report: Mapping[str, Any], path: str) -> float:

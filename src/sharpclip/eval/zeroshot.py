@@ -1,6 +1,6 @@
 """Zero-shot classification: class names × prompt templates → a text classifier, top-1 / top-5 accuracy.
 
-Follows open_clip's `build_zero_shot_classifier` (methods.md §1.5): for each class, encode every template filled with
+Follows open_clip's `build_zero_shot_classifier`: for each class, encode every template filled with
 the class name, L2-normalise, average, re-normalise, giving W: (D, C); logits = img @ W. A class is in the top K when
 its rank, under the same tie policy as retrieval (eval/metrics.py), is < K. Images come from a folder per class
 (`root/<class name>/*.jpg`, ImageNet-style) or from a CSV with columns `filepath,label` (label: a class name).

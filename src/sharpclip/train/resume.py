@@ -14,9 +14,9 @@ by its longest prefix in `APPLIED` or `REFUSED` (tests/train/test_train_resume.p
   current step (`lr × warmup_cosine(step; warmup_steps, total steps, min_lr_ratio)`), as if the run had used that
   schedule from the start;
 - refused (the saved state would not mean what the new value says): the model, the data, the objective, the batch
-  and micro-batch sizes, accumulation, seed, precision, weight decay, per-module learning rates, the best metric.
-  A refused change is an error listing saved → new for each key; start a new run from the checkpoint instead
-  (`model.name=RUN/checkpoints/step-N train.output_dir=NEW`).
+  and micro-batch sizes, accumulation, seed, precision, weight decay, per-module learning rates, the best metric,
+  the guards. A refused change is an error listing saved → new for each key; start a new run from the checkpoint
+  instead (`model.name=RUN/checkpoints/step-N train.output_dir=NEW`).
 
 The applied changes are logged and appended to RUN/resumes.jsonl; config.yaml is rewritten only once the resume
 has succeeded, so it never records a value the run did not use.
@@ -43,7 +43,7 @@ APPLIED = (
 )  # fmt: skip
 REFUSED = (
     "model", "data", "loss", "train.seed", "train.batch_size", "train.micro_batch_size", "train.accumulation",
-    "train.precision", "train.weight_decay", "train.module_lr", "train.best_metric",
+    "train.precision", "train.weight_decay", "train.module_lr", "train.best_metric", "train.guards",
 )  # fmt: skip
 WHERE = "train.output_dir"  # not a setting: a resume writes into the directory it was given
 

@@ -21,7 +21,7 @@ import copy
 import json
 import logging
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -38,6 +38,7 @@ from sharpclip.train.trainer import Trainer, TrainerState
 
 RESOLVED_CONFIG = resume_policy.RESOLVED_CONFIG
 RESUMES = "resumes.jsonl"  # one line per resume: the step, the checkpoint and the settings it changed
+GUARDS_INITIAL = "guards_initial.json"  # the guards' evaluation report of the initial model (train.guards)
 
 
 def seed_everything(seed: int) -> None:
@@ -99,6 +100,34 @@ def checked_validation_samples(data: DataConfig, train_samples: list | None) -> 
     what = f"validation split {data.eval_split!r} of {data.format} at {data.root or 'the cache'}"
     check_overlap(sample_images(train_samples), sample_images(held_out), what, data.overlap)
     return held_out
+
+
+def guarded_validator(evaluate: Callable, model: DualEncoder, cfg: Config, data: DataConfig, run_dir: Path) -> Callable:
+    """`evaluate` plus the forgetting guards (train.guards), each recorded as its change from the initial model.
+
+    `model` is the initial model (built, not yet trained or resumed): it is evaluated once and its report kept in
+    RUN/guards_initial.json, which a resume reads back instead of evaluating the trained weights as "initial".
+    """
+    from sharpclip.eval.guards import evaluate_guards, guard_metrics
+
+    guards, path = cfg.train.guards, run_dir / GUARDS_INITIAL
+    if path.is_file():
+        initial = json.loads(path.read_text())
+    else:
+        initial = evaluate_guards(model, guards, cfg.eval, data)
+        if distributed.rank() == 0:  # atomically: another rank may be reading it (all ranks compute the same)
+            path.with_suffix(".tmp").write_text(json.dumps(initial, indent=2, default=float) + "\n")
+            path.with_suffix(".tmp").replace(path)
+    log.info("guards: %s, measured against the initial model (%s)", ", ".join(g.metric for g in guards), path.name)
+
+    def validate(model: DualEncoder) -> dict[str, float]:
+        metrics, crossed = guard_metrics(evaluate_guards(model, guards, cfg.eval, data), initial, guards)
+        if crossed:
+            log.warning("guards: floor crossed by %s; this evaluation cannot make its checkpoint the best",
+                        "; ".join(crossed))  # fmt: skip
+        return {**evaluate(model), **metrics}
+
+    return validate
 
 
 def log_model(model: DualEncoder, name: str) -> tuple[int, int]:
@@ -176,6 +205,8 @@ def build_trainer(cfg: Config) -> Trainer:
     if cfg.train.eval_every:
         held_out = checked_validation_samples(data, getattr(getattr(loader, "dataset", None), "samples", None))
         evaluate = retrieval_validator(model, data, data.eval_split, held_out)
+        if cfg.train.guards:
+            evaluate = guarded_validator(evaluate, model, cfg, data, Path(cfg.train.output_dir))
     frozen = None
     if "text_frozen" in objective.feature_keys:  # HN-CLIP Table 3c: Ḡ from the initial text tower, frozen
         frozen = copy.deepcopy(model).eval().requires_grad_(False)

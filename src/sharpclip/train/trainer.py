@@ -33,6 +33,7 @@ import torch
 from sharpclip import devices
 from sharpclip.config import TrainConfig
 from sharpclip.data.schema import Batch
+from sharpclip.eval.guards import GUARDS_HOLD
 from sharpclip.losses import Objective
 from sharpclip.models.base import DualEncoder
 from sharpclip.train import checkpoint, distributed
@@ -183,7 +184,8 @@ class Trainer:
             self.logger.step({"step": self.state.step, "epoch": self.state.epoch, "saturated_batches": share})
         metrics = self._evaluate()  # recorded under this epoch's index, as its steps are
         self.state.epoch += 1  # every rank evaluates the same model on the same data: same decision below
-        improved = metrics is not None and metrics.get(self.cfg.best_metric, -math.inf) > self.state.best
+        held = metrics is not None and metrics.get(GUARDS_HOLD, 1.0) == 1.0  # train.guards' floors (if any) hold
+        improved = held and metrics.get(self.cfg.best_metric, -math.inf) > self.state.best
         if improved:
             self.state.best = metrics[self.cfg.best_metric]
         self.save(best=improved)  # marked best before pruning, so pruning can never delete the new best
