@@ -1,4 +1,4 @@
-"""End to end: `sharpclip demo --quick` completes on CPU and its report has a row for every objective (issue 7).
+"""End to end: `sharpclip demo --quick` completes on CPU and its report has a row for every objective.
 
 This is the CI run of the demo (the quick sizes take about a minute on 2 cores, pre-training included); it asserts
 completion and the report's shape only, never the numbers, which a model of this size does not make meaningful.

@@ -1,7 +1,7 @@
 """What the demo runs: the sizes of each mode (quick / default / full) and the fine-tuning arms as config overrides.
 
 Every arm starts from the same stage-A2 initialisation with the same seed and the same budget (optimiser steps at the
-same batch size), so the table compares objectives and nothing else. The arms (issues 7, 13):
+same batch size), so the table compares objectives and nothing else. The arms:
 
     (a) infonce        InfoNCE, HN-CLIP eq. 1 (the control)
     (b) hn             HN-CLIP eq. 2, γ = 0.5, Ḡ recomputed every step
@@ -15,9 +15,9 @@ same batch size), so the table compares objectives and nothing else. The arms (i
     (e) hn_frozen      HN-CLIP with Ḡ from the frozen initial text tower (Table 3c)
     (f) hn_g*          the γ sweep {0.25, 0.75, 1.0} (0.5 is (b))
     (g) lora_*         LoRA (rank 8, both towers) with InfoNCE and with the boost
-    (h) hn_learn_s     (b) with a learnable logit scale (the others freeze it; the prototype saw the margin pull s down)
+    (h) hn_learn_s     (b) with a learnable logit scale (the others freeze it; the margin can pull s down)
 
-Sizes follow shared/reference/synthdense-feasibility.md, scaled to what 2 shared cores do in the time budget.
+Sizes are scaled to what 2 shared CPU cores do in the time budget (README, Reproduction).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ class Profile:
     """Sizes of one demo mode. Steps are optimiser steps of `batch_size` rows (the same for every arm)."""
 
     name: str
-    # model (config.TinyConfig): the prototype's width 96, 4 layers, 64 px ran at ~150 samples/s on its 2 cores but at
-    # 25-55 here (2 cores shared), so the default is smaller: width 64, 2 layers per tower, 48 px images
+    # model (config.TinyConfig): width 96, 4 layers, 64 px ran at only 25-55 samples/s on these 2 shared cores, so
+    # the default is smaller: width 64, 2 layers per tower, 48 px images
     width: int
     layers: int
     image_size: int
@@ -40,14 +40,14 @@ class Profile:
     patch_size: int = 8
     # SynthDense
     train_families: int = 2560  # independent scenes: 20 steps per epoch at batch 128
-    train_family_size: int = 1  # 1: independent scenes (the prototype's v1); 6: near-duplicate families in batches
+    train_family_size: int = 1  # 1: independent scenes; 6: near-duplicate families in batches
     test_families: int = 300  # × 6 near-duplicates = 1,800 test pairs (noise bar: see demo.report.noise)
     test_variants: str = "details"  # test siblings differ in size / texture only: what stage A2 never saw
     val_families: int = 40  # a second corpus (another seed): the per-epoch convergence curves
     edits: int = 512
     mmvp_pairs: int = 30  # per visual pattern (6 patterns: 180 pairs)
     pretrain_scenes: int = 8192
-    # stage A (the strong initialisation): shape + colour coarse captions (the prototype's A2), from scratch, at a
+    # stage A (the strong initialisation): shape + colour coarse captions, from scratch, at a
     # 32-token context (coarse captions have at most 25 tokens), then stretched to `context_length` by Long-CLIP's
     # rule (first 20 positions kept and frozen, the other 12 interpolated by an integer factor, here 11): the text
     # tower costs ~4.5× less in stage A

@@ -183,7 +183,7 @@ def _saturation(results: Results) -> dict[str, str]:
 
 
 def _headroom(results: Results) -> dict[str, str]:
-    """The demo's own design test (issue 13): InfoNCE still learns the task although it saturates."""
+    """The demo's own design test: InfoNCE still learns the task although it saturates."""
     what = "the task has headroom: InfoNCE gains ≥ 5 R@1 and within-family R@1 over the A2 init while saturating"
     r1, within = gains(results, BASELINE, "mean_R@1", INIT), gains(results, BASELINE, "within_mean_R@1", INIT)
     sat = values(results, BASELINE, "train", "sat_batches_ep1")
@@ -228,7 +228,7 @@ def _plateau(results: Results) -> dict[str, str]:
 
 
 def _scale(results: Results) -> dict[str, str]:
-    what = "a learnable logit scale sinks under the margin (prototype: 48 → 18)"
+    what = "a learnable logit scale sinks under the margin"
     learned = values(results, "hn_learn_s", "train", "final_scale")
     if not learned:
         return {"claim": what, "measured": "not run (needs --full)", "verdict": "not run"}

@@ -5,7 +5,7 @@ together under `<cache>/demo-init-<key>/` (the key hashes everything that determ
 reuses both; a finished stage A survives an interrupted stage A2):
 
 - stage A (`stage_a/`, CLIP's stage): a tiny CLIP from scratch on SynthDense's shape + colour coarse captions ("a
-  picture of a red circle, ..."), the recipe the prototype found to work, at a 32-token context (coarse captions
+  picture of a red circle, ..."), at a 32-token context (shape-only captions proved too weak an init) (coarse captions
   fit in 25 tokens);
 - stage A2 (`stage_a2/`, Long-CLIP's stage): stage A stretched to the dense captions' 152 positions by Long-CLIP's
   rule (models.long_context: 20 positions kept and frozen, the rest interpolated) and trained with InfoNCE and a
@@ -37,7 +37,7 @@ INIT_VERSION = 2  # bump when stage A's recipe changes, so caches of the old one
 
 
 def corpus(p: Profile) -> SynthDenseConfig:
-    """The fine-tuning corpus: independent training scenes (the prototype's v1), test families, edits, MMVP pairs."""
+    """The fine-tuning corpus: independent training scenes, test families, edits, MMVP pairs."""
     return SynthDenseConfig(
         resolution=p.image_size, train_families=p.train_families, train_family_size=p.train_family_size,
         test_families=p.test_families, test_variants=p.test_variants, pretrain_scenes=0, edits=p.edits,
