@@ -183,7 +183,8 @@ class Trainer:
             log.info("epoch %d: %.1f%% of contrastive batches had InfoNCE < 1e-3", self.state.epoch, 100 * share)
             self.logger.step({"step": self.state.step, "epoch": self.state.epoch, "saturated_batches": share})
         metrics = self._evaluate()  # recorded under this epoch's index, as its steps are
-        self.state.epoch += 1  # every rank evaluates the same model on the same data: same decision below
+        self.state.epoch += 1
+        # every rank evaluates the same model on the same data, so every rank takes the same decision below
         held = metrics is not None and metrics.get(GUARDS_HOLD, 1.0) == 1.0  # train.guards' floors (if any) hold
         improved = held and metrics.get(self.cfg.best_metric, -math.inf) > self.state.best
         if improved:
