@@ -138,12 +138,18 @@ class SynthDenseConfig:
     max_objects: int = 5
     train_families: int = 9000  # independent scenes (train_family_size 1) train as well as families
     train_family_size: int = 1
+    # more training families of two: a scene and a near-duplicate differing only in the size or texture of one
+    # object (natural near-duplicates, as photographs of one set-up); the sampler keeps both in one batch
+    train_detail_pairs: int = 0
     test_families: int = 150
     test_family_size: int = 6  # a base scene and 5 near-duplicates, each 1 or 2 attributes of one object apart
     test_variants: str = "any"  # what the near-duplicates change: any attribute | details (size, texture only)
     pretrain_scenes: int = 20000  # independent scenes with coarse captions (stage A)
     edits: int = 2000  # instruction-edit pairs
     mmvp_pairs: int = 15  # image pairs per visual pattern
+    # zero-shot colour + shape classification (64 classes) of single-object scenes, images per class: what coarse
+    # pre-training knows, the demo's forgetting guard
+    zeroshot_per_class: int = 0
     workers: int = 2  # rendering processes
 
     def __post_init__(self) -> None:

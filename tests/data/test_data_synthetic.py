@@ -6,6 +6,7 @@ import json
 import random
 from dataclasses import astuple
 
+import numpy as np
 import pytest
 
 from sharpclip.config import DataConfig, SynthDenseConfig
@@ -183,3 +184,37 @@ def test_detail_families_differ_only_in_size_or_texture(tmp_path):
     )
     with pytest.raises(ValueError, match="test_variants"):
         SynthDenseConfig(test_variants="colours")
+
+
+def test_detail_pairs_are_extra_training_families_of_two_apart_only_in_size_or_texture(tmp_path):
+    cfg = SynthDenseConfig(train_families=3, train_detail_pairs=4, test_families=0, pretrain_scenes=0, edits=0,
+                           mmvp_pairs=0, resolution=32, workers=1)  # fmt: skip
+    root = sd.generate(tmp_path, cfg)
+    rows = [json.loads(line) for line in (root / "train.jsonl").read_text().splitlines()]
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(r["group"], []).append(r)
+    assert sorted(len(g) for g in groups.values()) == [1, 1, 1, 2, 2, 2, 2]
+    for pair in (g for g in groups.values() if len(g) == 2):
+        a, b = pair
+        assert a["caption_layout"] == b["caption_layout"] and a["caption"] != b["caption"]
+    train = read_samples(DataConfig(root=str(root), synthdense=cfg), "train")
+    assert len(train) == 11 and len({s.group for s in train}) == 7
+
+
+def test_zeroshot_split_is_an_image_folder_of_single_objects_one_class_per_colour_and_shape(tmp_path):
+    from sharpclip.eval.zeroshot import read_image_folder
+
+    cfg = SynthDenseConfig(train_families=0, test_families=0, pretrain_scenes=0, edits=0, mmvp_pairs=0,
+                           zeroshot_per_class=2, resolution=32, workers=1)  # fmt: skip
+    root = sd.generate(tmp_path, cfg)
+    classes = read_image_folder(root / "images" / "zeroshot")
+    assert len(classes.classnames) == 64 and "red circle" in classes.classnames and len(classes.images) == 128
+    assert (root / sd.ZEROSHOT_PROMPTS).read_text().strip() == "a picture of a {}."
+    for index in (0, 9, 127):
+        ((record, scene),) = sd._records(cfg, "zeroshot", index)
+        (obj,) = scene.objects
+        assert record["label"] == f"{obj.colour}_{obj.shape}" and (root / record["image"]).is_file()
+    image = np.asarray(load_image(root / "images" / "zeroshot" / "red_circle" / "000000.png"))
+    pixels = {tuple(p) for p in image.reshape(-1, 3)}
+    assert sd.COLOURS["red"] in pixels  # the object is drawn in its class colour

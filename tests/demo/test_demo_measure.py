@@ -189,3 +189,28 @@ def test_exact_zero_gradients_are_counted_on_saturated_micro_batches(tmp_path):
     s = training_stats(tmp_path)
     assert s["saturated_measured"] == 3 and s["zero_grad_saturated"] == pytest.approx(200 / 3)
     assert s["zero_grad_micro"] == pytest.approx(50.0)
+
+
+def test_the_guard_claim_reports_every_arms_change_from_the_init_against_the_floor():
+    res = _results([60.0], [56.0])
+    res["init"] = {"label": "A2", "seeds": {0: {"test": {"mean_R@1": 50.0, "zeroshot_top1": 80.0}}}}
+    res["infonce"]["seeds"][0]["test"]["zeroshot_top1"] = 79.0  # −1: within the 2-point floor
+    res["hn"]["seeds"][0]["test"]["zeroshot_top1"] = 75.0  # −5: crossed
+    item = report._guard(res)
+    assert item["verdict"] == "holds for 1 of 2 arms" and "(b) HN -5.0" in item["measured"]
+    head, rows = report.table_rows(res)
+    column, hn = head.index("zero-shot guard top-1"), next(r for r in rows if r[0] == "(b) HN")
+    assert head[column + 1] == "Δ init" and hn[column : column + 2] == ["75.0", "-5.0"]
+
+
+def test_the_wise_ft_claim_reads_the_picked_alpha_of_each_curve():
+    def point(alpha, target, delta):
+        return {"alpha": alpha, "target": target, "guards": {}, "deltas": {"zeroshot/top1": delta}}
+
+    held = {"initial": {"target": 20.0}, "best_alpha": 0.5,
+            "points": [point(0.0, 20.0, 0.0), point(0.5, 26.0, -1.0), point(1.0, 28.0, -4.0)]}  # fmt: skip
+    lost = {"initial": {"target": 20.0}, "best_alpha": None, "points": [point(0.0, 20.0, -3.0), point(1.0, 25.0, -4.0)]}
+    assert report._wise(None)["verdict"] == "not run"
+    item = report._wise({"infonce": held})
+    assert item["verdict"] == "holds" and "picked α = 0.5: target 26.0, guard -1.0" in item["measured"]
+    assert report._wise({"infonce": held, "hn": lost})["verdict"] == "partly"

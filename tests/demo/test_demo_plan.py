@@ -41,13 +41,14 @@ def test_init_config_and_key():
     assert init_key(p) == init_key(PROFILES["default"]) != init_key(PROFILES["quick"])
 
 
-def test_stage_a2_stretches_stage_a_and_reads_layout_captions():
+def test_stage_a2_stretches_stage_a_and_reads_captions_with_random_details():
     p = PROFILES["default"]
     cfg = a2_config(p, Path("/tmp/x"), progress=False)
     assert cfg.model.name == "/tmp/x/stage_a/model" and cfg.model.context_length == p.context_length
-    assert cfg.data.train_split == "pretrain_layout" and cfg.model.logit_scale_learnable
+    assert cfg.data.train_split == "pretrain_noisy" and cfg.model.logit_scale_learnable
     assert cfg.train.max_steps == p.a2_steps and cfg.train.output_dir == "/tmp/x/stage_a2/run"
     assert init_key(replace(p, a2_steps=p.a2_steps + 1)) != init_key(p)  # both stages are under the one key
+    assert init_key(replace(p, a2_split="pretrain_layout")) != init_key(p)
 
 
 def test_select_arms():

@@ -29,7 +29,18 @@ def test_demo_quick_writes_every_row(tmp_path, capsys):
         assert arm.label in printed
         seed = report["results"][arm.name]["seeds"]["0"]
         assert {"t2i_R@1", "i2t_R@10", "within_mean_R@1", "mmvp", "pairwise_sim"} <= set(seed["test"])
+        assert 0 <= seed["test"]["zeroshot_top1"] <= 100 and seed["test"]["zeroshot_images"] == 64  # the guard
     assert len(report["claims"]) >= 8
+    # WiSE-FT of the InfoNCE and HN-CLIP arms: α = 1 is the fine-tuned arm itself, α = 0 the init
+    for arm in ("infonce", "hn"):
+        curve = report["wise_ft"][arm]
+        assert [p["alpha"] for p in curve["points"]] == [0.0, 0.5, 1.0]
+        end = report["results"][arm]["seeds"]["0"]["test"]
+        assert curve["points"][-1]["target"] == pytest.approx(end["mean_R@1"], abs=1e-6)
+        assert curve["points"][-1]["guards"]["zeroshot/top1"] == pytest.approx(end["zeroshot_top1"], abs=1e-6)
+        assert curve["points"][0]["deltas"]["zeroshot/top1"] == 0.0
+        assert (out / f"wise_ft_{arm}" / "wise_ft.png").stat().st_size > 0
+        assert f"wise_ft_{arm}/wise_ft.png" in markdown
     for figure in ("gradient_dynamics", "convergence", "geometry", "caption_similarity"):
         assert (out / f"{figure}.png").stat().st_size > 0, figure
     # a second demo finds the cached initialisation instead of pre-training again

@@ -10,21 +10,27 @@ grid. Everything is a pure function of (seed, split, index): `random.Random(f"{s
 - Families: a base scene plus near-duplicates that change one (60 %) or two attributes of one object.
 - Captions: dense (≥ 80 words: background, every object with all attributes and position in reading order, the
   relation of each object to the next in reading order, counts; more relations or a closing sentence are added until
-  the caption reaches 80 words) and two coarse levels, `shapes` ("a picture of a circle, a square and a star.") and
-  `colours` ("a picture of a red circle, ...").
+  the caption reaches 80 words), two variants of it (`caption_layout` without the objects' size and texture;
+  `caption_noisy` with size and texture drawn at random, unrelated to the image) and two coarse levels, `shapes`
+  ("a picture of a circle, a square and a star.") and `colours` ("a picture of a red circle, ...").
 - Edits (CLIP-IN / UltraEdit style): change colour, shape, size or position of an object, add or remove one; source
   and target images with their dense captions and the instruction.
 - MMVP-style pairs: two images that differ in one visual pattern (colour, count, position, size, presence, texture),
   each with a statement true of it only.
+- Zero-shot classes: single-object scenes, one class per colour + shape ("red circle", 64 classes), any size,
+  texture, cell and background; read by the `zeroshot` evaluation suite as an image folder with the coarse captions'
+  prompt ("a picture of a {}.").
 
 `generate(root, cfg)` writes it in the generic format (so the ordinary loaders read it):
 
     root/manifest.json, vocab.txt, images/<split>/<index>.png,
-    train.jsonl, test.jsonl, pretrain.jsonl   {id, image, caption, short_caption, caption_shapes, caption_colours,
-                                               group, variant}
+    train.jsonl, test.jsonl, pretrain.jsonl   {id, image, caption, caption_layout, caption_noisy, short_caption,
+                                               caption_shapes, caption_colours, group, variant}
     edits.jsonl                               {id, source_image, edited_image, source_caption, target_caption,
                                                instruction, kind}
     mmvp.jsonl                                {id, image, caption, group, pattern}  (two rows per pair)
+    zeroshot.jsonl, images/zeroshot/<colour>_<shape>/<index>.png, zeroshot_prompts.txt
+                                              {id, image, label}
 """
 
 from __future__ import annotations
@@ -44,7 +50,8 @@ from PIL import Image, ImageChops, ImageDraw
 
 from sharpclip.config import SynthDenseConfig
 
-VERSION = 2  # bump when the output for a given config changes (2: caption_layout, test_variants)
+VERSION = 3  # bump when the output for a given config changes (2: caption_layout, test_variants; 3: detail pairs,
+# caption_noisy, zero-shot classes)
 SHAPES = ("circle", "square", "triangle", "diamond", "pentagon", "hexagon", "star", "cross")
 PLURALS = {s: s + ("es" if s == "cross" else "s") for s in SHAPES}
 COLOURS = {
@@ -78,7 +85,9 @@ DETAILS = ("size", "texture")  # what `caption_layout` leaves out; `test_variant
 EDIT_KINDS = ("colour", "shape", "size", "position", "add", "remove")
 MMVP_PATTERNS = ("colour", "count", "position", "size", "presence", "texture")
 MIN_DENSE_WORDS = 80
-SPLITS = ("train", "test", "pretrain", "edits", "mmvp")  # one JSONL file and one image folder each
+SPLITS = ("train", "test", "pretrain", "edits", "mmvp", "zeroshot")  # one JSONL file and one image folder each
+ZEROSHOT_CLASSES = tuple(f"{c}_{s}" for c in COLOURS for s in SHAPES)  # folder names; "_" reads as a space
+ZEROSHOT_PROMPTS = "zeroshot_prompts.txt"  # the coarse captions' template, one line: eval.prompts
 
 
 @dataclass(frozen=True)
@@ -212,6 +221,12 @@ def dense_caption(scene: Scene, details: bool = True) -> str:
             -1, _relation(*extra.pop(0)) if extra else f"The rest of the {scene.background} background is empty."
         )
     return " ".join(parts)
+
+
+def noisy_details(scene: Scene, rng: random.Random) -> Scene:
+    """The scene with every object's size and texture drawn anew, independently of the image: what `caption_noisy`
+    describes (alt-text that names details unreliably; stage A2 learns the words but not to trust them)."""
+    return scene.with_objects([replace(o, size=rng.choice(SIZES), texture=rng.choice(TEXTURES)) for o in scene.objects])
 
 
 def coarse_caption(scene: Scene, level: str) -> str:
@@ -421,8 +436,16 @@ def _rng(seed: int, split: str, index: int) -> random.Random:
     return random.Random(f"{seed}:{split}:{index}")
 
 
+def _detail_family(cfg: SynthDenseConfig, split: str, index: int) -> bool:
+    """Whether this family's near-duplicates change only size and texture (a test family under `details`, or one of
+    the `train_detail_pairs`, indexed after the `train_families`)."""
+    if split == "test":
+        return cfg.test_variants == "details"
+    return split == "train" and index >= cfg.train_families
+
+
 def _pair_records(cfg: SynthDenseConfig, split: str, index: int, fam_size: int) -> Iterator[tuple[dict, Scene]]:
-    attributes = DETAILS if split == "test" and cfg.test_variants == "details" else ATTRIBUTES
+    attributes = DETAILS if _detail_family(cfg, split, index) else ATTRIBUTES
     scenes = family(_rng(cfg.seed, split, index), fam_size, cfg.min_objects, cfg.max_objects, attributes)
     for v, scene in enumerate(scenes):
         rid = f"{split}-{index:06d}-{v}"
@@ -432,6 +455,7 @@ def _pair_records(cfg: SynthDenseConfig, split: str, index: int, fam_size: int) 
                 "image": f"images/{split}/{rid}.png",
                 "caption": dense_caption(scene),
                 "caption_layout": dense_caption(scene, details=False),
+                "caption_noisy": dense_caption(noisy_details(scene, _rng(cfg.seed, f"{split}-noisy", index * 8 + v))),
                 "short_caption": coarse_caption(scene, "colours"),
                 "caption_shapes": coarse_caption(scene, "shapes"),
                 "caption_colours": coarse_caption(scene, "colours"),
@@ -481,10 +505,22 @@ def _mmvp_records(cfg: SynthDenseConfig, index: int) -> Iterator[tuple[dict, Sce
         )
 
 
+def _zeroshot_records(cfg: SynthDenseConfig, index: int) -> Iterator[tuple[dict, Scene]]:
+    """Image `index` of the zero-shot set: class index mod 64, one object of that colour and shape."""
+    rng = _rng(cfg.seed, "zeroshot", index)
+    label = ZEROSHOT_CLASSES[index % len(ZEROSHOT_CLASSES)]
+    colour, shape = label.split("_")
+    obj = Obj(shape, colour, rng.choice(SIZES), rng.choice(TEXTURES), rng.randrange(9))
+    scene = Scene(rng.choice(list(BACKGROUNDS)), (obj,))
+    yield {"id": f"zeroshot-{index:06d}", "image": f"images/zeroshot/{label}/{index:06d}.png", "label": label}, scene
+
+
 def _jobs(cfg: SynthDenseConfig) -> list[tuple[str, int]]:
-    jobs = [("train", i) for i in range(cfg.train_families)] + [("test", i) for i in range(cfg.test_families)]
+    jobs = [("train", i) for i in range(cfg.train_families + cfg.train_detail_pairs)]
+    jobs += [("test", i) for i in range(cfg.test_families)]
     jobs += [("pretrain", i) for i in range(cfg.pretrain_scenes)] + [("edits", i) for i in range(cfg.edits)]
-    return jobs + [("mmvp", i) for i in range(cfg.mmvp_pairs * len(MMVP_PATTERNS))]
+    jobs += [("mmvp", i) for i in range(cfg.mmvp_pairs * len(MMVP_PATTERNS))]
+    return jobs + [("zeroshot", i) for i in range(cfg.zeroshot_per_class * len(ZEROSHOT_CLASSES))]
 
 
 def _records(cfg: SynthDenseConfig, split: str, index: int) -> Iterator[tuple[dict, Scene]]:
@@ -492,7 +528,11 @@ def _records(cfg: SynthDenseConfig, split: str, index: int) -> Iterator[tuple[di
         return _edit_records(cfg, index)
     if split == "mmvp":
         return _mmvp_records(cfg, index)
+    if split == "zeroshot":
+        return _zeroshot_records(cfg, index)
     size = {"train": cfg.train_family_size, "test": cfg.test_family_size, "pretrain": 1}[split]
+    if split == "train" and index >= cfg.train_families:
+        size = 2  # a detail pair
     return _pair_records(cfg, split, index, size)
 
 
@@ -508,6 +548,7 @@ def _work(args: tuple[SynthDenseConfig, str, list[tuple[str, int]]]) -> list[tup
             else [records[0][0]["source_image"], records[0][0]["edited_image"]]
         )
         for path, (_, scene) in zip(paths, records, strict=True):
+            (Path(root) / path).parent.mkdir(parents=True, exist_ok=True)  # zero-shot: a folder per class
             render(scene, cfg.resolution).save(Path(root) / path, compress_level=1)
         out += [(split, r) for r, _ in records if r]
     return out
@@ -546,6 +587,7 @@ def generate(root: str | Path, cfg: SynthDenseConfig) -> Path:
             for split, record in chunk:
                 files[split].write(json.dumps(record) + "\n")
     (root / "vocab.txt").write_text("\n".join(vocabulary()) + "\n", encoding="utf-8")
+    (root / ZEROSHOT_PROMPTS).write_text("a picture of a {}.\n", encoding="utf-8")
     (root / "manifest.json").write_text(json.dumps(manifest(cfg), indent=2) + "\n", encoding="utf-8")
     return root
 

@@ -3,15 +3,17 @@
 1. SynthDense (data.synthetic) into the run directory: training scenes, test families of near-duplicates, edit pairs,
    MMVP-style pairs, and a validation corpus (another seed) for the convergence curves.
 2. The strong initialisation (demo.stages), made as CLIP then Long-CLIP were and cached for reuse: stage A, a tiny
-   CLIP pre-trained on coarse captions at 32 tokens; stage A2, stretched to 152 tokens and trained on dense layout
-   captions (everything but the objects' size and texture).
+   CLIP pre-trained on coarse captions at 32 tokens; stage A2, stretched to 152 tokens and trained on dense captions
+   whose size and texture words are drawn at random (it reads them but learns not to trust them).
 3. One fine-tuning run per objective (demo.plan) on the target task, the full dense captions (size and texture
    included) with test families whose near-duplicates differ exactly there: InfoNCE, HN-CLIP (eq. 2), HN-CLIP + token
    term (eq. 3), CLIP-IN stage 2 (eq. 8), in the paper's regime (micro-batches 16 × 8, scale frozen at 100); `--full`
    adds exact 128 × 128 accumulation and the ablations (frozen Ḡ, γ sweep, LoRA ± boost, learnable scale, no edit
    term).
-4. Each is measured (demo.measure), tabulated with its gain over InfoNCE and judged against the papers' claims
-   (demo.report); report.md / report.json and the figures go into the run directory.
+4. Each is measured (demo.measure), tabulated with its gain over InfoNCE and over the init, its forgetting guard's
+   drop (zero-shot colour + shape classification, what stage A taught) beside it, and judged against the papers'
+   claims (demo.report); with `--full` (and `--quick`) the InfoNCE and HN-CLIP arms are blended back towards the init
+   (demo.wise_ft, WiSE-FT); report.md / report.json and the figures go into the run directory.
 
     run_demo(DemoOptions(out="runs/demo"))            # what `sharpclip demo` calls
 """
@@ -40,6 +42,7 @@ from sharpclip.demo.stages import (
     validation_corpus,
 )
 
+WISE_ALPHAS = {False: (0.0, 0.25, 0.5, 0.75, 1.0), True: (0.0, 0.5, 1.0)}  # --full, --quick
 GEOMETRY_SUMMARY = ("captions", "mean_pairwise", "mean_hardest", "share_negatives_at_least", "hardest_quantiles")
 
 
@@ -89,7 +92,8 @@ def obtain_init(p: Profile, opts: DemoOptions) -> Init:
     cache = cache_dir(opts.cache)
     if not (init_home(p, cache) / "init.json").is_file():
         print(f"pre-training the strong initialisation (stage A: {p.init_steps} steps on coarse captions, then "
-              f"stage A2: {p.a2_steps} steps stretched to {p.context_length} tokens on dense layout captions); "
+              f"stage A2: {p.a2_steps} steps stretched to {p.context_length} tokens on dense captions with random "
+              f"details); "
               f"done once, cached under {cache}", flush=True)  # fmt: skip
     init = ensure_init(p, cache, opts.progress)
     stages = f"stage A {init.record['stage_a']['seconds']:.0f} s, A2 {init.record['stage_a2']['seconds']:.0f} s"
@@ -158,7 +162,7 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
     inits = {}
     for name, model_dir, label, stage in (
         ("init_a", init.stage_a_dir, "stage-A init (coarse captions)", "stage_a"),
-        ("init", init.model_dir, "stage-A2 init (layout captions; every arm starts here)", "stage_a2"),
+        ("init", init.model_dir, "stage-A2 init (dense captions, random details; every arm starts here)", "stage_a2"),
     ):
         model = create_model(ModelConfig(name=str(model_dir), context_length=p.context_length))
         test = evaluate_model(model, data)  # stretched as the arms start, so no caption is truncated
@@ -170,6 +174,12 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
         entry["seeds"][0]["test"] = _slim(entry["seeds"][0]["test"])
     results = {**inits, **results}
     figures = report.write_figures(results, run_dirs, geometry, out)
+    wise = {}
+    if opts.full or opts.quick:  # WiSE-FT of the InfoNCE and HN-CLIP arms (seed 0) back towards the A2 init
+        from sharpclip.demo import wise_ft
+
+        wise = wise_ft.curves(init.model_dir, run_dirs, data, WISE_ALPHAS[opts.quick], out)
+        figures += [Path(f) for curve in wise.values() for f in curve["files"]]
     meta = {
         "command": command_line(opts),
         "profile": asdict(p),
@@ -180,10 +190,11 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "wall_seconds": time.perf_counter() - start,
     }
-    files = report.write_report(results, meta, figures, out)
+    files = report.write_report(results, meta, figures, out, wise)
     print("\n" + report.console_table(results) + "\n")
-    for c in report.claims(results):
+    for c in report.claims(results, wise):
         print(f"- {c['claim']}: {c['verdict']}\n    {c['measured']}")
     print(f"\nreport: {files[0]}  ({meta['wall_seconds']:.0f} s in all; figures and report.json beside it)")
     (out / "demo_meta.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
-    return {"results": results, "claims": report.claims(results), "files": files + figures, "meta": meta}
+    return {"results": results, "claims": report.claims(results, wise), "wise_ft": wise, "files": files + figures,
+            "meta": meta}  # fmt: skip

@@ -6,7 +6,9 @@ Of a model, on SynthDense's test split (a base scene and its near-duplicates per
 - within-family R@1: the gallery is only the query's family (the 6 near-duplicates), so it measures exactly the
   near-duplicate confusion the HN-CLIP margin targets; family-hit: the top-1 over the whole set is in the right family;
 - SynthDense MMVP-style pair accuracy (eval.pairs.mmvp_scores: both statements of a pair must pick their image);
-- caption geometry of the test captions under the model's text tower (analysis.geometry, HN-CLIP Table A1).
+- caption geometry of the test captions under the model's text tower (analysis.geometry, HN-CLIP Table A1);
+- the forgetting guard: zero-shot colour + shape classification of single-object scenes (`zeroshot_top1`), what
+  the coarse pre-training (stage A) taught and fine-tuning on dense captions may cost.
 
 Of a run (its metrics.jsonl and diagnostics.jsonl): the saturation the paper reports (HN-CLIP §2.1: the share of
 batches and of rows whose InfoNCE is below 1e-3, in the first epoch and overall; the share of measured steps whose
@@ -149,8 +151,24 @@ def evaluate_model(model: Any, data: DataConfig, batch_size: int = 128) -> dict[
     out["pairwise_sim"], out["hardest_sim"] = geometry["mean_pairwise"], geometry["mean_hardest"]
     out["hardest_is_sibling"] = hardest_is_sibling(text, groups)
     out["test_pairs"] = len(samples)
+    out.update(zeroshot_guard(embed, Path(data.root)))
     out["captions_truncated"] = embed.num_truncated
     return out
+
+
+def zeroshot_guard(embed: Any, root: Path) -> dict[str, float]:
+    """The demo's forgetting guard: zero-shot colour + shape top-1 (%) on SynthDense's single-object classes with the
+    coarse captions' prompt, what stage A taught (`zeroshot_top1`); nothing when the corpus has no zero-shot split."""
+    from sharpclip.data.synthetic import ZEROSHOT_PROMPTS
+    from sharpclip.eval.zeroshot import evaluate_zeroshot, read_image_folder
+
+    folder = root / "images" / "zeroshot"
+    if not folder.is_dir() or not any(folder.iterdir()):
+        return {}
+    templates = (root / ZEROSHOT_PROMPTS).read_text(encoding="utf-8").splitlines()
+    with torch.no_grad():
+        scores = evaluate_zeroshot(embed, read_image_folder(folder, "zeroshot"), templates, (1,))
+    return {"zeroshot_top1": scores["top1"], "zeroshot_images": scores["images"]}
 
 
 def _share(flags: list[bool]) -> float | None:

@@ -20,7 +20,7 @@ Results = dict[str, dict[str, Any]]
 BASELINE = "infonce"
 INIT = "init"  # stage A2: what every arm fine-tunes from ("init_a": stage A, shown for reference)
 INITS = ("init_a", INIT)
-COLUMNS = [  # (header, section, key, gains shown: "" | "base" (over InfoNCE) | "both" (and over the A2 init))
+COLUMNS = [  # (header, section, key, gains shown: "" | "base" (over InfoNCE) | "init" (over the A2 init) | "both")
     ("R@1 t2i", "test", "t2i_R@1", ""),
     ("R@1 i2t", "test", "i2t_R@1", ""),
     ("R@5 t2i", "test", "t2i_R@5", ""),
@@ -31,6 +31,7 @@ COLUMNS = [  # (header, section, key, gains shown: "" | "base" (over InfoNCE) | 
     ("within-family R@1", "test", "within_mean_R@1", "both"),
     ("MMVP pairs", "test", "mmvp", "base"),
     ("MMVP chance", "test", "mmvp_chance", ""),
+    ("zero-shot guard top-1", "test", "zeroshot_top1", "init"),  # what stage A taught (demo.measure.zeroshot_guard)
     ("caption sim", "test", "pairwise_sim", ""),
     ("hardest sim", "test", "hardest_sim", ""),
     ("sat. micro-batches ep1 %", "train", "sat_batches_ep1", ""),
@@ -81,16 +82,16 @@ def _digits(key: str) -> int:
 def table_rows(results: Results) -> tuple[list[str], list[list[str]]]:
     head = ["objective"]
     for header, _, _, gain in COLUMNS:
-        head += [header] + (["Δ"] if gain else []) + (["Δ init"] if gain == "both" else [])
+        head += [header] + ["Δ"] * (gain in ("base", "both")) + ["Δ init"] * (gain in ("init", "both"))
     head += ["train s"]
     rows = []
     for arm, entry in results.items():
         row = [entry["label"]]
         for _, section, key, gain in COLUMNS:
             row.append(fmt(values(results, arm, section, key), _digits(key)))
-            if gain:
+            if gain in ("base", "both"):
                 row.append("–" if arm in (BASELINE, *INITS) else fmt(gains(results, arm, key), 1, sign=True))
-            if gain == "both":
+            if gain in ("init", "both"):
                 row.append("–" if arm in INITS else fmt(gains(results, arm, key, INIT), 1, sign=True))
         row.append(fmt([s["seconds"] for s in entry["seeds"].values() if "seconds" in s], 0))
         rows.append(row)
@@ -237,7 +238,44 @@ def _scale(results: Results) -> dict[str, str]:
     return {"claim": what, "measured": measured, "verdict": "holds" if max(learned) < 90.0 else "does not hold"}
 
 
-def claims(results: Results) -> list[dict[str, str]]:
+def _guard(results: Results) -> dict[str, str]:
+    """What fine-tuning cost in what the init knew: every arm's zero-shot guard change from the A2 init."""
+    what = "fine-tuning keeps what the init knew (zero-shot colour + shape guard, floor −2 points)"
+    drops = {a: gains(results, a, "zeroshot_top1", INIT) for a in results if a not in INITS}
+    drops = {a: d for a, d in drops.items() if d}
+    if not drops:
+        return {"claim": what, "measured": "not measured", "verdict": "not run"}
+    measured = "zero-shot top-1 change from the A2 init: " + ", ".join(
+        f"{results[a]['label']} {fmt(d, 1, sign=True)}" for a, d in drops.items()
+    )
+    held = [a for a, d in drops.items() if statistics.fmean(d) >= -2.0]
+    verdict = "holds" if len(held) == len(drops) else f"holds for {len(held)} of {len(drops)} arms"
+    return {"claim": what, "measured": measured, "verdict": verdict}
+
+
+def _wise(wise: dict[str, dict[str, Any]] | None) -> dict[str, str]:
+    """WiSE-FT: the best guarded α of each swept arm, against the fine-tuned model (α = 1)."""
+    what = "WiSE-FT: a blend keeps most of the gain with the guard held (Wortsman et al. 2022)"
+    if not wise:
+        return {"claim": what, "measured": "not run (needs --full)", "verdict": "not run"}
+    parts, ok = [], []
+    for arm, curve in wise.items():
+        points = {p["alpha"]: p for p in curve["points"]}
+        end, best = points[max(points)], curve["best_alpha"]
+        picked = points.get(best) if best is not None else None
+        delta = lambda p: next(iter(p["deltas"].values()))  # noqa: E731  (one guard)
+        text = f"{arm}: α = 1 target {end['target']:.1f}, guard {delta(end):+.1f}"
+        if picked is None:
+            text += "; no α holds the floor"
+        else:
+            text += f"; picked α = {best:g}: target {picked['target']:.1f}, guard {delta(picked):+.1f}"
+        parts.append(text)
+        ok.append(picked is not None and picked["target"] > curve["initial"]["target"])
+    verdict = "holds" if all(ok) else "does not hold" if not any(ok) else "partly"
+    return {"claim": what, "measured": "; ".join(parts), "verdict": verdict}
+
+
+def claims(results: Results, wise: dict[str, dict[str, Any]] | None = None) -> list[dict[str, str]]:
     return [
         _headroom(results),
         _saturation(results),
@@ -258,6 +296,8 @@ def claims(results: Results) -> list[dict[str, str]]:
             results, "hn_exact", "infonce_exact", "mean_R@1", "HN-CLIP gains over InfoNCE at exact 128 × 128"
         ),
         _scale(results),
+        _guard(results),
+        _wise(wise),
     ]
 
 
@@ -291,16 +331,22 @@ def report_markdown(results: Results, items: list[dict[str, str]], header: str, 
         "R@K in %, both directions over all test pairs; within-family R@1: gallery = the query's 6 near-duplicates; "
         "MMVP pairs: % of SynthDense MMVP-style pairs with both statements right; caption sim / hardest sim: mean "
         "pairwise and mean hardest-companion cosine of the test captions; sat.: share of training batches / rows "
-        "with InfoNCE < 1e-3 in the first epoch; Δ: gain over InfoNCE, paired by seed; mean ± sample std over seeds."
-        f"\n\n## Claims\n\n{claims_markdown(items)}\n## Figures\n\n" + "".join(f"![{p.stem}]({p.name})\n" for p in pngs)
+        "with InfoNCE < 1e-3 in the first epoch; zero-shot guard: top-1 % of colour + shape classification of "
+        "single-object scenes (what the init knew); Δ: gain over InfoNCE, paired by seed; Δ init: over the A2 init; "
+        "mean ± sample std over seeds."
+        f"\n\n## Claims\n\n{claims_markdown(items)}\n## Figures\n\n" + "".join(f"![{p.stem}]({p})\n" for p in pngs)
     )
 
 
-def write_report(results: Results, meta: dict[str, Any], figures: list[Path], out: Path) -> list[Path]:
-    items = claims(results)
+def write_report(
+    results: Results, meta: dict[str, Any], figures: list[Path], out: Path, wise: dict | None = None
+) -> list[Path]:
+    items = claims(results, wise)
     header = "\n".join(f"- {k}: {v}" for k, v in meta.items() if not isinstance(v, dict | list))
     md = out / "report.md"
-    md.write_text(report_markdown(results, items, header, figures))
+    relative = [p.relative_to(out) if p.is_relative_to(out) else p for p in figures]  # links from report.md
+    md.write_text(report_markdown(results, items, header, relative))
     js = out / "report.json"
-    js.write_text(json.dumps({"meta": meta, "claims": items, "results": results}, indent=2, default=str) + "\n")
+    doc = {"meta": meta, "claims": items, "results": results, "wise_ft": wise or {}}
+    js.write_text(json.dumps(doc, indent=2, default=str) + "\n")
     return [md, js]

@@ -9,9 +9,11 @@ reuses both; a finished stage A survives an interrupted stage A2):
   fit in 25 tokens);
 - stage A2 (`stage_a2/`, Long-CLIP's stage): stage A stretched to the dense captions' 152 positions by Long-CLIP's
   rule (models.long_context: 20 positions kept and frozen, the rest interpolated) and trained with InfoNCE and a
-  learnable scale on the layout captions of the same scenes: dense, but without the objects' size and texture.
+  learnable scale on dense captions of the same scenes whose size and texture words are drawn at random, unrelated
+  to the image (SynthDense's `pretrain_noisy`, like alt-text that names details unreliably): A2 reads every word of
+  the target's captions but has learnt not to trust the details.
 
-Stage B: one fine-tuning run per arm (demo.plan) on the full dense captions, whose size and texture words are the
+Stage B: one fine-tuning run per arm (demo.plan) on the true dense captions, whose size and texture words are the
 target task's shift (its test families' near-duplicates differ only there), from the A2 init, with the same seed and
 number of steps, in the paper's regime (micro-batches 16 × 8, each its own InfoNCE problem), the logit scale frozen
 at 100 unless the arm says otherwise, and the per-epoch validation on a second SynthDense corpus (another seed's test
@@ -33,15 +35,15 @@ from sharpclip.models.base import DualEncoder
 from sharpclip.train.logging import log
 from sharpclip.train.run_dir import open_run_dir
 
-INIT_VERSION = 2  # bump when stage A's recipe changes, so caches of the old one are not reused
+INIT_VERSION = 3  # bump when a stage's recipe changes, so caches of the old one are not reused
 
 
 def corpus(p: Profile) -> SynthDenseConfig:
-    """The fine-tuning corpus: independent training scenes, test families, edits, MMVP pairs."""
+    """The fine-tuning corpus: training scenes (+ detail pairs), test families, edits, MMVP pairs, zero-shot classes."""
     return SynthDenseConfig(
         resolution=p.image_size, train_families=p.train_families, train_family_size=p.train_family_size,
-        test_families=p.test_families, test_variants=p.test_variants, pretrain_scenes=0, edits=p.edits,
-        mmvp_pairs=p.mmvp_pairs,
+        train_detail_pairs=p.train_detail_pairs, test_families=p.test_families, test_variants=p.test_variants,
+        pretrain_scenes=0, edits=p.edits, mmvp_pairs=p.mmvp_pairs, zeroshot_per_class=p.zeroshot_per_class,
     )  # fmt: skip
 
 
@@ -102,9 +104,9 @@ def init_config(p: Profile, home: Path, progress: bool) -> Config:
 
 def a2_config(p: Profile, home: Path, progress: bool) -> Config:
     """Stage A2 (Long-CLIP's stage): stage A stretched to `context_length` positions, trained with InfoNCE and a
-    learnable scale on the layout captions (dense, without size and texture) of the same pre-training scenes."""
+    learnable scale on `p.a2_split`, dense captions of the same pre-training scenes with random details."""
     overrides = [f"model.name={home / 'stage_a' / 'model'}", f"model.context_length={p.context_length}"]
-    overrides += [*_data_overrides(home / "synthdense", pretrain_corpus(p)), "data.train_split=pretrain_layout"]
+    overrides += [*_data_overrides(home / "synthdense", pretrain_corpus(p)), f"data.train_split={p.a2_split}"]
     overrides += _train_overrides(home / "stage_a2" / "run", 0, p.a2_steps, p.a2_batch_size, p.a2_lr, progress)
     return load_config(None, [*overrides, "train.eval_every=0", "train.grad_clip=5.0"])
 
@@ -112,7 +114,10 @@ def a2_config(p: Profile, home: Path, progress: bool) -> Config:
 def init_key(p: Profile) -> str:
     """What determines the init (both stages): the recipe version, model sizes, corpus, steps, lr and batch sizes."""
     fields = {k: v for k, v in asdict(p).items() if k.startswith(("init_", "a2_")) or k in _INIT_FIELDS}
-    blob = json.dumps({"v": INIT_VERSION, **fields, "corpus": asdict(pretrain_corpus(p))}, sort_keys=True)
+    from sharpclip.data.synthetic import VERSION as generator
+
+    corpus_id = {"generator": generator, **asdict(pretrain_corpus(p))}
+    blob = json.dumps({"v": INIT_VERSION, **fields, "corpus": corpus_id}, sort_keys=True)
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
 

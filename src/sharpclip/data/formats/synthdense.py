@@ -1,7 +1,8 @@
 """SynthDense through the generic reader: generated on first use under `data.root`, then read like any JSONL.
 
 Splits: train, test (dense captions; `short_caption` = the colours-level coarse caption), pretrain (dense),
-pretrain_layout (the pretrain scenes' dense captions without size and texture: stage A2),
+pretrain_layout (the pretrain scenes' dense captions without size and texture), pretrain_noisy (the same scenes'
+dense captions with size and texture drawn at random, unrelated to the image: stage A2),
 coarse_shapes / coarse_colours (the pretrain scenes with a coarse caption: stage A), edits (edit pairs), mmvp.
 """
 
@@ -19,7 +20,8 @@ FILES = {
     "train": ("train", "caption"),
     "test": ("test", "caption"),
     "pretrain": ("pretrain", "caption"),
-    "pretrain_layout": ("pretrain", "caption_layout"),  # dense captions without size and texture (stage A2)
+    "pretrain_layout": ("pretrain", "caption_layout"),  # dense captions without size and texture
+    "pretrain_noisy": ("pretrain", "caption_noisy"),  # size and texture at random, not the image's (stage A2)
     "coarse_shapes": ("pretrain", "caption_shapes"),
     "coarse_colours": ("pretrain", "caption_colours"),
     "edits": ("edits", "caption"),
