@@ -77,18 +77,23 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
                    "~/.cache/sharpclip)")  # fmt: skip
     p.add_argument("--arms", default="", help="comma-separated arms to run (InfoNCE always runs), e.g. hn,hn_frozen")
     p.add_argument("--steps", type=int, default=0, help="fine-tuning steps per arm instead of the mode's")
+    p.add_argument("--set", dest="sizes", action="append", default=[], metavar="FIELD=VALUE",
+                   help="change one size of the mode (demo.plan.Profile), e.g. lr=3e-4 or train_detail_pairs=0; "
+                   "repeatable")  # fmt: skip
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
 
     def run(args: argparse.Namespace) -> int:
-        from sharpclip.demo import DemoOptions, run_demo, select
+        from sharpclip.demo import DemoOptions, profile_for, run_demo, select
 
         if args.seeds < 1 or args.steps < 0:
             print("sharpclip demo: --seeds must be >= 1 and --steps >= 0", file=sys.stderr)
             return 2
         only = tuple(a for a in args.arms.split(",") if a)
         opts = DemoOptions(args.out, args.quick, args.full, args.seeds, args.cache, args.progress, only, args.steps)
+        opts.sizes = tuple(args.sizes)
         try:
             select(opts)
+            profile_for(opts)
         except ValueError as err:
             print(f"sharpclip demo: {err}", file=sys.stderr)
             return 2

@@ -57,3 +57,15 @@ def test_select_arms():
     assert [a.name for a in select(DemoOptions())] == ["infonce", "hn", "hn_tok", "clipin"]
     with pytest.raises(ValueError, match="unknown nope"):
         select(DemoOptions(only=("nope",)))
+
+
+def test_set_changes_one_size_of_the_mode_and_refuses_unknown_fields():
+    from sharpclip.demo import profile_for
+
+    p = profile_for(DemoOptions(steps=40, sizes=("lr=3e-4", "train_detail_pairs=0", "a2_split=pretrain_layout")))
+    assert (p.lr, p.train_detail_pairs, p.a2_split, p.steps) == (3e-4, 0, "pretrain_layout", 40)
+    assert profile_for(DemoOptions(quick=True)) == PROFILES["quick"]
+    with pytest.raises(ValueError, match=r"FIELD one of .*train_detail_pairs"):
+        profile_for(DemoOptions(sizes=("nope=1",)))
+    with pytest.raises(ValueError, match="train_detail_pairs takes a int"):
+        profile_for(DemoOptions(sizes=("train_detail_pairs=many",)))

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,7 @@ class DemoOptions:
     progress: bool = True
     only: tuple[str, ...] = ()  # run only these arms (names in demo.plan); InfoNCE is always run (the baseline)
     steps: int = 0  # > 0: fine-tuning steps per arm instead of the profile's (e.g. more epochs for saturation)
+    sizes: tuple[str, ...] = ()  # "field=value" changes of the profile (demo.plan.Profile), e.g. "lr=3e-4"
 
 
 def select(opts: DemoOptions) -> list[Arm]:
@@ -68,6 +69,23 @@ def select(opts: DemoOptions) -> list[Arm]:
     if unknown:
         raise ValueError(f"--arms: unknown {', '.join(unknown)}; known: {', '.join(a.name for a in plan)}")
     return [a for a in plan if a.name in {*opts.only, "infonce"}]
+
+
+def profile_for(opts: DemoOptions) -> Profile:
+    """The mode's sizes with `opts.steps` and `opts.sizes` applied; an unknown field or a bad value is a ValueError."""
+    p = PROFILES["quick" if opts.quick else "default"]
+    changes: dict[str, Any] = {"steps": opts.steps} if opts.steps else {}
+    known = {f.name: f for f in fields(Profile) if f.name != "name"}
+    for item in opts.sizes:
+        key, sep, value = item.partition("=")
+        if not sep or key not in known:
+            raise ValueError(f"--set {item!r}: expected FIELD=VALUE with FIELD one of {', '.join(known)}")
+        kind = type(getattr(p, key))
+        try:
+            changes[key] = kind(value)
+        except ValueError:
+            raise ValueError(f"--set {item!r}: {key} takes a {kind.__name__}") from None
+    return replace(p, **changes)
 
 
 def cache_dir(option: str) -> Path:
@@ -139,6 +157,7 @@ def run_arms(p: Profile, plan: list[Arm], init: Init, data: Any, validation: Any
 def command_line(opts: DemoOptions) -> str:
     words = ["sharpclip demo", "--quick" * opts.quick, "--full" * opts.full, f"--seeds {opts.seeds}"]
     words += [f"--arms {','.join(opts.only)}" * bool(opts.only), f"--steps {opts.steps}" * bool(opts.steps)]
+    words += [f"--set {item}" for item in opts.sizes]
     return " ".join(w for w in words if w)
 
 
@@ -150,8 +169,7 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
     from sharpclip.models.factory import create_model
 
     start = time.perf_counter()
-    p = PROFILES["quick" if opts.quick else "default"]
-    p = replace(p, steps=opts.steps) if opts.steps else p
+    p = profile_for(opts)
     plan = select(opts)
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
