@@ -174,7 +174,8 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     data, validation, data_seconds = prepare_data(p, out)
-    sizes = f"{p.train_families} training scenes, {p.test_families} × 6 test, {p.val_families} × 6 validation"
+    sizes = f"{p.train_families} training scenes + {p.train_detail_pairs} detail pairs, {p.test_families} × 6 test, "
+    sizes += f"{p.val_families} × 6 validation"
     print(f"SynthDense in {out}: {sizes}, {p.edits} edit pairs, MMVP pairs ({data_seconds:.0f} s)", flush=True)
     init = obtain_init(p, opts)
     inits = {}
