@@ -116,3 +116,16 @@ def test_the_rows_an_epoch_drops_are_logged(caplog):
     with caplog.at_level("INFO", logger="sharpclip.data"):
         _epoch(GroupBatchSampler(list(range(95)), 10, seed=0))
     assert "5 of 95 rows dropped" in caplog.text
+
+
+def test_pairs_among_single_rows_fill_the_first_micro_batches_of_every_batch():
+    # the demo's fine-tuning set: 320 detail pairs + 1,920 single scenes, batches of 128 split into micro-batches of 16
+    units = [i // 2 for i in range(640)] + list(range(320, 320 + 1920))
+    sampler = GroupBatchSampler(units, 128, seed=3)
+    batches = list(sampler)
+    assert len(batches) == 20
+    for batch in batches:
+        assert sorted(r < 640 for r in batch[:32]) == [True] * 32 and not any(r < 640 for r in batch[32:])
+        micro = [batch[k : k + 16] for k in range(0, 128, 16)]
+        for m in micro[:2]:  # both halves of each pair share a micro-batch
+            assert all(sum(units[q] == units[r] for q in m) == 2 for r in m)
