@@ -22,6 +22,7 @@ families), so that the test split is only read at the end.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import logging
@@ -231,4 +232,9 @@ def run_arm(cfg: Config, validation: DataConfig) -> tuple[DualEncoder, float]:
         trainer = build_trainer(cfg)
         trainer.evaluate = retrieval_validator(trainer.model, validation, "test")
         trainer.fit()
-    return trainer.model.eval(), time.perf_counter() - start
+    model = trainer.model.eval()
+    # the arm's loaders keep persistent worker processes until collected; collect them now, or the next arm's
+    # workers fork with them and print "can only test a child process" when the copies are finalised there
+    del trainer
+    gc.collect()
+    return model, time.perf_counter() - start
