@@ -83,6 +83,7 @@ def test_cli_objectives_lists_every_registered_loss(capsys):
     out = capsys.readouterr().out
     for name in ("infonce", "hn_clip", "filip", "edit_negatives", "distill_cosine", "sigmoid"):
         assert name in out
+    assert "text_short        (B, D)        the short caption's embedding (CLIP-IN eq. 8)  [needs short captions" in out
 
 
 def test_a_removed_key_says_what_replaced_it(tmp_path):
