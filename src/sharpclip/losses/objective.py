@@ -63,7 +63,8 @@ class Term:
 class Objective:
     """Σ weight·term over named terms; returns {"loss": total, <term>: value, ...} (values keep their graph).
 
-    Terms of weight 0 are skipped, neither computed nor returned.
+    Terms of weight 0 are skipped, neither computed nor returned; diagnostic terms (weight 0) are evaluated by
+    `diagnose`.
     """
 
     def __init__(self, terms: list[Term]):
