@@ -99,6 +99,9 @@ def test_a_remapped_optional_input_is_used_and_an_unmapped_one_keeps_its_default
     assert torch.allclose(frozen(f)["loss"], expected)
     assert torch.allclose(recomputed(f)["loss"], hn_clip(f["image"], f["text"], 2.0))
     assert "reference_text" not in recomputed.terms[0].inputs  # no feature of that name: Ḡ from `text`
+    del f["text_frozen"]  # a remapped optional input is never dropped in silence
+    with pytest.raises(KeyError, match=r"needs feature 'text_frozen' for its argument 'reference_text'"):
+        frozen(f)
 
 
 @pytest.mark.parametrize(

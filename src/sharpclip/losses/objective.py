@@ -41,13 +41,14 @@ class Term:
     params: dict[str, Any]
     inputs: dict[str, str]  # every bound tensor argument of the loss -> feature key
     diagnostic: bool = False  # weight 0, evaluated by `Objective.diagnose` only
+    remapped: frozenset[str] = frozenset()  # arguments the config mapped: they must be there at call time
 
     def __call__(self, features: Mapping[str, Tensor]) -> Any:
         kwargs = dict(self.params)
         for arg, key in self.inputs.items():
             if key in features and features[key] is not None:
                 kwargs[arg] = features[key]
-            elif arg in self.spec.inputs:
+            elif arg in self.spec.inputs or (arg in self.remapped and key not in features):
                 raise KeyError(
                     f"loss term '{self.name}' ({self.spec.name}) needs feature '{key}' for its argument '{arg}', "
                     f"but the batch has only: {', '.join(sorted(features))}"
@@ -168,7 +169,7 @@ def _build_term(name: str, cfg: TermConfig, features: Collection[str]) -> Term:
             raise ConfigError(f"{where}.params.{key}: '{cfg.loss}' has no such parameter; it takes: {known}")
         params[key] = _typed(f"{where}.params.{key}", value, spec.param_types[key])
     mapping = _bind(f"{where}.inputs", spec, cfg.inputs, features)
-    return Term(name, spec, float(cfg.weight), params, mapping)
+    return Term(name, spec, float(cfg.weight), params, mapping, remapped=frozenset(cfg.inputs))
 
 
 def _saturation_term(features: Collection[str]) -> Term:
