@@ -18,9 +18,9 @@ import torch
 
 from _small_model import random_batch, small_clip
 from sharpclip.config import LossConfig, TermConfig
-from sharpclip.losses import build_objective
+from sharpclip.train.features import FeatureEncoder, build_objective
 from sharpclip.train.optim import build_optimizer
-from sharpclip.train.step import FeatureEncoder, run_step
+from sharpclip.train.step import run_step
 from sharpclip.train.trainer import largest_weight
 
 

@@ -35,10 +35,10 @@ from transformers import CLIPConfig, CLIPModel
 
 from sharpclip.config import LossConfig, TermConfig
 from sharpclip.data.schema import Batch
-from sharpclip.losses import build_objective
 from sharpclip.models.hf import HFDualEncoder, wrap
+from sharpclip.train.features import FeatureEncoder, build_objective
 from sharpclip.train.optim import build_optimizer
-from sharpclip.train.step import FeatureEncoder, run_step
+from sharpclip.train.step import run_step
 from sharpclip.train.trainer import compile_towers
 
 VOCAB, EOS, CONTEXT, IMAGE = 49408, 49407, 248, 224
@@ -108,9 +108,7 @@ def measure(setting: Setting, steps: int, dynamic: bool, device: torch.device, b
     if setting.compiled:
         compile_towers(model)
     objective = build_objective(LossConfig(terms=OBJECTIVES[setting.objective]))
-    encoder = FeatureEncoder(
-        model, objective.feature_keys, autocast=lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    )
+    encoder = FeatureEncoder(model, objective.feature_keys, precision="bf16")
     optimizer = build_optimizer(model, 1e-5, 0.1, {})
     mode, micro = ACCUMULATION[setting.accumulation]
     micro = micro * batch_size // 128

@@ -104,15 +104,20 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_objectives(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("objectives", help="list the registered loss terms, their inputs and hyperparameters")
+    p = sub.add_parser("objectives", help="list the registered loss terms and the features their inputs may read")
 
     def run(args: argparse.Namespace) -> int:
         from sharpclip.losses import registry
+        from sharpclip.train.features import FEATURES, NEEDS
 
         for spec in registry.specs():
             params = ", ".join(f"{k}={v!r}" for k, v in spec.params.items()) or "-"
             inputs = ", ".join(spec.inputs + tuple(f"[{k}]" for k in spec.optional_inputs))
             print(f"{spec.name:16s} inputs: {inputs}\n{'':16s} params: {params}\n{'':16s} {spec.summary}")
+        print("\nfeatures (what an input may read; loss.terms.<term>.inputs.<argument>: <feature>):")
+        for f in FEATURES.values():
+            needs = f"  [needs {NEEDS[f.needs].what}]" if f.needs else ""
+            print(f"  {f.name:17s} {f.shape:13s} {f.doc}{needs}")
         return 0
 
     p.set_defaults(handler=run)

@@ -268,7 +268,7 @@ class TermConfig:
     loss: str = "infonce"  # a name in losses.registry
     weight: float = 1.0
     params: dict[str, Any] = field(default_factory=dict)  # keyword hyperparameters of the loss (gamma, ...)
-    inputs: dict[str, str] = field(default_factory=dict)  # loss argument -> feature key (text -> text_long)
+    inputs: dict[str, str] = field(default_factory=dict)  # loss argument -> feature (text -> text_short)
 
 
 @dataclass
@@ -326,7 +326,6 @@ class TrainConfig:
     eval_every: int = 1  # epochs between evaluations (0: never)
     best_metric: str = "mean_R@1"  # the evaluation number that picks the best checkpoint (higher is better)
     diagnostics_every: int = 0  # optimiser steps between gradient diagnostics (0: off)
-    diagnostics_gamma: float = 0.5  # γ of the HN-CLIP loss the diagnostics compare against
     nan_patience: int = 5  # consecutive non-finite steps (skipped) before the run stops
     progress: bool = True
     tensorboard: bool = False
@@ -424,11 +423,20 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
 
 
+# keys that were settings once: what replaced them, for the error an old config meets
+REMOVED = {
+    "train.diagnostics_gamma": "the gradient diagnostics read γ from the objective's hn_clip term "
+    "(loss.terms.<name>.params.gamma; hn_clip's default 0.5 without one); delete the key",
+}
+
+
 def _merge(base: Any, layer: Any, source: str) -> Any:
     try:
         return OmegaConf.merge(base, layer)
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None) or "?"
+        if key in REMOVED:
+            raise ConfigError(f"{source}: key '{key}' is no longer a setting: {REMOVED[key]}") from None
         reason = str(err).splitlines()[0]
         raise ConfigError(f"{source}: key '{key}': {reason}") from None
 

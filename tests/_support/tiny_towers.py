@@ -1,7 +1,9 @@
-"""A tiny dual encoder with dropout that emits every feature any registered loss reads, in float64.
+"""A tiny dual encoder with dropout that emits, in float64, every feature of the feature table (train.features)
+that a registered loss requires, under the table's names.
 
 It stands in for a real backbone in accumulation and multi-process tests: what matters there is that parameters,
-dropout and token masks behave like a real tower's, not what the model computes.
+dropout and token masks behave like a real tower's, not what the model computes. Its edit features come from a
+second set of pixels and captions rather than from rows of the batch.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from torch import Tensor, nn
 
 from sharpclip.config import LossConfig, TermConfig
 from sharpclip.losses import build_objective
+from sharpclip.train.features import FEATURES
 
 
 class TinyTowers(nn.Module):
@@ -43,7 +46,7 @@ class TinyTowers(nn.Module):
         image, image_tokens = self._image(batch["pixels"])
         text, text_tokens = self._text(batch["ids"], batch["mask"])
         teacher = (self.teacher(batch["ids"]) * batch["mask"][..., None]).sum(1)
-        return {
+        features = {
             "image": image,
             "image_tokens": image_tokens,
             "text": text,
@@ -56,6 +59,8 @@ class TinyTowers(nn.Module):
             "teacher": teacher,
             "student": text,
         }
+        assert features.keys() <= FEATURES.keys(), features.keys() - FEATURES.keys()  # the table's names only
+        return features
 
     def model_inputs(self) -> dict[str, Tensor]:
         return {"logit_scale": self.logit_scale, "logit_bias": self.logit_bias}
@@ -113,4 +118,4 @@ OBJECTIVES: dict[str, dict[str, TermConfig]] = {
 
 
 def objective(name: str):
-    return build_objective(LossConfig(terms=OBJECTIVES[name]))
+    return build_objective(LossConfig(terms=OBJECTIVES[name]), FEATURES)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from sharpclip.cli import main
@@ -81,3 +83,17 @@ def test_cli_objectives_lists_every_registered_loss(capsys):
     out = capsys.readouterr().out
     for name in ("infonce", "hn_clip", "filip", "edit_negatives", "distill_cosine", "sigmoid"):
         assert name in out
+    assert "text_short        (B, D)        the short caption's embedding (CLIP-IN eq. 8)  [needs short captions" in out
+
+
+def test_a_removed_key_says_what_replaced_it(tmp_path):
+    """train.diagnostics_gamma was a second source of HN-CLIP's γ; the diagnostics now read the hn_clip term's."""
+    replaced = r"read γ from the objective's hn_clip term \(loss\.terms\.<name>\.params\.gamma"
+    with pytest.raises(
+        ConfigError, match=r"'train\.diagnostics_gamma' is no longer a setting: the gradient diagnostics " + replaced
+    ):
+        load_config(None, ["train.diagnostics_gamma=0.25"])
+    old = tmp_path / "old.yaml"
+    old.write_text("train:\n  diagnostics_every: 10\n  diagnostics_gamma: 0.5\n")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(old))}: key 'train\.diagnostics_gamma' is no longer"):
+        load_config(old)

@@ -11,7 +11,7 @@ import pytest
 from sharpclip.demo import DemoOptions, select
 from sharpclip.demo.plan import PROFILES, arms
 from sharpclip.demo.stages import a2_config, arm_config, init_config, init_key
-from sharpclip.losses import build_objective
+from sharpclip.train.features import build_objective
 
 
 @pytest.mark.parametrize("arm", arms(full=True), ids=lambda a: a.name)

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from sharpclip.losses import edit_negatives, filip, hn_clip, infonce, registry, sigmoid, token_similarities
+from sharpclip.train.features import FEATURES
 
 
 def _unit(*shape, seed=0, dtype=torch.float64):
@@ -72,23 +73,19 @@ def test_fused_boost_equals_materialised_margin():
     assert torch.allclose(fused, materialised, atol=1e-12)
 
 
+SIZES = {"D": 6, "P": 5, "L": 4}  # the feature table's axes; B and E (edit pairs) are the batch
+
+
 def _inputs(b, seed=0):
-    """Every feature any registered loss reads, for a batch of b, plus the model's scale and bias."""
-    d, n_patch, n_word = 6, 5, 4
-    feats = {
-        "image": _unit(b, d, seed=seed),
-        "text": _unit(b, d, seed=seed + 1),
-        "image_tokens": _unit(b, n_patch, d, seed=seed + 2),
-        "text_tokens": _unit(b, n_word, d, seed=seed + 3),
-        "text_token_mask": torch.arange(n_word)[None, :] < torch.randint(1, n_word + 1, (b, 1)),
-        "source_image": _unit(b, d, seed=seed + 4),
-        "target_image": _unit(b, d, seed=seed + 5),
-        "source_text": _unit(b, d, seed=seed + 6),
-        "target_text": _unit(b, d, seed=seed + 7),
-        "teacher": _unit(b, d, seed=seed + 8),
-        "student": _unit(b, d, seed=seed + 9),
-        "reference_text": _unit(b, d, seed=seed + 10),
-    }
+    """One tensor per feature of the feature table, of its declared shape, for a batch of b (and b edit pairs),
+    plus the model's scale and bias."""
+    feats = {}
+    for k, feature in enumerate(f for f in FEATURES.values() if f.kind != "model"):
+        dims = [b if d in ("B", "E") else SIZES[d] for d in feature.dims]
+        if feature.mask:  # real tokens first, then padding
+            feats[feature.name] = torch.arange(dims[1])[None, :] < torch.randint(1, dims[1] + 1, (b, 1))
+        else:
+            feats[feature.name] = _unit(*dims, seed=seed + k)
     f64 = torch.float64
     model = {"logit_scale": torch.tensor(2.5, dtype=f64), "logit_bias": torch.tensor(-1.0, dtype=f64)}
     return feats, model

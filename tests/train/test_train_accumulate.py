@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from _support.tiny_towers import OBJECTIVES, TinyTowers, make_batch, objective, split_batch
-from sharpclip.train.accumulate import cached_gradient_step, concat_features, per_micro_batch_step
+from sharpclip.train.accumulate import cached_gradient_step, concat_features
 
 
 def _grads(model):
@@ -91,16 +91,24 @@ def test_without_replay_dropout_would_not_match():
 
 
 def test_per_micro_batch_is_the_mean_of_small_losses():
-    model = TinyTowers(dropout=0.0)
-    batch = make_batch(64, seed=6)
-    obj = objective("infonce")
-    micro = split_batch(batch, 16)
+    """Ordinary accumulation (train.step.micro_batch_step): each micro-batch its own loss, their mean the step's."""
+    from _support.tiny_run import ToyLoader, toy_model
+    from sharpclip.config import LossConfig, TermConfig
+    from sharpclip.train.features import FeatureEncoder, build_objective
+    from sharpclip.train.step import objective_inputs, run_step, split_rows
+
+    model = toy_model()
+    batch = next(iter(ToyLoader(model.tokenizer, n=16, batch_size=16)))
+    obj = build_objective(LossConfig(terms={"c": TermConfig("infonce")}))
+    encoder = FeatureEncoder(model, obj.feature_keys)
+    micro = split_rows(batch, 4)
     model.zero_grad()
-    terms = per_micro_batch_step(model.encode, micro, lambda f: obj({**f, **model.model_inputs()}))
-    expected = sum(obj({**model.encode(mb), **model.model_inputs()})["loss"] for mb in micro) / 4
-    assert torch.allclose(terms["loss"], expected.detach(), atol=1e-12)
-    _, full = _full_batch_grads(model, obj, batch, seed=0)
+    result = run_step(encoder, obj, batch, 4, "per_micro_batch")
+    per_micro = model.hf_model.text_projection.weight.grad.clone()
+    with torch.no_grad():
+        expected = sum(float(obj(objective_inputs(encoder, encoder(mb), mb))["loss"]) for mb in micro) / 4
+    assert result.terms["loss"] == pytest.approx(expected, rel=1e-6)
     model.zero_grad()
-    per_micro_batch_step(model.encode, micro, lambda f: obj({**f, **model.model_inputs()}))
-    # a different objective (16 negatives, not 64), so the gradients must differ from the full batch's
-    assert not torch.allclose(model.patch.weight.grad, full["patch.weight"], atol=1e-6)
+    run_step(encoder, obj, batch, 16, "exact")  # one matrix of 16
+    # a different objective (4 negatives, not 16), so the gradients must differ from the full batch's
+    assert not torch.allclose(model.hf_model.text_projection.weight.grad, per_micro, atol=1e-6)

@@ -12,10 +12,9 @@ from safetensors.torch import load_file
 from _support.tiny_run import ToyLoader, toy_model, train_config
 from sharpclip import devices
 from sharpclip.config import ConfigError, LossConfig, ModelConfig, TermConfig, load_config
-from sharpclip.losses import build_objective
 from sharpclip.models.factory import save_checkpoint
 from sharpclip.train import checkpoint
-from sharpclip.train.step import FeatureEncoder, to_model_device
+from sharpclip.train.features import FeatureEncoder, build_objective, to_model_device
 from sharpclip.train.trainer import Trainer
 
 TERMS = {"hn": TermConfig("hn_clip"), "tok": TermConfig("filip", weight=0.5), "short": TermConfig("infonce")}
@@ -27,7 +26,6 @@ class DeviceCheck:
     def __init__(self, model, objective):
         self.seen: dict[str, set[torch.device]] = {"vision": set(), "text": set(), "loss": set()}
         self.objective = objective
-        self.feature_keys = objective.feature_keys
         for name, tower in (("vision", model.vision_model), ("text", model.text_model)):
             tower.register_forward_pre_hook(self._hook(name), with_kwargs=True)
 
@@ -45,6 +43,9 @@ class DeviceCheck:
     def __call__(self, features):
         self._record("loss", features.values())
         return self.objective(features)
+
+    def __getattr__(self, name):  # the rest of the objective's interface (diagnose, param_of, ...)
+        return getattr(self.objective, name)
 
 
 def _trainer(tmp_path: Path, device: str, **overrides) -> tuple[Trainer, DeviceCheck]:

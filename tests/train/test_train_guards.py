@@ -11,9 +11,9 @@ from _support.tiny_files import tiny_config, write_generic
 from _support.tiny_run import ToyLoader, toy_model, train_config
 from sharpclip.config import ConfigError, LossConfig, ModelConfig, TermConfig, load_config
 from sharpclip.eval.guards import GUARDS_HOLD
-from sharpclip.losses import build_objective
 from sharpclip.models.factory import save_checkpoint
 from sharpclip.train import checkpoint
+from sharpclip.train.features import build_objective
 from sharpclip.train.run import GUARDS_INITIAL, run_train
 from sharpclip.train.trainer import Trainer
 

@@ -8,8 +8,8 @@ import logging
 from _support.tiny_run import ToyLoader, toy_model, train_config
 from sharpclip.cli import main
 from sharpclip.config import LossConfig, ModelConfig, TermConfig
-from sharpclip.losses import build_objective
 from sharpclip.models import save_checkpoint
+from sharpclip.train.features import build_objective
 from sharpclip.train.logging import tag
 from sharpclip.train.run import log_model, warn_tiny
 from sharpclip.train.trainer import Trainer

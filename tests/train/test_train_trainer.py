@@ -16,9 +16,9 @@ from safetensors.torch import load_file
 
 from _support.tiny_run import ToyLoader, toy_model, train_config
 from sharpclip.config import LossConfig, ModelConfig, TermConfig
-from sharpclip.losses import build_objective
 from sharpclip.models.factory import save_checkpoint
 from sharpclip.train import checkpoint
+from sharpclip.train.features import build_objective
 from sharpclip.train.optim import param_groups, warmup_cosine
 from sharpclip.train.trainer import Trainer, TrainingDiverged
 
@@ -109,7 +109,7 @@ def test_bf16_autocast_and_gradient_checkpointing_train(tmp_path):
 
 
 def test_diagnostics_record_both_gradients(tmp_path):
-    trainer = _trainer(tmp_path, epochs=1, diagnostics_every=2, diagnostics_gamma=0.5)
+    trainer = _trainer(tmp_path, epochs=1, diagnostics_every=2)
     trainer.fit()
     records = _records(tmp_path / "run" / "diagnostics.jsonl")
     assert [r["step"] for r in records] == [0, 2]
@@ -121,7 +121,9 @@ def test_diagnostics_record_both_gradients(tmp_path):
 
 
 def test_diagnostics_with_gamma_zero_compare_a_gradient_with_itself(tmp_path):
-    trainer = _trainer(tmp_path, epochs=1, max_steps=1, diagnostics_every=1, diagnostics_gamma=0.0)
+    """γ comes from the configured hn_clip term: at γ = 0 the HN gradient is InfoNCE's."""
+    terms = {"hn": TermConfig("hn_clip", params={"gamma": 0.0})}
+    trainer = _trainer(tmp_path, terms=terms, epochs=1, max_steps=1, diagnostics_every=1)
     trainer.fit()
     r = _records(tmp_path / "run" / "diagnostics.jsonl")[0]
     assert r["grad_cosine"] == pytest.approx(1.0, abs=1e-5) and r["grad_norm_ratio"] == pytest.approx(1.0, abs=1e-5)
@@ -130,7 +132,8 @@ def test_diagnostics_with_gamma_zero_compare_a_gradient_with_itself(tmp_path):
 def test_diagnostics_under_per_micro_batch_measure_each_micro_batch(tmp_path):
     """The paper's 16 × 8: each micro-batch's own InfoNCE and zero-gradient flag; the step's gradient is their mean."""
     from sharpclip.train.diagnostics import gradient_diagnostics
-    from sharpclip.train.step import FeatureEncoder, run_step
+    from sharpclip.train.features import FeatureEncoder
+    from sharpclip.train.step import run_step
 
     trainer = _trainer(tmp_path, terms={"clip": TermConfig("infonce")}, epochs=1, accumulation="per_micro_batch")
     batch = next(iter(trainer.loader))
@@ -263,20 +266,23 @@ def test_tensorboard_and_wandb_sinks_receive_every_step(tmp_path, monkeypatch):
 
 def test_per_micro_batch_counts_every_micro_batch(tmp_path):
     """seen, samples/s and the saturation monitor cover all micro-batches of a step, not the last."""
-    from sharpclip.train.step import FeatureEncoder, run_step, saturation_monitor, split_rows
+    from sharpclip.losses.monitors import infonce_saturation
+    from sharpclip.train.features import FeatureEncoder
+    from sharpclip.train.step import run_step, split_rows
 
     trainer = _trainer(tmp_path, terms={"clip": TermConfig("infonce")}, epochs=1, micro_batch_size=4,
                        accumulation="per_micro_batch")  # fmt: skip
     batch = next(iter(trainer.loader))
     encoder = FeatureEncoder(trainer.model, trainer.objective.feature_keys)
     with torch.no_grad():
-        expected = [saturation_monitor(encoder(mb), trainer.model.logit_scale) for mb in split_rows(batch, 4)]
+        parts = [encoder(mb) for mb in split_rows(batch, 4)]
+        expected = [infonce_saturation(f["image"], f["text"], trainer.model.logit_scale) for f in parts]
     trainer.model.zero_grad()
     result = run_step(encoder, trainer.objective, batch, 4, "per_micro_batch")
     assert result.rows == 16
-    assert result.monitor["matrices"] == 4
-    assert result.monitor["infonce"] == pytest.approx(sum(m["infonce"] for m in expected) / 4, rel=1e-5)
-    assert result.monitor["saturated"] == sum(m["infonce"] < 1e-3 for m in expected) / 4
+    assert result.monitor["matrices_monitor"] == 4
+    assert result.monitor["infonce_monitor"] == pytest.approx(sum(float(m["infonce"]) for m in expected) / 4, rel=1e-5)
+    assert result.monitor["saturated_monitor"] == sum(m["infonce"] < 1e-3 for m in expected) / 4
     trainer.fit()
     steps = [r for r in _records(tmp_path / "run" / "metrics.jsonl") if "loss" in r]
     assert [r["seen"] for r in steps] == [16 * (k + 1) for k in range(len(steps))]

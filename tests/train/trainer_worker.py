@@ -14,9 +14,9 @@ from safetensors.torch import save_file
 
 from _support.tiny_run import ToyLoader, toy_model, train_config
 from sharpclip.config import LossConfig, ModelConfig, TermConfig, TrainConfig
-from sharpclip.losses import build_objective
 from sharpclip.models.factory import save_checkpoint
 from sharpclip.train import checkpoint, distributed
+from sharpclip.train.features import build_objective
 from sharpclip.train.trainer import Trainer
 
 

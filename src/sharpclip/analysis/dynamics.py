@@ -32,7 +32,9 @@ from typing import Any
 
 import numpy as np
 
-SATURATION = 1e-3
+from sharpclip.losses.monitors import INFONCE_MONITOR, SATURATED
+
+SATURATION = SATURATED  # the paper's "declared solved" (losses.monitors)
 REQUIRED = ("step", "epoch", "loss_infonce", "loss_hn", "grad_norm_infonce", "grad_norm_hn")
 
 
@@ -140,7 +142,7 @@ def training_curve(run_dir: str | Path, file: str = "metrics.jsonl") -> dict[str
     records = [r for r in read_jsonl(Path(run_dir) / file) if "loss" in r and "step" in r and not r.get("skipped")]
     if not records:
         raise ValueError(f"{Path(run_dir) / file}: no training steps")
-    return {k: [r.get(k) for r in records] for k in ("step", "loss", "infonce_monitor")}
+    return {k: [r.get(k) for r in records] for k in ("step", "loss", INFONCE_MONITOR)}
 
 
 def comparison_table(curves: dict[str, dict[str, list]]) -> str:

@@ -27,6 +27,7 @@ import torch
 
 from sharpclip.analysis.geometry import hardness_buckets
 from sharpclip.losses import margin_matrix
+from sharpclip.losses.monitors import INFONCE_MONITOR
 
 LOG_FLOOR = 1e-10  # zeros on log axes are drawn here (the paper clamps the same way)
 
@@ -266,7 +267,7 @@ def fig_training_curves(curves: dict[str, dict[str, list]], out: str | Path) -> 
     fig, ax = plt.subplots(figsize=(8.5, 4.2))
     k = 0
     for run, c in curves.items():
-        for key in ("loss", "infonce_monitor"):
+        for key in ("loss", INFONCE_MONITOR):
             if any(v is not None for v in c.get(key, [])):
                 ax.semilogy(c["step"], _floor(c[key]), label=f"{run}: {key}", **{**_style(k), "ms": 3})
                 k += 1

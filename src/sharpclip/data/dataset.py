@@ -31,6 +31,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from sharpclip.data.images import ImageLoadError, describe, load_image
 from sharpclip.data.schema import (
+    EDIT_PAIRS,
+    SHORT_CAPTIONS,
     BadSample,
     BadSampleError,
     BadSampleReport,
@@ -225,6 +227,13 @@ class SampleLoader(DataLoader):
                 new += 1
             self.times_skipped[key] += 1
         return new
+
+    @property
+    def provides(self) -> frozenset[str]:
+        """What the batches carry beyond images and captions: SHORT_CAPTIONS, EDIT_PAIRS (data.schema)."""
+        short = {SHORT_CAPTIONS} if self.collate_fn.with_short else set()
+        edits = {EDIT_PAIRS} if any(isinstance(s, EditSample) for s in self.dataset.samples) else set()
+        return frozenset(short | edits)
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch of the dataset (caption draw) and of the batch sampler (order)."""

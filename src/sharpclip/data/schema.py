@@ -25,6 +25,10 @@ from torch import Tensor
 
 log = logging.getLogger("sharpclip.data")
 
+# what a loader's batches may carry beyond images and captions (a loader's `provides`; train.features' needs)
+SHORT_CAPTIONS = "short_captions"  # Batch.short_input_ids: a short caption per row
+EDIT_PAIRS = "edit_pairs"  # Batch.edit_source / edit_target: instruction-edit pairs
+
 
 @dataclass(frozen=True)
 class ParquetCell:

@@ -37,7 +37,7 @@ from sharpclip.config import DataConfig
 from sharpclip.data.dataset import Collator, Item, Row
 from sharpclip.data.formats import webdataset as wds_format
 from sharpclip.data.images import ImageLoadError, load_image
-from sharpclip.data.schema import BadSample, BadSampleError, BadSampleReport, Batch, PairSample, log
+from sharpclip.data.schema import SHORT_CAPTIONS, BadSample, BadSampleError, BadSampleReport, Batch, PairSample, log
 from sharpclip.data.transforms import TextTokenizer
 from sharpclip.devices import resolve_num_workers
 
@@ -156,6 +156,11 @@ class StreamLoader(DataLoader):
 
     def __len__(self) -> int:
         return self.length
+
+    @property
+    def provides(self) -> frozenset[str]:
+        """What the batches carry beyond images and captions: short captions when the first sample has one."""
+        return frozenset({SHORT_CAPTIONS} if self.stream.collate.with_short else ())
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch's shard order and buffer draw; a resumed epoch keeps its start positions."""

@@ -27,7 +27,13 @@ from torch import Tensor
 from sharpclip.analysis.dynamics import read_jsonl
 from sharpclip.analysis.geometry import caption_geometry
 from sharpclip.config import DataConfig
-from sharpclip.train.step import SATURATED
+from sharpclip.losses.monitors import (
+    INFONCE_MONITOR,
+    MATRICES_MONITOR,
+    ROWS_SATURATED_MONITOR,
+    SATURATED,
+    SATURATED_MONITOR,
+)
 
 KS = (1, 5, 10)
 
@@ -185,9 +191,9 @@ def _saturated_share(steps: list[dict]) -> float | None:
         return None
 
     def share(r: dict) -> float:  # records written before the per-matrix count: one matrix per step
-        return r["saturated_monitor"] if "saturated_monitor" in r else float(r["infonce_monitor"] < SATURATED)
+        return r[SATURATED_MONITOR] if SATURATED_MONITOR in r else float(r[INFONCE_MONITOR] < SATURATED)
 
-    matrices = [r.get("matrices_monitor", 1.0) for r in steps]
+    matrices = [r.get(MATRICES_MONITOR, 1.0) for r in steps]
     return 100.0 * sum(share(r) * n for r, n in zip(steps, matrices, strict=True)) / sum(matrices)
 
 
@@ -210,16 +216,16 @@ def _micro_zero_grads(diag: list[dict]) -> dict[str, float | None]:
 def training_stats(run_dir: str | Path) -> dict[str, Any]:
     """Saturation and activity of a finished arm (shares in %), from its metrics.jsonl and diagnostics.jsonl."""
     run_dir = Path(run_dir)
-    steps = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "infonce_monitor" in r]
+    steps = [r for r in read_jsonl(run_dir / "metrics.jsonl") if INFONCE_MONITOR in r]
     first = [r for r in steps if r["epoch"] == 0]
     out: dict[str, Any] = {
         "steps": len(steps),
         "steps_first_epoch": len(first),
         "sat_batches_ep1": _saturated_share(first),
-        "sat_rows_ep1": None if not first else 100.0 * _mean([r["rows_saturated_monitor"] for r in first]),
+        "sat_rows_ep1": None if not first else 100.0 * _mean([r[ROWS_SATURATED_MONITOR] for r in first]),
         "sat_batches": _saturated_share(steps),
-        "sat_rows_last": None if not steps else 100.0 * steps[-1]["rows_saturated_monitor"],
-        "min_infonce": min((r["infonce_monitor"] for r in steps), default=None),
+        "sat_rows_last": None if not steps else 100.0 * steps[-1][ROWS_SATURATED_MONITOR],
+        "min_infonce": min((r[INFONCE_MONITOR] for r in steps), default=None),
         "active_batches": _share([r["loss"] >= SATURATED for r in steps]),
         "final_loss": steps[-1]["loss"] if steps else None,
         "final_scale": steps[-1]["logit_scale"] if steps else None,

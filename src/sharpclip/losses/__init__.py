@@ -8,6 +8,8 @@
 | `edit_negatives` | CLIP-IN eqs. 3-6        | edit_negatives.py |
 | `distill_cosine` | CLIP-IN eq. 7           | distill.py        |
 | `sigmoid`        | SigLIP (+ HN margin)    | sigmoid.py        |
+
+Diagnostic terms (weight 0, no gradient, logged): the InfoNCE saturation monitor, monitors.py.
 """
 
 from sharpclip.losses import registry

@@ -2,12 +2,14 @@
 
 Convention for a registered loss: positional parameters are tensor inputs (features of the batch, or the model's
 logit scale and bias), those defaulting to None are optional; keyword-only parameters are hyperparameters set from
-config. `objective.py` binds inputs by name (remappable per term) and checks hyperparameters against this record.
+config, annotated with their type (`gamma: float = 0.5`). `objective.py` binds inputs by name (remappable per term)
+and checks hyperparameters against this record: their names, and their values against the annotations.
 """
 
 from __future__ import annotations
 
 import inspect
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +26,7 @@ class LossSpec:
     inputs: tuple[str, ...]  # required tensor inputs
     optional_inputs: tuple[str, ...]  # tensor inputs that may be absent (None)
     params: dict[str, Any]  # hyperparameters and their defaults
+    param_types: dict[str, Any]  # hyperparameters and their annotated types (float, int | None, ...)
 
     @property
     def summary(self) -> str:
@@ -34,7 +37,8 @@ class LossSpec:
 _REGISTRY: dict[str, LossSpec] = {}
 
 
-def _spec(name: str, fn: LossFn) -> LossSpec:
+def spec_of(name: str, fn: LossFn) -> LossSpec:
+    """The record of `fn` under `name`, read off its signature (registered or not: diagnostic terms are not)."""
     inputs, optional, params = [], [], {}
     for p in inspect.signature(fn).parameters.values():
         if p.kind is p.KEYWORD_ONLY:
@@ -43,7 +47,9 @@ def _spec(name: str, fn: LossFn) -> LossSpec:
             inputs.append(p.name)
         else:
             optional.append(p.name)
-    return LossSpec(name, fn, tuple(inputs), tuple(optional), params)
+    hints = typing.get_type_hints(fn)
+    types = {p: hints.get(p, Any) for p in params}
+    return LossSpec(name, fn, tuple(inputs), tuple(optional), params, types)
 
 
 def register(name: str) -> Callable[[LossFn], LossFn]:
@@ -52,7 +58,7 @@ def register(name: str) -> Callable[[LossFn], LossFn]:
     def deco(fn: LossFn) -> LossFn:
         if name in _REGISTRY:
             raise ValueError(f"loss {name!r} is already registered (by {_REGISTRY[name].fn.__module__})")
-        _REGISTRY[name] = _spec(name, fn)
+        _REGISTRY[name] = spec_of(name, fn)
         return fn
 
     return deco

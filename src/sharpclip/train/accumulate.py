@@ -10,8 +10,8 @@ changes the objective (every micro-batch sees only m − 1 negatives). The cache
      surrogate Σ ⟨f, ∂L/∂f⟩, whose parameter gradient is exactly this micro-batch's share of ∂L/∂θ.
 
 Summed over micro-batches this is ∂L/∂θ of the full batch (up to float rounding), at the activation memory of one
-micro-batch plus the (B, ...) features. `per_micro_batch_step` is the ordinary alternative (each micro-batch its own
-loss, averaged), kept because the HN-CLIP paper's effective batch of 128 was 16 × 8 that way.
+micro-batch plus the (B, ...) features. The ordinary alternative (each micro-batch its own loss, averaged; the HN-CLIP
+paper's effective batch of 128 was 16 × 8 that way) needs no machinery and is written out in train.step.
 """
 
 from __future__ import annotations
@@ -90,6 +90,46 @@ def _as_leaves(features: Mapping[str, Tensor]) -> Features:
     return {k: v.detach().requires_grad_(v.is_floating_point()) for k, v in features.items()}
 
 
+class CachedFeatures:
+    """Steps 1 and 3 of the cached-gradient step, around the caller's step 2.
+
+        cache = CachedFeatures(encode, micro_batches, device)   # step 1: encode without a graph, RNG recorded
+        loss = <the loss on cache.leaves, gathered if need be>    # step 2: the caller's, on the whole batch
+        loss.backward()                                           #   ∂L/∂f lands in cache.leaves[k].grad
+        cache.backward()                                          # step 3: replay each micro-batch, backprop Σ⟨f, g⟩
+
+    encode: runs the towers on one micro-batch (the caller applies autocast there if wanted); dim 0 = samples.
+    device: the training device; on a GPU its generator is replayed with the CPU's, so dropout masks match.
+    `leaves` are the (B, ...) features of all micro-batches, detached, floating ones requiring grad. Parameters that
+    live in the loss (the logit scale and bias) receive their gradient in step 2, once.
+    """
+
+    def __init__(self, encode: EncodeFn, micro_batches: Sequence[Any], device: torch.device | None = None):
+        self.encode, self.micro_batches = encode, list(micro_batches)
+        self.states, self.parts = [], []
+        for mb in self.micro_batches:
+            self.states.append(RngState.capture(device))
+            with torch.no_grad():
+                self.parts.append({k: v.detach() for k, v in encode(mb).items()})
+        self.leaves = _as_leaves(concat_features(self.parts))
+
+    def backward(self, no_sync: NoSyncFn = contextlib.nullcontext) -> None:
+        """Step 3, once the loss was backpropagated to `leaves`: each micro-batch's share of ∂L/∂θ into `.grad`.
+
+        no_sync: context that suspends DDP's gradient all-reduce; entered for every replay but the last.
+        """
+        grads = {
+            k: _split_like(v.grad, [p[k] for p in self.parts]) for k, v in self.leaves.items() if v.grad is not None
+        }
+        last = len(self.micro_batches) - 1
+        for j, (mb, state) in enumerate(zip(self.micro_batches, self.states, strict=True)):
+            with no_sync() if j < last else contextlib.nullcontext(), state.replay():
+                fresh = self.encode(mb)
+                surrogate = sum((fresh[k] * g[j]).sum() for k, g in grads.items())
+                if isinstance(surrogate, Tensor) and surrogate.requires_grad:
+                    surrogate.backward()
+
+
 def cached_gradient_step(
     encode: EncodeFn,
     micro_batches: Sequence[Any],
@@ -99,55 +139,16 @@ def cached_gradient_step(
     no_sync: NoSyncFn = contextlib.nullcontext,
     device: torch.device | None = None,
 ) -> dict[str, Tensor]:
-    """One exact large-batch backward pass over `micro_batches`; returns the detached loss terms.
+    """One exact large-batch backward pass over `micro_batches` for a loss of the features alone; returns the
+    detached loss terms. (train.step writes the same three steps out, as its loss also reads the batch.)
 
-    encode: runs the towers on one micro-batch (the caller applies autocast there if wanted).
-    loss_fn: the objective on the whole (gathered) batch; model-level parameters such as the logit scale are read
-        from the caller's closure and receive their gradient once, in step 2.
+    loss_fn: the objective on the whole (gathered) batch, returning {"loss": ..., term: ...}; model-level
+        parameters such as the logit scale are read from the caller's closure.
     gather: across processes (`distributed.gather_features`); identity on one process.
-    no_sync: context that suspends DDP's gradient all-reduce; entered for every replay but the last.
-    device: the training device; on a GPU its generator is replayed with the CPU's, so dropout masks match.
     Gradients are accumulated into `.grad`; the caller zeroes them and steps the optimiser.
     """
-    states, cached = [], []
-    for mb in micro_batches:  # step 1: features without a graph
-        states.append(RngState.capture(device))
-        with torch.no_grad():
-            cached.append({k: v.detach() for k, v in encode(mb).items()})
-
-    leaves = _as_leaves(concat_features(cached))  # step 2: full-batch loss, gradients w.r.t. the features
-    terms = loss_fn(gather(leaves))
+    cache = CachedFeatures(encode, micro_batches, device)
+    terms = loss_fn(gather(cache.leaves))
     terms["loss"].backward()
-    grads = {k: _split_like(v.grad, [c[k] for c in cached]) for k, v in leaves.items() if v.grad is not None}
-
-    last = len(micro_batches) - 1
-    for j, (mb, state) in enumerate(zip(micro_batches, states, strict=True)):  # step 3: replay and backprop
-        with no_sync() if j < last else contextlib.nullcontext(), state.replay():
-            fresh = encode(mb)
-            surrogate = sum((fresh[k] * g[j]).sum() for k, g in grads.items())
-            if isinstance(surrogate, Tensor) and surrogate.requires_grad:
-                surrogate.backward()
+    cache.backward(no_sync)
     return {k: v.detach() for k, v in terms.items()}
-
-
-def per_micro_batch_step(
-    encode: EncodeFn,
-    micro_batches: Sequence[Any],
-    loss_fn: LossFn,
-    *,
-    gather: GatherFn = dict,
-    no_sync: NoSyncFn = contextlib.nullcontext,
-) -> dict[str, Tensor]:
-    """Ordinary accumulation: each micro-batch is its own contrastive problem; the loss is their mean.
-
-    Returns the detached terms averaged over micro-batches.
-    """
-    k = len(micro_batches)
-    totals: dict[str, Tensor] = {}
-    for j, mb in enumerate(micro_batches):
-        with no_sync() if j < k - 1 else contextlib.nullcontext():
-            terms = loss_fn(gather(encode(mb)))
-            (terms["loss"] / k).backward()
-        for name, value in terms.items():
-            totals[name] = totals.get(name, 0.0) + value.detach() / k
-    return totals

@@ -2,7 +2,8 @@
 
 For the step's global batch, both objectives of the paper's analysis are evaluated on the same features:
 
-    L_CLIP (eq. 1) and L_HN (eq. 2, γ from config), their gradients w.r.t. every trainable parameter,
+    L_CLIP (eq. 1) and L_HN (eq. 2, γ of the objective's hn_clip term, else hn_clip's default 0.5), their
+    gradients w.r.t. every trainable parameter,
     ‖∇L_CLIP‖, ‖∇L_HN‖, their ratio and cosine, and whether each gradient is exactly zero in float32
     (the paper's "exact zero in fp32": the softmax residual underflowed for every row),
     and the batch's Ḡ statistics: mean off-diagonal caption similarity and mean hardest companion.
@@ -21,7 +22,6 @@ record also lists, per micro-batch, its InfoNCE and whether its own InfoNCE grad
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 
 import torch
 from torch import Tensor
@@ -29,8 +29,9 @@ from torch import Tensor
 from sharpclip.data.schema import Batch
 from sharpclip.losses import hn_clip, infonce, margin_matrix
 from sharpclip.train import distributed
-from sharpclip.train.accumulate import cached_gradient_step
-from sharpclip.train.step import FeatureEncoder, model_device, split_rows, to_model_device
+from sharpclip.train.accumulate import CachedFeatures
+from sharpclip.train.features import FeatureEncoder
+from sharpclip.train.step import split_rows
 
 
 def _flat_grad(params: list[torch.nn.Parameter]) -> Tensor:
@@ -62,13 +63,26 @@ def _per_micro_batch(encoder: FeatureEncoder, micro: list[Batch], fn, params: li
     return sum(losses) / len(losses), total, losses
 
 
+def _whole_batch(encoder: FeatureEncoder, micro: list[Batch], fn, params: list) -> tuple[float, Tensor, dict]:
+    """The loss over the whole batch (cached gradients, as training), its gradient and the batch's Ḡ statistics."""
+    cache = CachedFeatures(encoder, micro, encoder.device)
+    feats = distributed.gather_features(cache.leaves)
+    loss = fn(feats["image"], feats["text"], encoder.model.logit_scale)
+    loss.backward()
+    cache.backward()
+    stats = {**margin_stats(feats["text"].detach()), "batch_rows": len(feats["text"])}
+    return float(loss.detach()), _flat_grad(params), stats
+
+
 def gradient_diagnostics(
     encoder: FeatureEncoder, batch: Batch, micro_batch_size: int, gamma: float = 0.5, accumulation: str = "exact"
 ) -> dict[str, float]:
-    """Both objectives' losses and gradients on `batch`; leaves every `.grad` zeroed."""
+    """Both objectives' losses and gradients on `batch` (γ: the objective's hn_clip term's); leaves every `.grad`
+    zeroed."""
+    encoder = encoder.restricted(("image", "text"))
     model = encoder.model
     params = [p for p in model.parameters() if p.requires_grad]
-    micro = split_rows(to_model_device(batch, model), micro_batch_size)
+    micro = split_rows(encoder.to_device(batch), micro_batch_size)
     record: dict = {}
     grads = {}
     for name, fn in (("infonce", infonce), ("hn", lambda i, t, s: hn_clip(i, t, s, gamma=gamma))):
@@ -81,18 +95,9 @@ def gradient_diagnostics(
             record["margin_hardest"] = sum(m["margin_hardest"] for m in parts["_margin"]) / len(micro)
             record["batch_rows"] = len(batch)
             continue
-
-        def loss_fn(feats: Mapping[str, Tensor], fn=fn, name=name) -> dict[str, Tensor]:
-            if name == "hn":
-                record.update(margin_stats(feats["text"]))
-                record["batch_rows"] = len(feats["text"])
-            return {"loss": fn(feats["image"], feats["text"], model.logit_scale)}
-
-        terms = cached_gradient_step(
-            encoder, micro, loss_fn, gather=distributed.gather_features, device=model_device(model)
-        )
-        record[f"loss_{name}"] = float(terms["loss"])
-        grads[name] = _flat_grad(params)
+        record[f"loss_{name}"], grads[name], stats = _whole_batch(encoder, micro, fn, params)
+        if name == "hn":
+            record.update(stats)
     model.zero_grad(set_to_none=True)
     norm_c, norm_h = float(grads["infonce"].norm()), float(grads["hn"].norm())
     both = norm_c > 0 and norm_h > 0

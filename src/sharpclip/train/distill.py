@@ -18,13 +18,12 @@ from sharpclip import devices
 from sharpclip.config import AdapterConfig, Config, LossConfig, ModelConfig, TermConfig, TrainConfig, to_yaml
 from sharpclip.data.captions import CaptionLoader
 from sharpclip.data.transforms import TextTokenizer
-from sharpclip.losses import build_objective
 from sharpclip.models.distill import DistillSettings, agreement, finish, make_student, read_captions
 from sharpclip.models.factory import create_model, save_checkpoint
 from sharpclip.models.hf import HFDualEncoder
 from sharpclip.models.long_context import stretched_length
 from sharpclip.train import distributed
-from sharpclip.train.step import DistillEncoder
+from sharpclip.train.features import FeatureEncoder, build_objective
 from sharpclip.train.trainer import Trainer
 
 DISTILL_TERMS = {"distill": TermConfig("distill_cosine")}
@@ -49,15 +48,14 @@ def distill(
     loader = CaptionLoader(
         captions, tokenize, train.batch_size // world, seed=train.seed, rank=distributed.rank(), world_size=world
     )
-    objective = build_objective(LossConfig(terms=DISTILL_TERMS))
+    objective = build_objective(LossConfig(terms=DISTILL_TERMS), monitor=False)  # text only: no image to monitor
+    encoder = FeatureEncoder(student, objective.feature_keys, teacher=teacher, precision=train.precision)
 
     def write_model(directory: Path) -> None:
         if student_cfg is not None:
             save_checkpoint(student, directory, student_cfg)
 
-    trainer = Trainer(
-        student, objective, loader, train, Path(train.output_dir), write_model, encoder=DistillEncoder(teacher, student)
-    )
+    trainer = Trainer(student, objective, loader, train, Path(train.output_dir), write_model, encoder=encoder)
     trainer.fit()
     return finish(student, settings)
 

@@ -37,7 +37,7 @@ RESOLVED_CONFIG = "config.yaml"
 APPLIED = (
     "train.lr", "train.warmup_steps", "train.min_lr_ratio", "train.epochs", "train.max_steps",
     "train.eval_every", "train.checkpoint_every", "train.keep_last", "train.grad_clip", "train.grad_checkpointing",
-    "train.diagnostics_every", "train.diagnostics_gamma", "train.nan_patience", "train.progress",
+    "train.diagnostics_every", "train.nan_patience", "train.progress",
     "train.tensorboard", "train.wandb", "train.wandb_project", "train.wandb_name", "train.device", "train.tf32",
     "train.compile", "data.num_workers", "data.prefetch_factor", "eval",
 )  # fmt: skip

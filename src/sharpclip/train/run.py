@@ -17,7 +17,6 @@ a lock keeps a second run out), and a resume is reconciled with the saved config
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import logging
 import random
@@ -176,19 +175,19 @@ def build_trainer(cfg: Config) -> Trainer:
     """Model, loader, objective, validation and trainer as `cfg` describes (no training yet)."""
     from sharpclip.data import build_loader
     from sharpclip.data.transforms import model_transforms
-    from sharpclip.losses import build_objective
     from sharpclip.models.factory import create_model, save_checkpoint
+    from sharpclip.train.features import build_objective, check_provided
 
     world, rank = distributed.world_size(), distributed.rank()
     if cfg.train.batch_size % world:
         raise ConfigError(f"train.batch_size ({cfg.train.batch_size}) must be divisible by the {world} processes")
     device = devices.resolve_device(cfg.train.device, "train.device")
     devices.check_precision(cfg.train.precision, device, "train.precision")  # before the model is built
+    objective = build_objective(cfg.loss)  # every input against the feature table, every parameter typed
     seed_everything(cfg.train.seed)
     model = create_model(cfg.model).to(device)
     log_model(model, cfg.model.name)
     distributed.broadcast_parameters(model)
-    objective = build_objective(cfg.loss)
     preprocess, _ = model_transforms(model, alpha=cfg.data.image_alpha)
     data = replace(cfg.data, context_length=model.context_length)
     if rank != 0:  # rank 0 reads first: a generated corpus (SynthDense) is written once, not by every rank at once
@@ -201,20 +200,19 @@ def build_trainer(cfg: Config) -> Trainer:
     log.info("data: %d loader workers, JPEG draft decoding %s", loader.num_workers, "on" if data.jpeg_draft else "off")
     if rank == 0:
         distributed.barrier()
+    # every rank read the same data: the same decision on every rank
+    check_provided(objective, loader.provides, f"data.format={data.format} (split {data.train_split!r})")
     evaluate = None
     if cfg.train.eval_every:
         held_out = checked_validation_samples(data, getattr(getattr(loader, "dataset", None), "samples", None))
         evaluate = retrieval_validator(model, data, data.eval_split, held_out)
         if cfg.train.guards:
             evaluate = guarded_validator(evaluate, model, cfg, data, Path(cfg.train.output_dir))
-    frozen = None
-    if "text_frozen" in objective.feature_keys:  # HN-CLIP Table 3c: Ḡ from the initial text tower, frozen
-        frozen = copy.deepcopy(model).eval().requires_grad_(False)
 
     def write_model(directory: Path) -> None:
         save_checkpoint(model, directory, cfg.model)
 
-    return Trainer(model, objective, loader, cfg.train, Path(cfg.train.output_dir), write_model, evaluate, frozen)
+    return Trainer(model, objective, loader, cfg.train, Path(cfg.train.output_dir), write_model, evaluate)
 
 
 def run_train(cfg: Config, resume: str | Path | None = None, overwrite: bool = False) -> TrainerState:

@@ -1,108 +1,40 @@
-"""One optimisation step's forward and backward: from a `Batch` to features, to the objective, to gradients.
+"""One optimisation step's forward and backward, top to bottom: from a `Batch` to the features the objective reads
+(train.features), to the objective, to gradients accumulated in `.grad`.
 
-Features are named for the losses that read them (see losses/objective.py):
-
-    image, image_tokens, image_token_mask          the image tower (tokens only when a term reads them)
-    text, text_tokens, text_token_mask             the training caption (the long one when there are two)
-    text_short                                     the short caption (CLIP-IN eq. 8's L_CL(short))
-    text_frozen                                    the caption through a frozen copy of the initial text tower
-                                                   (HN-CLIP Table 3c: `inputs: {reference_text: text_frozen}`)
-    source_image, target_image, source_text, target_text
-                                                   the rows of each edit pair in the batch (CLIP-IN eqs. 3-6)
-
-The edit features are rows of the per-row features, selected after the micro-batches are put back together and
-before the batch is gathered across ranks, so each rank's edit indices stay local.
-
-Device placement happens here and nowhere else: `to_model_device` moves every tensor of a batch (pixels, ids, masks,
-short captions, edit indices) to the device of the encoder's model, non-blocking from pinned memory; `run_step` calls
-it once per step before cutting micro-batches, and the encoders call it again (a no-op for a batch already there) so
-any caller may hand them a batch straight from the loader.
+    run_step(encoder, objective, batch, micro_batch_size, accumulation)
+        the batch moves to the training device and is cut into micro-batches (`split_rows`), then
+        exact            one contrastive matrix over the whole batch (train.accumulate):
+                           cache = CachedFeatures(encoder, micro)            row features, no graph, RNG recorded
+                           features = objective_inputs(cache.leaves, batch)  edit rows, gathered, logit scale
+                           terms = objective(features); terms["loss"].backward(); cache.backward()
+        per_micro_batch  one matrix per micro-batch: the same without the cache, each loss divided by their number
+    → StepResult: the loss terms, the saturation monitor (the objective's diagnostic term, losses.monitors) and
+      the rows trained on.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-import torch
 from torch import Tensor
 
 from sharpclip.data.schema import Batch
 from sharpclip.losses import Objective
-from sharpclip.losses._common import scale_from_log
-from sharpclip.models.base import DualEncoder
+from sharpclip.losses.monitors import (
+    INFONCE_MONITOR,
+    MATRICES_MONITOR,
+    ROWS_SATURATED_MONITOR,
+    SATURATED,
+    SATURATED_MONITOR,
+)
 from sharpclip.train import distributed
-from sharpclip.train.accumulate import cached_gradient_step, per_micro_batch_step
-
-EDIT_KEYS = ("source_image", "target_image", "source_text", "target_text")
-SATURATED = 1e-3  # HN-CLIP §2.1: a batch (or row) whose InfoNCE loss is below this is "solved"
-
-
-def model_device(model: torch.nn.Module) -> torch.device:
-    """The device of a model's parameters (the training device: the trainer moved the model there)."""
-    return next(model.parameters()).device
-
-
-def to_model_device(batch: Batch, model: torch.nn.Module) -> Batch:
-    """`batch` with every tensor on the model's device (the batch itself when they are there already)."""
-    device = model_device(model)
-    if all(v.device == device for v in vars(batch).values() if isinstance(v, Tensor)):
-        return batch
-    return batch.to(device)
-
-
-class FeatureEncoder:
-    """Encodes a (micro-)batch into the per-row features the objective reads, in float32, on the model's device."""
-
-    def __init__(
-        self,
-        model: DualEncoder,
-        keys: set[str],
-        frozen_text: DualEncoder | None = None,
-        autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-    ):
-        if "text_frozen" in keys and frozen_text is None:
-            raise ValueError("the objective reads 'text_frozen' but no frozen text tower was given")
-        self.model, self.keys, self.frozen_text, self.autocast = model, keys, frozen_text, autocast
-        self.image_tokens = "image_tokens" in keys
-        self.text_tokens = "text_tokens" in keys
-
-    def __call__(self, batch: Batch) -> dict[str, Tensor]:
-        m = self.model
-        batch = to_model_device(batch, m)
-        with self.autocast():
-            feats = {
-                **m.encode_image(batch.pixel_values, tokens=self.image_tokens).features("image"),
-                **m.encode_text(batch.input_ids, batch.attention_mask, tokens=self.text_tokens).features("text"),
-            }
-            if "text_short" in self.keys:
-                if batch.short_input_ids is None:
-                    raise ValueError("the objective reads 'text_short' but the data has no short captions")
-                feats["text_short"] = m.encode_text(batch.short_input_ids, batch.short_attention_mask).embedding
-            if "text_frozen" in self.keys:
-                with torch.no_grad():
-                    feats["text_frozen"] = self.frozen_text.encode_text(batch.input_ids, batch.attention_mask).embedding
-        return {k: v.float() if v.is_floating_point() else v for k, v in feats.items()}
-
-
-class DistillEncoder:
-    """Text-only features for tower distillation (CLIP-IN eq. 7): `teacher` (frozen, no graph) and `student`,
-    both on the training device (the trainer places them)."""
-
-    def __init__(self, teacher: DualEncoder, student: DualEncoder):
-        self.teacher, self.model = teacher.eval().requires_grad_(False), student
-
-    def __call__(self, batch: Batch) -> dict[str, Tensor]:
-        batch = to_model_device(batch, self.model)
-        with torch.no_grad():
-            teacher = self.teacher.encode_text(batch.input_ids, batch.attention_mask).embedding
-        student = self.model.encode_text(batch.input_ids, batch.attention_mask).embedding
-        return {"teacher": teacher.float(), "student": student.float()}
+from sharpclip.train.accumulate import CachedFeatures
+from sharpclip.train.features import FeatureEncoder
 
 
 def split_rows(batch: Batch, size: int) -> list[Batch]:
-    """Micro-batches of `size` rows (edit indices stay with the whole batch: see `with_edits`)."""
+    """Micro-batches of `size` rows (edit indices stay with the whole batch: see `FeatureEncoder.with_edits`)."""
     rows = len(batch)
     parts = []
     for start in range(0, rows, size):
@@ -113,84 +45,92 @@ def split_rows(batch: Batch, size: int) -> list[Batch]:
     return parts
 
 
-def with_edits(feats: Mapping[str, Tensor], source: Tensor, target: Tensor) -> dict[str, Tensor]:
-    """Add the edit-pair features: rows `source` / `target` of the image and text features. source, target: (E,)."""
-    out = dict(feats)
-    out.update(
-        source_image=feats["image"][source],
-        target_image=feats["image"][target],
-        source_text=feats["text"][source],
-        target_text=feats["text"][target],
-    )
-    return out
+@dataclass
+class Matrix:
+    """One contrastive matrix of a step: its detached loss terms, its diagnostic terms and its (global) rows."""
+
+    terms: dict[str, Tensor]
+    diagnostics: dict[str, float]
+    rows: int
 
 
 @dataclass
 class StepResult:
     terms: dict[str, float]  # every loss term and the total, averaged as the accumulation mode defines
-    monitor: dict[str, float]  # InfoNCE of the step's contrastive matrices (detached): see `combine_monitors`
+    monitor: dict[str, float]  # the saturation monitor of the step's contrastive matrices: see `combine_monitors`
     rows: int  # rows the step trained on (global), over all its contrastive matrices
 
 
-def saturation_monitor(feats: Mapping[str, Tensor], logit_scale: Tensor) -> dict[str, float]:
-    """InfoNCE of the global batch and the share of rows whose own loss is below 1e-3 (HN-CLIP §2.1), no grad."""
-    with torch.no_grad():
-        image, text = feats["image"].detach(), feats["text"].detach()
-        logits = scale_from_log(logit_scale.detach()) * image @ text.t()
-        labels = torch.arange(len(image), device=image.device)
-        rows = torch.nn.functional.cross_entropy(logits, labels, reduction="none")  # image → text, per query
-        cols = torch.nn.functional.cross_entropy(logits.t(), labels, reduction="none")  # text → image
-        per_row = torch.cat([rows, cols])
-        return {"infonce": float(per_row.mean()), "rows_saturated": float((per_row < SATURATED).float().mean())}
+def objective_inputs(encoder: FeatureEncoder, rows: Mapping[str, Tensor], batch: Batch) -> dict[str, Tensor]:
+    """What the objective reads: the row features of this rank's `batch` with its edit rows picked, gathered
+    across ranks, plus the model features (logit scale and bias)."""
+    return {**distributed.gather_features(encoder.with_edits(rows, batch)), **encoder.model_inputs()}
 
 
-def combine_monitors(parts: list[dict[str, float]]) -> dict[str, float]:
+def _evaluated(objective: Objective, features: Mapping[str, Tensor], terms: dict[str, Tensor]) -> Matrix:
+    rows = len(next(iter(features.values())))
+    return Matrix({k: v.detach() for k, v in terms.items()}, objective.diagnose(features), rows)
+
+
+def exact_step(encoder: FeatureEncoder, objective: Objective, batch: Batch, micro: list[Batch]) -> Matrix:
+    """The objective over the whole `batch` at the memory of one micro-batch (cached gradients, train.accumulate)."""
+    cache = CachedFeatures(encoder, micro, encoder.device)
+    features = objective_inputs(encoder, cache.leaves, batch)
+    terms = objective(features)
+    terms["loss"].backward()
+    cache.backward()
+    return _evaluated(objective, features, terms)
+
+
+def micro_batch_step(encoder: FeatureEncoder, objective: Objective, micro: Batch, count: int) -> Matrix:
+    """One micro-batch as its own contrastive problem; its loss / `count` is backpropagated (ordinary accumulation)."""
+    features = objective_inputs(encoder, encoder(micro), micro)
+    terms = objective(features)
+    (terms["loss"] / count).backward()
+    return _evaluated(objective, features, terms)
+
+
+def mean_terms(matrices: list[Matrix]) -> dict[str, float]:
+    """Each term averaged over the step's matrices (the loss of per_micro_batch is their mean)."""
+    totals: dict[str, Tensor | float] = {}
+    for m in matrices:
+        for name, value in m.terms.items():
+            totals[name] = totals.get(name, 0.0) + value / len(matrices)
+    return {k: float(v) for k, v in totals.items()}
+
+
+def combine_monitors(matrices: list[Matrix]) -> dict[str, float]:
     """One step's monitor from its contrastive matrices (one under exact accumulation, one per micro-batch under
     per_micro_batch): mean InfoNCE and saturated-row share (row-weighted), the share of matrices whose InfoNCE is
-    below 1e-3 (`saturated`: HN-CLIP §2.1 counts batches of 16) and how many matrices there were."""
-    measured = [m for m in parts if "infonce" in m]
+    below 1e-3 (HN-CLIP §2.1 counts batches of 16) and how many matrices there were."""
+    measured = [m for m in matrices if "infonce" in m.diagnostics]
     if not measured:
         return {}
-    rows = sum(m["rows"] for m in measured)
+    rows = sum(m.rows for m in measured)
     return {
-        "infonce": sum(m["infonce"] * m["rows"] for m in measured) / rows,
-        "rows_saturated": sum(m["rows_saturated"] * m["rows"] for m in measured) / rows,
-        "saturated": sum(m["infonce"] < SATURATED for m in measured) / len(measured),
-        "matrices": float(len(measured)),
+        INFONCE_MONITOR: sum(m.diagnostics["infonce"] * m.rows for m in measured) / rows,
+        ROWS_SATURATED_MONITOR: sum(m.diagnostics["rows_saturated"] * m.rows for m in measured) / rows,
+        SATURATED_MONITOR: sum(m.diagnostics["infonce"] < SATURATED for m in measured) / len(measured),
+        MATRICES_MONITOR: float(len(measured)),
     }
 
 
 def run_step(
-    encoder: FeatureEncoder | DistillEncoder,
+    encoder: FeatureEncoder,
     objective: Objective,
     batch: Batch,
     micro_batch_size: int,
     accumulation: str = "exact",
 ) -> StepResult:
     """Forward and backward over this rank's `batch` (gradients accumulate into `.grad`; no optimiser step)."""
-    model = encoder.model
-    batch = to_model_device(batch, model)  # once for the whole step, before the micro-batches are cut
-    model_inputs = {"logit_scale": model.logit_scale, "logit_bias": model.logit_bias}
-    monitors: list[dict[str, float]] = []  # one per contrastive matrix (per micro-batch under per_micro_batch)
-
-    def prepare(feats: Mapping[str, Tensor]) -> dict[str, Tensor]:
-        if "image" in feats:
-            feats = with_edits(feats, batch.edit_source, batch.edit_target)
-        return distributed.gather_features(feats)
-
-    def loss_fn(feats: Mapping[str, Tensor]) -> dict[str, Tensor]:
-        monitor = {"rows": float(len(next(iter(feats.values()))))}
-        if "image" in feats and "text" in feats:
-            monitor.update(saturation_monitor(feats, model.logit_scale))
-        monitors.append(monitor)
-        return objective({**feats, **model_inputs})
-
+    batch = encoder.to_device(batch)  # once for the whole step, before the micro-batches are cut
     micro = split_rows(batch, micro_batch_size)
     if accumulation == "exact":
-        terms = cached_gradient_step(encoder, micro, loss_fn, gather=prepare, device=model_device(model))
+        matrices = [exact_step(encoder, objective, batch, micro)]
+        terms = {k: float(v) for k, v in matrices[0].terms.items()}
     else:
         if len(batch.edit_source) and len(micro) > 1:
             raise ValueError("per_micro_batch accumulation cannot keep edit pairs together; use accumulation: exact")
-        terms = per_micro_batch_step(encoder, micro, loss_fn, gather=prepare)
-    rows = int(sum(m["rows"] for m in monitors))
-    return StepResult({k: float(v) for k, v in terms.items()}, combine_monitors(monitors), rows)
+        matrices = [micro_batch_step(encoder, objective, mb, len(micro)) for mb in micro]
+        terms = mean_terms(matrices)
+    return StepResult(terms, combine_monitors(matrices), sum(m.rows for m in matrices))

@@ -5,8 +5,8 @@ adapters and freezing (models), the batches (data), the accumulation mode (train
 runs the step, skips non-finite steps, clips, steps the optimiser and the schedule, clamps the logit scale, checks
 that the weights are still finite, logs, checkpoints, evaluates, and on request records gradient diagnostics.
 
-Before the loop the trainer puts everything that computes on `train.device`: the model, the frozen text tower, the
-distillation teacher (batches follow in train.step, the one place that moves them); it compiles the towers under
+Before the loop the trainer puts everything that computes on `train.device`: the model and the feature encoder's
+frozen towers (batches follow in train.features, the one place that moves them); it compiles the towers under
 `train.compile` and turns on activation checkpointing under `train.grad_checkpointing`.
 
 Numerical faults are told apart: a step with a non-finite loss or gradient is skipped (bad data, or bf16 overflow);
@@ -18,7 +18,6 @@ so that a resume starts from the one before it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -35,12 +34,14 @@ from sharpclip.config import TrainConfig
 from sharpclip.data.schema import Batch
 from sharpclip.eval.guards import GUARDS_HOLD
 from sharpclip.losses import Objective
+from sharpclip.losses.monitors import MATRICES_MONITOR, SATURATED_MONITOR
 from sharpclip.models.base import DualEncoder
 from sharpclip.train import checkpoint, distributed
 from sharpclip.train.diagnostics import gradient_diagnostics
+from sharpclip.train.features import FeatureEncoder
 from sharpclip.train.logging import RunLogger, log, progress
 from sharpclip.train.optim import build_optimizer, build_scheduler, clamp_logit_scale, lr_for
-from sharpclip.train.step import DistillEncoder, FeatureEncoder, run_step
+from sharpclip.train.step import run_step
 
 Evaluate = Callable[[DualEncoder], dict[str, float]]
 
@@ -71,8 +72,8 @@ class TrainerState:
 class Trainer:
     """Fits `model` to `objective` over `loader`; `write_model(dir)` saves the model part of a checkpoint.
 
-    The features come from a `FeatureEncoder` over `model` (image-caption data) unless `encoder` is given
-    (text-only distillation: `DistillEncoder`). `frozen_text` feeds the `text_frozen` feature (frozen-Ḡ variant).
+    The features come from `encoder`, by default the feature table's encoder over `model` for the objective's
+    features (train.features); distillation passes one that holds its teacher.
     """
 
     def __init__(
@@ -84,8 +85,7 @@ class Trainer:
         run_dir: Path,
         write_model: Callable[[Path], Any],
         evaluate: Evaluate | None = None,
-        frozen_text: DualEncoder | None = None,
-        encoder: DistillEncoder | None = None,
+        encoder: FeatureEncoder | None = None,
     ):
         self.model, self.objective, self.loader, self.cfg = model, objective, loader, cfg
         self.run_dir, self.write_model, self.evaluate = Path(run_dir), write_model, evaluate
@@ -94,11 +94,10 @@ class Trainer:
         devices.check_precision(cfg.precision, self.device, "train.precision")
         if self.device.type == "cuda":
             devices.set_tf32(cfg.tf32)
-        model.to(self.device)
-        for frozen in (frozen_text, getattr(encoder, "teacher", None)):
-            if frozen is not None:
-                frozen.to(self.device)
-        self.encoder = encoder or FeatureEncoder(model, objective.feature_keys, frozen_text, self._autocast)
+        self.encoder = encoder or FeatureEncoder(model, objective.feature_keys, precision=cfg.precision)
+        if self.encoder.model is not model:
+            raise ValueError("the feature encoder must encode the model being trained")
+        self.encoder.to(self.device)
         self.micro = cfg.micro_batch_size
         self.optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, cfg.module_lr)
         if len(loader) == 0:
@@ -120,12 +119,6 @@ class Trainer:
         self._compiling = cfg.compile  # until the first step has run compiled
         if cfg.compile:
             compile_towers(model)
-
-    def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.cfg.precision != "bf16":
-            return contextlib.nullcontext()
-        device = next(self.model.parameters()).device.type
-        return torch.autocast(device_type=device, dtype=torch.bfloat16)
 
     # -- the loop ---------------------------------------------------------------------------------------------
     def fit(self) -> TrainerState:
@@ -162,8 +155,8 @@ class Trainer:
             record = self._train_step(batch)
             if record is None:  # a skipped (non-finite) step: nothing to count, log or save
                 continue
-            if "matrices_monitor" in record:
-                saturated.append((record["saturated_monitor"] * record["matrices_monitor"], record["matrices_monitor"]))
+            if MATRICES_MONITOR in record:
+                saturated.append((record[SATURATED_MONITOR] * record[MATRICES_MONITOR], record[MATRICES_MONITOR]))
             bar.update(1)
             bar.set_postfix(loss=f"{record['loss']:.4f}", scale=f"{record['logit_scale']:.1f}")
             if self.cfg.checkpoint_every and self.state.step % self.cfg.checkpoint_every == 0:
@@ -232,7 +225,7 @@ class Trainer:
             "step": self.state.step,
             "epoch": self.state.epoch,
             **result.terms,
-            **{f"{k}_monitor": v for k, v in result.monitor.items()},
+            **result.monitor,
             "lr": lr,
             "logit_scale": float(self.model.logit_scale.detach().exp()),
             "grad_norm": grad_norm,
@@ -307,8 +300,8 @@ class Trainer:
         )
 
     def _diagnose(self, batch: Batch) -> None:
-        cfg = self.cfg
-        record = gradient_diagnostics(self.encoder, batch, self.micro, cfg.diagnostics_gamma, cfg.accumulation)
+        gamma = self.objective.param_of("hn_clip", "gamma")  # the configured HN-CLIP term's γ (its default without)
+        record = gradient_diagnostics(self.encoder, batch, self.micro, gamma, self.cfg.accumulation)
         self.logger.diagnose({"step": self.state.step, "epoch": self.state.epoch, **record})
 
     # -- checkpoints ------------------------------------------------------------------------------------------
