@@ -20,7 +20,7 @@ def data(tmp_path_factory):
 
 def _train_args(data, out, *extra):
     return ["train", "model.name=tiny-clip", "data.format=generic", f"data.root={data}", "data.image_size=32",
-            f"train.output_dir={out}", "train.batch_size=4", "train.micro_batch_size=4", "train.max_steps=1",
+            "data.num_workers=0", f"train.output_dir={out}", "train.batch_size=4", "train.micro_batch_size=4", "train.max_steps=1",
             "train.progress=false", *extra]  # fmt: skip
 
 

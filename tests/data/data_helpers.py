@@ -11,6 +11,8 @@ FIXTURES = Path(__file__).parents[1] / "fixtures" / "data"
 
 
 def cfg_for(fmt: str, root: Path | str | None = None, **kw) -> DataConfig:
+    """Format `fmt` at `root` (its fixture by default), decoded in the test process unless `num_workers` is given."""
+    kw.setdefault("num_workers", 0)
     return DataConfig(format=fmt, root=str(root if root is not None else FIXTURES / fmt), **kw)
 
 

@@ -30,7 +30,7 @@ def _generic(root, lines: list[bytes], suffix=".jsonl"):
     for i in range(4):
         _png(root / f"{i}.png")
     (root / f"train{suffix}").write_bytes(b"".join(lines))
-    return DataConfig(format="generic", root=str(root), on_bad_sample="skip")
+    return DataConfig(format="generic", root=str(root), on_bad_sample="skip", num_workers=0)
 
 
 def _jsonl(i: int, caption: str = "a red square") -> bytes:
@@ -62,7 +62,7 @@ def test_a_non_utf8_txt_caption_is_a_bad_sample_and_training_reads_the_rest(tmp_
     for i in range(4):
         _png(root / f"{i}.png")
         (root / f"{i}.txt").write_bytes("a red café".encode("latin-1" if i == 1 else "utf-8"))
-    cfg = DataConfig(format="generic", root=str(root), on_bad_sample="skip", image_size=8)
+    cfg = DataConfig(format="generic", root=str(root), on_bad_sample="skip", image_size=8, num_workers=0)
     report = validate(cfg, "train")
     assert report.samples == 3 and any("1.txt:1" in e and "UTF-8" in e for e in report.errors), report.errors
     loader = build_loader(cfg, "train", TOK, batch_size=3)

@@ -129,7 +129,7 @@ def test_images_have_the_configured_resolution_and_differ_within_a_family(corpus
 
 
 def test_the_generic_loaders_read_every_split(corpus):
-    cfg = DataConfig(root=str(corpus), synthdense=SMALL, image_size=48, context_length=160)
+    cfg = DataConfig(root=str(corpus), synthdense=SMALL, image_size=48, context_length=160, num_workers=0)
     test = read_samples(cfg, "test")
     assert len(test) == 24 and len({s.group for s in test}) == 4
     assert read_samples(cfg, "coarse_shapes")[0].caption.startswith("a picture of a ")
