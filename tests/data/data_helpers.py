@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 from sharpclip.config import DataConfig
+from sharpclip.data.transforms import ClipImageTransform, Preprocessing, TextTokenizer
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "data"
 
@@ -19,3 +20,8 @@ def cfg_for(fmt: str, root: Path | str | None = None, **kw) -> DataConfig:
 def copy_fixture(fmt: str, tmp_path: Path) -> Path:
     """A writable copy of one format's fixture, to break on purpose."""
     return Path(shutil.copytree(FIXTURES / fmt, tmp_path / fmt))
+
+
+def prep(tokenizer, size: int = 224, context: int = 77) -> Preprocessing:
+    """CLIP preprocessing at `size` px and `context` tokens: what a model's model_transforms would give a loader."""
+    return Preprocessing(ClipImageTransform(size), TextTokenizer(tokenizer, context))

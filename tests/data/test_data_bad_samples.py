@@ -7,7 +7,7 @@ import json
 import logging
 
 import pytest
-from data_helpers import cfg_for, copy_fixture
+from data_helpers import cfg_for, copy_fixture, prep
 
 from sharpclip.data import BadSampleError, build_loader, read_samples
 from sharpclip.models.tokenizer import build_word_tokenizer
@@ -25,7 +25,7 @@ def _docci_line(root, n: int, **change) -> None:
 
 
 def _epoch(cfg, split="train"):
-    loader = build_loader(cfg, split, TOK, batch_size=2, train=False)
+    loader = build_loader(cfg, split, prep(TOK), batch_size=2, train=False)
     batches = list(loader)
     return loader, [i for b in batches for i in b.ids]
 
@@ -123,7 +123,7 @@ def test_a_bad_image_skipped_every_epoch_is_reported_once(tmp_path, caplog):
     root = copy_fixture("docci", tmp_path)
     path = root / "images" / "train_00000.jpg"
     path.write_bytes(path.read_bytes()[:40])
-    loader = build_loader(cfg_for("docci", root, on_bad_sample="skip"), "train", TOK, batch_size=2, train=False)
+    loader = build_loader(cfg_for("docci", root, on_bad_sample="skip"), "train", prep(TOK), batch_size=2, train=False)
     with caplog.at_level(logging.WARNING, logger="sharpclip.data"):
         for epoch in range(3):
             loader.set_epoch(epoch)

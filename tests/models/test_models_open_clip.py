@@ -136,7 +136,7 @@ def test_open_clip_folder_computes_open_clips_function(tmp_path, quick_gelu: boo
 def test_preprocessing_comes_from_preprocess_cfg(tmp_path) -> None:
     preprocess = {"mean": [0.1, 0.2, 0.3], "std": [0.4, 0.5, 0.6], "interpolation": "bilinear", "resize_mode": "squash"}
     folder, _ = write_folder(tmp_path, model_cfg(False), preprocess)
-    from sharpclip.data.transforms import model_transforms
+    from sharpclip.models.preprocessing import model_transforms
     from sharpclip.models.tokenizer import build_word_tokenizer
 
     model = create_model(ModelConfig(name=str(folder)))
