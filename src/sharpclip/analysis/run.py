@@ -14,6 +14,9 @@ from typing import Any
 import torch
 
 from sharpclip.analysis import dynamics, geometry, plots
+from sharpclip.eval.benchmarks import load_eval_set
+from sharpclip.eval.evaluator import as_embedder
+from sharpclip.eval.retrieval import RetrievalSet
 
 
 def analyze_runs(run_dirs: list[str | Path], out_dir: str | Path, metric: str = "R@1") -> list[Path]:
@@ -47,9 +50,6 @@ def analyze_runs(run_dirs: list[str | Path], out_dir: str | Path, metric: str = 
 
 
 def _captions(name: str, cfg: Any) -> list[str]:
-    from sharpclip.eval.retrieval import RetrievalSet
-    from sharpclip.eval.suite import load_eval_set
-
     es = load_eval_set(name, cfg)
     if not isinstance(es, RetrievalSet):
         raise ValueError(f"caption geometry needs a retrieval dataset; {name!r} is a {type(es).__name__}")
@@ -58,8 +58,6 @@ def _captions(name: str, cfg: Any) -> list[str]:
 
 def analyze_geometry(model: Any, cfg: Any, out_dir: str | Path, batch_size: int = 128, seed: int = 0) -> list[Path]:
     """Caption geometry of each of `cfg.suites` (an EvalConfig) under `model`'s text encoder (or an Embedder)."""
-    from sharpclip.eval.suite import as_embedder
-
     embedder = as_embedder(model, cfg)
     out = Path(out_dir)
     stats: dict[str, dict[str, Any]] = {}

@@ -26,6 +26,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from sharpclip.config import ModelConfig
+from sharpclip.data.synthetic import ensure
 from sharpclip.demo import report
 from sharpclip.demo.measure import evaluate_model, training_stats
 from sharpclip.demo.plan import PROFILES, Arm, Profile, arms
@@ -39,6 +41,7 @@ from sharpclip.demo.stages import (
     run_arm,
     validation_corpus,
 )
+from sharpclip.models.factory import create_model
 
 GEOMETRY_SUMMARY = ("captions", "mean_pairwise", "mean_hardest", "share_negatives_at_least", "hardest_quantiles")
 
@@ -75,8 +78,6 @@ def cache_dir(option: str) -> Path:
 
 def prepare_data(p: Profile, out: Path) -> tuple[Any, Any, float]:
     """Generate (or find) the fine-tuning and validation corpora under `out`; their DataConfigs and the seconds."""
-    from sharpclip.data.synthetic import ensure
-
     start = time.perf_counter()
     data = data_config(out / "synthdense", corpus(p))
     validation = data_config(out / "synthdense-val", validation_corpus(p))
@@ -141,9 +142,6 @@ def command_line(opts: DemoOptions) -> str:
 def run_demo(opts: DemoOptions) -> dict[str, Any]:
     """Everything of the module docstring; returns {"results", "claims", "files", "meta"}."""
     import torch
-
-    from sharpclip.config import ModelConfig
-    from sharpclip.models.factory import create_model
 
     start = time.perf_counter()
     p = PROFILES["quick" if opts.quick else "default"]

@@ -32,7 +32,8 @@ import torch
 
 from sharpclip import devices
 from sharpclip.config import TrainConfig
-from sharpclip.data.schema import Batch
+from sharpclip.data.schema import Batch, Loader
+from sharpclip.eval.evaluator import Evaluate
 from sharpclip.eval.guards import GUARDS_HOLD
 from sharpclip.losses import Objective
 from sharpclip.models.base import DualEncoder
@@ -41,9 +42,6 @@ from sharpclip.train.diagnostics import gradient_diagnostics
 from sharpclip.train.logging import RunLogger, log, progress
 from sharpclip.train.optim import build_optimizer, build_scheduler, clamp_logit_scale, lr_for
 from sharpclip.train.step import DistillEncoder, FeatureEncoder, run_step
-
-Evaluate = Callable[[DualEncoder], dict[str, float]]
-
 
 DIVERGED_GROWTH = 10.0  # an update that multiplies the largest |weight| by this much, then only failed steps: diverged
 
@@ -79,7 +77,7 @@ class Trainer:
         self,
         model: DualEncoder,
         objective: Objective,
-        loader: Any,
+        loader: Loader,
         cfg: TrainConfig,
         run_dir: Path,
         write_model: Callable[[Path], Any],
