@@ -110,7 +110,8 @@ def test_generic_folder_reports_an_image_without_caption(tmp_path):
 
 
 def test_a_batch_whose_every_sample_is_bad_is_skipped_and_counted_not_yielded_empty(tmp_path):
-    """Issue 11, item 13 (this used to stop the epoch with a RuntimeError even under on_bad_sample: skip)."""
+    """Under on_bad_sample: skip a batch of only bad samples is skipped and counted (it used to stop the epoch with a
+    RuntimeError)."""
     root = copy_fixture("docci", tmp_path)
     for name in ("train_00000.jpg", "train_00001.jpg"):
         (root / "images" / name).unlink()

@@ -21,7 +21,8 @@ from sharpclip.eval.retrieval import RetrievalSet
 
 def analyze_runs(run_dirs: list[str | Path], out_dir: str | Path, metric: str = "R@1") -> list[Path]:
     """Every figure the runs have data for; returns the files written. Fig. 4 needs diagnostics.jsonl with records,
-    the convergence plot evaluation records (metrics.jsonl or eval.jsonl), the training curves only metrics.jsonl."""
+    the convergence plot the validation records of metrics.jsonl (`eval/...` keys, written after each validated epoch),
+    the training curves its step records."""
     out, written = Path(out_dir), []
     curves: dict[str, dict[str, list]] = {}
     training: dict[str, dict[str, list]] = {}
@@ -30,12 +31,8 @@ def analyze_runs(run_dirs: list[str | Path], out_dir: str | Path, metric: str = 
         if diag.is_file() and diag.read_text().strip():
             dyn = dynamics.gradient_dynamics(dynamics.read_diagnostics(diag))
             written += plots.fig_gradient_dynamics(dyn, out / f"{run.name}_gradient_dynamics")
-        for file in ("metrics.jsonl", "eval.jsonl"):
-            try:
-                curves[run.name] = dynamics.convergence(run, metric, file)
-                break
-            except (FileNotFoundError, ValueError):
-                continue
+        with contextlib.suppress(FileNotFoundError, ValueError):  # a run that never validated has no curve
+            curves[run.name] = dynamics.convergence(run, metric)
         with contextlib.suppress(FileNotFoundError, ValueError):  # a run without training steps has no curve
             training[run.name] = dynamics.training_curve(run)
     if curves:
