@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -435,8 +436,6 @@ def _merge(base: Any, layer: Any, source: str) -> Any:
 
 def _not_a_mapping(file: Path) -> str | None:
     """The error for a YAML file whose top level parses but is not a mapping (a list, a number, ...), else None."""
-    import yaml
-
     try:
         top = yaml.safe_load(file.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError, OSError):

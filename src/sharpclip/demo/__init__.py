@@ -19,11 +19,13 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import torch
 from tqdm import tqdm
 
 from sharpclip.config import ModelConfig
@@ -71,8 +73,6 @@ def select(opts: DemoOptions) -> list[Arm]:
 
 
 def cache_dir(option: str) -> Path:
-    import os
-
     return Path(option or os.environ.get("SHARPCLIP_CACHE", "~/.cache/sharpclip")).expanduser()
 
 
@@ -141,8 +141,6 @@ def command_line(opts: DemoOptions) -> str:
 
 def run_demo(opts: DemoOptions) -> dict[str, Any]:
     """Everything of the module docstring; returns {"results", "claims", "files", "meta"}."""
-    import torch
-
     start = time.perf_counter()
     p = PROFILES["quick" if opts.quick else "default"]
     p = replace(p, steps=opts.steps) if opts.steps else p

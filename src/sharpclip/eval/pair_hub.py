@@ -36,7 +36,7 @@ def sugarcrepe_hub_folders(root: Path) -> dict[str, Path]:
 
 def read_sugarcrepe_hub(root: str | Path) -> ChoiceSet:
     """The SugarCrepe subsets present in hub layout under `root`; images stay in the parquet files until embedded."""
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # optional dependency (extra [parquet]): only the hub layout is parquet
 
     folders = sugarcrepe_hub_folders(Path(root))
     if not folders:
