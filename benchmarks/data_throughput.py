@@ -33,8 +33,8 @@ from sharpclip.config import DataConfig, SynthDenseConfig
 from sharpclip.data import build_loader
 from sharpclip.data.images import request_draft
 from sharpclip.data.synthetic import MMVP_PATTERNS, generate
-from sharpclip.data.transforms import CLIP_MEAN, CLIP_STD, ClipImageTransform
-from sharpclip.models.tokenizer import build_word_tokenizer
+from sharpclip.data.transforms import CLIP_MEAN, CLIP_STD, ClipImageTransform, Preprocessing, TextTokenizer
+from sharpclip.models.tokenizer import build_word_tokenizer, synthdense_tokenizer
 
 PHOTO_SIZE = (1500, 1000)
 PHOTO_WORDS = ["a", "photo", "of", "red", "green", "blue", "circle", "square", "on", "the", "left", "right"]
@@ -69,9 +69,9 @@ def time_generation(root: str) -> dict:
 
 
 def time_loader(root: str, workers: int, samples: int, batch_size: int) -> dict:
-    cfg = DataConfig(root=root, synthdense=CORPUS, image_size=64, context_length=160, num_workers=workers,
-                     jpeg_draft=False)  # fmt: skip
-    loader = build_loader(cfg, "train", batch_size=batch_size)
+    cfg = DataConfig(root=root, synthdense=CORPUS, num_workers=workers, jpeg_draft=False)
+    preprocessing = Preprocessing(ClipImageTransform(64), TextTokenizer(synthdense_tokenizer(), 160))
+    loader = build_loader(cfg, "train", preprocessing, batch_size=batch_size)
     it = iter(loader)
     next(it)  # warm-up: worker start-up and first batch
     seen, start = 0, time.perf_counter()
@@ -128,10 +128,10 @@ def bare_loop(root: str, size: int, draft: bool) -> float:
 
 def photo_loader(root: str, size: int, workers: int, draft: bool, batch_size: int) -> float:
     """img/s of the training loader over one epoch, after a warm-up epoch, workers kept between them."""
-    cfg = DataConfig(format="generic", root=root, image_size=size, num_workers=workers, jpeg_draft=draft,
-                     shuffle=False, group_batches=False)  # fmt: skip
-    tokenizer = build_word_tokenizer(PHOTO_WORDS)
-    loader = build_loader(cfg, "train", tokenizer, batch_size=batch_size, image_transform=ClipImageTransform(size))
+    cfg = DataConfig(format="generic", root=root, num_workers=workers, jpeg_draft=draft, shuffle=False,
+                     group_batches=False)  # fmt: skip
+    preprocessing = Preprocessing(ClipImageTransform(size), TextTokenizer(build_word_tokenizer(PHOTO_WORDS), 77))
+    loader = build_loader(cfg, "train", preprocessing, batch_size=batch_size)
     for epoch in range(2):
         loader.set_epoch(epoch)
         start, seen = time.perf_counter(), 0

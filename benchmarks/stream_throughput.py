@@ -25,6 +25,7 @@ from PIL import Image
 
 from sharpclip.config import DataConfig
 from sharpclip.data import build_loader
+from sharpclip.data.transforms import ClipImageTransform, Preprocessing, TextTokenizer
 from sharpclip.models.tokenizer import build_word_tokenizer
 
 WORDS = ["a", "photo", "of", "shade", "number", *[str(d) for d in range(10)]]
@@ -52,7 +53,8 @@ def write_corpus(root: Path, images: int, shards: int) -> None:
 
 def rate(cfg: DataConfig, batch_size: int) -> tuple[int, float]:
     """(samples, seconds) for one epoch after the first batch (worker start-up excluded)."""
-    loader = build_loader(cfg, "train", build_word_tokenizer(WORDS), batch_size=batch_size, seed=0)
+    preprocessing = Preprocessing(ClipImageTransform(32), TextTokenizer(build_word_tokenizer(WORDS), 16))
+    loader = build_loader(cfg, "train", preprocessing, batch_size=batch_size, seed=0)
     it = iter(loader)
     next(it)
     seen, start = 0, time.perf_counter()
@@ -75,7 +77,7 @@ def main() -> None:
         write_corpus(root, args.images, args.shards)
         result: dict = {"cpus": os.cpu_count(), "images": args.images, "shards": args.shards, "runs": []}
         for workers in args.workers:
-            common = {"image_size": 32, "num_workers": workers, "context_length": 16}
+            common = {"num_workers": workers}  # 32 px, 16 tokens: rate()'s preprocessing
             indexed = DataConfig(format="generic", root=str(root), **common)
             stream = DataConfig(format="webdataset", root=str(root / "shards"), **common)
             totals = {"indexed": [0, 0.0], "stream": [0, 0.0]}

@@ -133,12 +133,14 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
 
     def run(args: argparse.Namespace) -> int:
         from sharpclip.models.export import ExportError, export_model
+        from sharpclip.train.checkpoint import CheckpointError, resolve_source
 
         try:
-            print(export_model(args.source, args.to, vision_only=args.vision_only, best=args.best, force=args.force))
-        except (ExportError, OSError, ValueError) as err:  # 1: cannot export faithfully; 2: no such model / bad input
+            source = resolve_source(args.source, args.best)
+            print(export_model(source, args.to, vision_only=args.vision_only, force=args.force))
+        except (ExportError, CheckpointError, OSError, ValueError) as err:  # 1: no run or checkpoint, or not faithful
             print(f"sharpclip export: {' '.join(str(err).split())}", file=sys.stderr)
-            return 1 if isinstance(err, ExportError) else 2
+            return 1 if isinstance(err, ExportError | CheckpointError) else 2
         return 0
 
     p.set_defaults(handler=run)
@@ -206,10 +208,11 @@ def _add_validate_data(sub: argparse._SubParsersAction) -> None:
         import json
 
         from sharpclip.data import validate as v
+        from sharpclip.models.tokenizer import token_counter
 
         try:
             cfg = v.config_for(args.target, args.overrides, args.format)
-            counter, name = v.tokenizer_counter(cfg, args.tokenizer)
+            counter, name = token_counter(cfg.format, args.tokenizer)
             report = v.validate(cfg, args.split or v.default_split(cfg), counter, name)
         except (OSError, ValueError) as err:  # no such folder, unknown split, unreadable annotation file
             print(f"sharpclip validate-data: {err}", file=sys.stderr)
@@ -250,7 +253,7 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
 
     def run(args: argparse.Namespace) -> int:
         from sharpclip.eval.suite import run_eval
-        from sharpclip.models.export import ExportError, model_source
+        from sharpclip.train.checkpoint import CheckpointError, model_source
 
         try:
             model, out = model_source(args.model, args.best) if args.model else (None, None)
@@ -259,7 +262,7 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
             if args.suite:
                 overrides.append(f"eval.suites=[{args.suite}]")
             paths = run_eval(_eval_config(args, overrides, out))
-        except (OSError, ValueError, ExportError) as err:  # no checkpoint, missing benchmark files, unknown suite
+        except (OSError, ValueError, CheckpointError) as err:  # no checkpoint, missing benchmark files, unknown suite
             print(f"sharpclip eval: {err}", file=sys.stderr)
             return 2
         print(paths[1].read_text(), end="")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -22,7 +23,7 @@ class ConfigError(ValueError):
 
 
 ALPHA_POLICIES = ("drop", "white")  # data.images.to_rgb: what becomes of transparent pixels
-VALIDATION_KS = (1, 5, 10)  # the per-epoch validation's recall levels (train.run.retrieval_validator)
+VALIDATION_KS = (1, 5, 10)  # the per-epoch validation's recall levels (eval.evaluator.retrieval_validator)
 VALIDATION_METRICS = (
     *(f"{d}_R@{k}" for d in ("t2i", "i2t") for k in VALIDATION_KS),
     "mean_R@1",
@@ -201,11 +202,6 @@ class DataConfig:
     jpeg_draft: bool = True
     on_bad_sample: str = "error"  # error | skip (skipped samples are counted and reported at the end of each epoch)
     max_image_pixels: int = PIL_MAX_IMAGE_PIXELS  # larger images are bad samples (read from the header, not decoded)
-    # preprocessing (CLIP's: shorter side resized bicubic, centre crop, normalise; tokens truncated, eos kept last)
-    image_size: int = 224
-    image_mean: list[float] = field(default_factory=lambda: [0.48145466, 0.4578275, 0.40821073])
-    image_std: list[float] = field(default_factory=lambda: [0.26862954, 0.26130258, 0.27577711])
-    context_length: int = 77  # 248 for Long-CLIP-stretched text towers
     # batching (the batch size itself is the trainer's: train.batch_size / world size)
     shuffle: bool = True  # for the train split; evaluation splits are never shuffled
     group_batches: bool = True  # rows with the same group (an edit's halves, a family) share a batch
@@ -250,8 +246,6 @@ class DataConfig:
         _check_choice("data.overlap", self.overlap, ("error", "warn"))
         _check_choice("data.image_alpha", self.image_alpha, ALPHA_POLICIES)
         _check_choice("data.coco_flickr_protocol", self.coco_flickr_protocol, ("karpathy", "longclip"))
-        if self.context_length < 3:
-            raise ConfigError(f"data.context_length: {self.context_length} leaves no room between bos and eos")
         if self.num_workers != "auto" and not (str(self.num_workers).isdigit()):
             raise ConfigError(f"data.num_workers: {self.num_workers!r} is neither auto nor a number >= 0")
         if self.prefetch_factor < 1:
@@ -423,10 +417,16 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
 
 
-# keys that were settings once: what replaced them, for the error an old config meets
-REMOVED = {
+# Settings that no longer exist, with what replaced them (the error an old config meets). The model decides its own
+# preprocessing (models.preprocessing), so a data-side copy could only disagree with it.
+_BY_MODEL = "the model decides this (models.preprocessing reads it from the model); drop the key"
+REMOVED_KEYS = {
     "train.diagnostics_gamma": "the gradient diagnostics read γ from the objective's hn_clip term "
     "(loss.terms.<name>.params.gamma; hn_clip's default 0.5 without one); delete the key",
+    "data.image_size": f"{_BY_MODEL} (a tiny preset's size is model.tiny.image_size)",
+    "data.image_mean": f"{_BY_MODEL} (it is the image processor's mean; set model.processor to choose another)",
+    "data.image_std": f"{_BY_MODEL} (it is the image processor's std; set model.processor to choose another)",
+    "data.context_length": f"{_BY_MODEL} (set model.context_length to stretch the text tower, e.g. 248)",
 }
 
 
@@ -435,16 +435,14 @@ def _merge(base: Any, layer: Any, source: str) -> Any:
         return OmegaConf.merge(base, layer)
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None) or "?"
-        if key in REMOVED:
-            raise ConfigError(f"{source}: key '{key}' is no longer a setting: {REMOVED[key]}") from None
+        if key in REMOVED_KEYS:
+            raise ConfigError(f"{source}: key '{key}' is no longer a setting: {REMOVED_KEYS[key]}") from None
         reason = str(err).splitlines()[0]
         raise ConfigError(f"{source}: key '{key}': {reason}") from None
 
 
 def _not_a_mapping(file: Path) -> str | None:
     """The error for a YAML file whose top level parses but is not a mapping (a list, a number, ...), else None."""
-    import yaml
-
     try:
         top = yaml.safe_load(file.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError, OSError):

@@ -30,9 +30,10 @@ def write_generic(root: Path, n: int = 8, splits: tuple[str, ...] = ("train", "t
 
 
 def tiny_config(root: Path, out: Path, *overrides: str) -> Config:
-    """Tiny CLIP on the generic data at `root`, 2 steps of batch 4, a checkpoint every step, into `out`."""
+    """Tiny CLIP on the generic data at `root`, 2 steps of batch 4, a checkpoint every step, into `out`; batches are
+    decoded in the test process (data.num_workers=0: worker start-up would cost more than these runs)."""
     base = [
-        "model.name=tiny-clip", "data.format=generic", f"data.root={root}", "data.image_size=32",
+        "model.name=tiny-clip", "data.format=generic", f"data.root={root}", "data.num_workers=0",
         f"train.output_dir={out}", "train.batch_size=4", "train.micro_batch_size=4", "train.max_steps=2",
         "train.epochs=1", "train.lr=1e-3", "train.checkpoint_every=1", "train.keep_last=5", "train.progress=false",
     ]  # fmt: skip

@@ -19,7 +19,7 @@ def data(tmp_path_factory):
 
 
 def _train_args(data, out, *extra):
-    return ["train", "model.name=tiny-clip", "data.format=generic", f"data.root={data}", "data.image_size=32",
+    return ["train", "model.name=tiny-clip", "data.format=generic", f"data.root={data}", "data.num_workers=0",
             f"train.output_dir={out}", "train.batch_size=4", "train.micro_batch_size=4", "train.max_steps=1",
             "train.progress=false", *extra]  # fmt: skip
 
@@ -51,7 +51,7 @@ def test_a_full_disk_says_which_checkpoint_directory_could_not_be_written(data, 
     def no_space(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(factory, "save_checkpoint", no_space)
+    monkeypatch.setattr(factory, "save_weights", no_space)  # what every checkpoint's model part is written by
     assert main(_train_args(data, tmp_path / "run", "train.eval_every=0")) == 2
     err = _one_line(capsys.readouterr().err)
     assert f"cannot write checkpoint to {tmp_path / 'run' / 'checkpoints'}: no space left on device" in err

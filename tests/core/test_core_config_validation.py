@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sharpclip.config import ConfigError, load_config
+from sharpclip.config import ConfigError, load_config, to_yaml
 from sharpclip.train.optim import build_optimizer
 
 
@@ -52,3 +52,25 @@ def test_a_module_lr_prefix_that_matches_no_parameter_is_refused_when_the_model_
     with pytest.raises(ConfigError, match=r"train\.module_lr\.backbone\.txt_model: matches no parameter"):
         build_optimizer(model, 1e-4, 0.1, {"backbone.txt_model": 1e-5})
     build_optimizer(model, 1e-4, 0.1, {"backbone.text_model": 1e-5})  # a real prefix is fine
+
+
+@pytest.mark.parametrize(
+    "key, value, instead",
+    [
+        ("image_size", "32", "model.tiny.image_size"),
+        ("image_mean", "[0.5, 0.5, 0.5]", "model.processor"),
+        ("image_std", "[0.5, 0.5, 0.5]", "model.processor"),
+        ("context_length", "248", "model.context_length"),
+    ],
+)
+def test_a_removed_preprocessing_key_says_the_model_decides_and_what_to_set(tmp_path, key, value, instead):
+    """The model's preprocessing replaced these data keys everywhere; an old config must not load as if they worked."""
+    path = tmp_path / "old.yaml"
+    path.write_text(f"data:\n  format: generic\n  {key}: {value}\n")
+    for source, load in ((f"override 'data.{key}", lambda: load_config(None, [f"data.{key}={value}"])),
+                         ("old.yaml", lambda: load_config(path))):  # fmt: skip
+        removed = rf"{source}.*data\.{key}' is no longer a setting: the model decides"
+        with pytest.raises(ConfigError, match=removed) as err:
+            load()
+        assert instead in str(err.value)
+    assert f"{key}:" not in to_yaml(load_config(None)).split("data:")[1].split("loss:")[0]  # not in `sharpclip config`

@@ -6,7 +6,7 @@ import random
 
 import pytest
 import torch
-from data_helpers import cfg_for
+from data_helpers import cfg_for, prep
 from PIL import Image
 
 from sharpclip.config import AugmentConfig, ConfigError
@@ -59,10 +59,10 @@ def test_draws_follow_pythons_generator_so_a_restored_state_repeats_them():
 
 def test_off_by_default_and_never_in_evaluation():
     assert AugmentConfig().enabled is False
-    plain = next(iter(build_loader(cfg_for("karpathy", image_size=8), "test", TOK, batch_size=2, train=False)))
-    on = cfg_for("karpathy", image_size=8, augment=AugmentConfig(enabled=True, scale=[0.1, 0.2]))
-    evaluated = next(iter(build_loader(on, "test", TOK, batch_size=2, train=False)))
-    trained = next(iter(build_loader(on, "test", TOK, batch_size=2, train=True, seed=0)))
+    plain = next(iter(build_loader(cfg_for("karpathy"), "test", prep(TOK, 8), batch_size=2, train=False)))
+    on = cfg_for("karpathy", augment=AugmentConfig(enabled=True, scale=[0.1, 0.2]))
+    evaluated = next(iter(build_loader(on, "test", prep(TOK, 8), batch_size=2, train=False)))
+    trained = next(iter(build_loader(on, "test", prep(TOK, 8), batch_size=2, train=True, seed=0)))
     assert torch.equal(plain.pixel_values, evaluated.pixel_values)
     assert not torch.equal(
         plain.pixel_values.sum((1, 2, 3)).sort().values, trained.pixel_values.sum((1, 2, 3)).sort().values

@@ -7,7 +7,7 @@ import json
 import logging
 
 import pytest
-from data_helpers import cfg_for, copy_fixture
+from data_helpers import cfg_for, copy_fixture, prep
 
 from sharpclip.data import BadSampleError, build_loader, read_samples
 from sharpclip.models.tokenizer import build_word_tokenizer
@@ -25,7 +25,7 @@ def _docci_line(root, n: int, **change) -> None:
 
 
 def _epoch(cfg, split="train"):
-    loader = build_loader(cfg, split, TOK, batch_size=2, train=False)
+    loader = build_loader(cfg, split, prep(TOK), batch_size=2, train=False)
     batches = list(loader)
     return loader, [i for b in batches for i in b.ids]
 
@@ -110,7 +110,8 @@ def test_generic_folder_reports_an_image_without_caption(tmp_path):
 
 
 def test_a_batch_whose_every_sample_is_bad_is_skipped_and_counted_not_yielded_empty(tmp_path):
-    """Issue 11, item 13 (this used to stop the epoch with a RuntimeError even under on_bad_sample: skip)."""
+    """Under on_bad_sample: skip a batch of only bad samples is skipped and counted (it used to stop the epoch with a
+    RuntimeError)."""
     root = copy_fixture("docci", tmp_path)
     for name in ("train_00000.jpg", "train_00001.jpg"):
         (root / "images" / name).unlink()
@@ -123,7 +124,7 @@ def test_a_bad_image_skipped_every_epoch_is_reported_once(tmp_path, caplog):
     root = copy_fixture("docci", tmp_path)
     path = root / "images" / "train_00000.jpg"
     path.write_bytes(path.read_bytes()[:40])
-    loader = build_loader(cfg_for("docci", root, on_bad_sample="skip"), "train", TOK, batch_size=2, train=False)
+    loader = build_loader(cfg_for("docci", root, on_bad_sample="skip"), "train", prep(TOK), batch_size=2, train=False)
     with caplog.at_level(logging.WARNING, logger="sharpclip.data"):
         for epoch in range(3):
             loader.set_epoch(epoch)

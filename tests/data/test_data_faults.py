@@ -9,6 +9,7 @@ import logging
 
 import numpy as np
 import pytest
+from data_helpers import prep
 from PIL import Image
 
 from sharpclip.config import PIL_MAX_IMAGE_PIXELS, DataConfig
@@ -30,7 +31,7 @@ def _generic(root, lines: list[bytes], suffix=".jsonl"):
     for i in range(4):
         _png(root / f"{i}.png")
     (root / f"train{suffix}").write_bytes(b"".join(lines))
-    return DataConfig(format="generic", root=str(root), on_bad_sample="skip")
+    return DataConfig(format="generic", root=str(root), on_bad_sample="skip", num_workers=0)
 
 
 def _jsonl(i: int, caption: str = "a red square") -> bytes:
@@ -62,10 +63,10 @@ def test_a_non_utf8_txt_caption_is_a_bad_sample_and_training_reads_the_rest(tmp_
     for i in range(4):
         _png(root / f"{i}.png")
         (root / f"{i}.txt").write_bytes("a red café".encode("latin-1" if i == 1 else "utf-8"))
-    cfg = DataConfig(format="generic", root=str(root), on_bad_sample="skip", image_size=8)
+    cfg = DataConfig(format="generic", root=str(root), on_bad_sample="skip", num_workers=0)
     report = validate(cfg, "train")
     assert report.samples == 3 and any("1.txt:1" in e and "UTF-8" in e for e in report.errors), report.errors
-    loader = build_loader(cfg, "train", TOK, batch_size=3)
+    loader = build_loader(cfg, "train", prep(TOK, 8), batch_size=3)
     assert sum(len(b) for b in loader) == 3
 
 
@@ -104,8 +105,7 @@ def test_an_image_over_max_image_pixels_is_a_bad_sample(tmp_path, caplog):
     report = validate(cfg, "train")
     assert report.error_counts == {"image too large": 1}
     assert "2.png is 40×30 = 1,200 pixels, over data.max_image_pixels (1,000)" in report.errors[0]
-    cfg.image_size = 8
-    loader = build_loader(cfg, "train", TOK, batch_size=4, train=False)
+    loader = build_loader(cfg, "train", prep(TOK, 8), batch_size=4, train=False)
     with caplog.at_level(logging.WARNING, logger="sharpclip.data"):
         assert [len(b) for b in loader] == [3]
     assert any("effective batch size mean 3.0, smallest 3, of 4 rows" in r.getMessage() for r in caplog.records)
@@ -114,10 +114,9 @@ def test_an_image_over_max_image_pixels_is_a_bad_sample(tmp_path, caplog):
 def test_a_batch_whose_every_sample_is_bad_is_skipped_and_counted(tmp_path):
     root = tmp_path / "d"
     cfg = _generic(root, [_jsonl(i) for i in range(4)])
-    cfg.image_size = 8
     for i in (0, 1):
         (root / f"{i}.png").write_bytes(b"not a png")
-    loader = build_loader(cfg, "train", TOK, batch_size=2, train=False)
+    loader = build_loader(cfg, "train", prep(TOK, 8), batch_size=2, train=False)
     batches = list(loader)
     assert [b.ids for b in batches] == [["r2", "r3"]]
     assert loader.batches_skipped == 1 and len(loader.report.items) == 2

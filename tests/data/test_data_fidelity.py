@@ -148,6 +148,7 @@ def test_a_training_run_whose_validation_shares_images_refuses_to_start(tmp_path
         "train.micro_batch_size=2",
         f"train.output_dir={tmp_path / 'run'}",
         "train.progress=false",
+        "data.num_workers=0",
     ]
     with pytest.raises(OverlapError, match=r"validation split 'test'.*1 of its 2 images"):
         build_trainer(load_config(overrides=[*base, "data.list_files={test: DCI_test.json}"]))

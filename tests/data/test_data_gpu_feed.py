@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from data_helpers import prep
 from PIL import Image
 
 from sharpclip.config import DataConfig, EvalConfig
@@ -37,7 +38,7 @@ def _generic(tmp_path: Path, n: int = 8, size=(1500, 1000), captions: int = 1) -
             caption = [CAPTIONS[(i + k) % 16] for k in range(captions)] if captions > 1 else CAPTIONS[i % 16]
             f.write(json.dumps({"id": str(i), "image": f"img/{i}.jpg", "caption": caption}) + "\n")
     (tmp_path / "test.jsonl").write_text((tmp_path / "train.jsonl").read_text())
-    return DataConfig(format="generic", root=str(tmp_path), image_size=32, context_length=77)
+    return DataConfig(format="generic", root=str(tmp_path))
 
 
 def test_draft_decoding_scales_a_large_jpeg_down_by_a_power_of_two_keeping_the_target(tmp_path):
@@ -61,11 +62,11 @@ def test_drafted_pixels_stay_close_to_the_full_decode(tmp_path):
 
 def test_training_loaders_draft_and_evaluation_loaders_do_not(tmp_path):
     cfg = _generic(tmp_path, n=4)
-    train = build_loader(cfg, "train", tiny_model("clip").tokenizer, batch_size=4)
-    test = build_loader(cfg, "test", tiny_model("clip").tokenizer, batch_size=4)
+    train = build_loader(cfg, "train", prep(tiny_model("clip").tokenizer, 32), batch_size=4)
+    test = build_loader(cfg, "test", prep(tiny_model("clip").tokenizer, 32), batch_size=4)
     assert train.dataset.draft_size == 32 and test.dataset.draft_size is None
-    off = build_loader(DataConfig(**{**vars(cfg), "jpeg_draft": False}), "train", tiny_model("clip").tokenizer,
-                       batch_size=4)  # fmt: skip
+    no_draft = DataConfig(**{**vars(cfg), "jpeg_draft": False})
+    off = build_loader(no_draft, "train", prep(tiny_model("clip").tokenizer, 32), batch_size=4)
     assert off.dataset.draft_size is None
 
 
@@ -90,8 +91,8 @@ def test_persistent_workers_draw_each_epochs_captions_like_the_main_process(tmp_
     cfg = _generic(tmp_path, n=6, size=(40, 30), captions=4)
     tok = tiny_model("clip").tokenizer
     kw = {"batch_size": 6, "train": False}  # release order: only the caption draw changes between epochs
-    alone = build_loader(DataConfig(**{**vars(cfg), "num_workers": 0}), "train", tok, **kw)
-    workers = build_loader(DataConfig(**{**vars(cfg), "num_workers": 2}), "train", tok, **kw)
+    alone = build_loader(DataConfig(**{**vars(cfg), "num_workers": 0}), "train", prep(tok, 32), **kw)
+    workers = build_loader(DataConfig(**{**vars(cfg), "num_workers": 2}), "train", prep(tok, 32), **kw)
     assert workers.persistent_workers
     expected = _captions_per_epoch(alone, 3)
     assert expected[0] != expected[1] or expected[1] != expected[2]  # the draw does change with the epoch
@@ -101,13 +102,14 @@ def test_persistent_workers_draw_each_epochs_captions_like_the_main_process(tmp_
 @pytest.mark.gpu
 def test_batches_come_pinned_when_asked(tmp_path):
     cfg = _generic(tmp_path, n=4, size=(40, 30))
-    loader = build_loader(cfg, "train", tiny_model("clip").tokenizer, batch_size=4, pin_memory=True)
+    loader = build_loader(cfg, "train", prep(tiny_model("clip").tokenizer, 32), batch_size=4, pin_memory=True)
     batch = next(iter(loader))
     assert batch.pixel_values.is_pinned() and batch.input_ids.is_pinned()
 
 
 def test_eval_draft_is_off_by_default_and_recorded_in_the_manifest_when_on(tmp_path):
-    from sharpclip.eval.suite import run_suite, suite_manifest
+    from sharpclip.eval.report import suite_manifest
+    from sharpclip.eval.suite import run_suite
 
     cfg = _generic(tmp_path, n=4)
     model = tiny_model("clip")

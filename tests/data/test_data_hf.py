@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from data_helpers import prep
 from PIL import Image
 
 from sharpclip.cli import main
@@ -69,8 +70,8 @@ def save_to_disk(root: Path) -> Path:
 
 
 def cfg(root: Path, **kw) -> DataConfig:
-    return DataConfig(format="hf", root=str(root), caption_field="text", short_caption_field="short", image_size=8,
-                      **kw)  # fmt: skip
+    return DataConfig(format="hf", root=str(root), caption_field="text", short_caption_field="short",
+                      **{"num_workers": 0, **kw})  # fmt: skip
 
 
 def test_hub_parquet_reads_every_shard_of_the_split_lazily(tmp_path):
@@ -88,7 +89,7 @@ def test_save_to_disk_folder_memory_maps_and_falls_back_to_the_path(tmp_path):
     samples = read_samples(cfg(root), "train")
     assert isinstance(samples[0].image, ArrowCell) and isinstance(samples[1].image, Path)
     assert [load_image(s.image).size for s in samples] == [(6, 5), (13, 5), (8, 5)]
-    batch = next(iter(build_loader(cfg(root), "train", TOK, batch_size=3, train=False)))
+    batch = next(iter(build_loader(cfg(root), "train", prep(TOK, 8), batch_size=3, train=False)))
     assert batch.pixel_values.shape == (3, 3, 8, 8) and batch.short_input_ids is not None
     with pytest.raises(ValueError, match="split 'test' not in this DatasetDict"):
         read_samples(cfg(root), "test")
@@ -125,7 +126,7 @@ def test_detection_tells_hub_parquet_from_ultraedit_and_finds_save_to_disk(tmp_p
 
 def test_validate_data_on_a_path_honours_overrides(tmp_path, capsys):
     root = hub_parquet(tmp_path / "hub")
-    assert config_for(str(root), ["data.caption_field=text", "image_size=32"]).image_size == 32
+    assert config_for(str(root), ["data.caption_field=text", "shuffle=false"]).shuffle is False
     assert main(["validate-data", str(root), "data.caption_field=text", "--json", str(tmp_path / "r.json")]) == 0
     assert json.loads((tmp_path / "r.json").read_text())["samples"] == 5
     assert main(["validate-data", str(root)]) == 2  # the default caption column is absent: a one-line error

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from data_helpers import FIXTURES, cfg_for, copy_fixture
+from data_helpers import FIXTURES, cfg_for, copy_fixture, prep
 
 from sharpclip.cli import main
 from sharpclip.data import build_loader
@@ -15,15 +15,15 @@ TOK = build_word_tokenizer(["a cat number caption red blue green square circle r
 
 
 def test_karpathy_caption_choice_all_keeps_an_images_captions_in_one_batch():
-    loader = build_loader(cfg_for("karpathy", caption_choice="all", image_size=8), "test", TOK, batch_size=10)
+    loader = build_loader(cfg_for("karpathy", caption_choice="all"), "test", prep(TOK, 8), batch_size=10)
     (batch,) = list(loader)
     assert batch.ids[:5] == [f"1002#{k}" for k in range(5)] and len(batch) == 10
     assert batch.groups.tolist() == [0] * 5 + [1] * 5
 
 
 def test_random_caption_choice_is_deterministic_per_epoch_and_varies_across_epochs():
-    cfg = cfg_for("karpathy", image_size=8)
-    loader = build_loader(cfg, "test", TOK, batch_size=2, seed=3)
+    cfg = cfg_for("karpathy")
+    loader = build_loader(cfg, "test", prep(TOK, 8), batch_size=2, seed=3)
     draws = []
     for epoch in range(6):
         loader.set_epoch(epoch)
@@ -34,7 +34,7 @@ def test_random_caption_choice_is_deterministic_per_epoch_and_varies_across_epoc
 
 
 def test_short_captions_are_tokenised_beside_long_ones_and_fall_back_to_the_caption():
-    batch = next(iter(build_loader(cfg_for("generic", image_size=8), "train", TOK, batch_size=3, train=False)))
+    batch = next(iter(build_loader(cfg_for("generic"), "train", prep(TOK, 8), batch_size=3, train=False)))
     assert batch.short_input_ids.shape == batch.input_ids.shape
     a = batch.ids.index("a")
     b = batch.ids.index("b")

@@ -13,6 +13,8 @@ from sharpclip.config import DataConfig, SynthDenseConfig
 from sharpclip.data import build_loader, read_samples
 from sharpclip.data import synthetic as sd
 from sharpclip.data.images import load_image
+from sharpclip.data.transforms import ClipImageTransform, Preprocessing, TextTokenizer
+from sharpclip.models.tokenizer import synthdense_tokenizer
 
 SMALL = SynthDenseConfig(
     train_families=12,
@@ -130,16 +132,17 @@ def test_images_have_the_configured_resolution_and_differ_within_a_family(corpus
 
 
 def test_the_generic_loaders_read_every_split(corpus):
-    cfg = DataConfig(root=str(corpus), synthdense=SMALL, image_size=48, context_length=160)
+    cfg = DataConfig(root=str(corpus), synthdense=SMALL, num_workers=0)
+    words = Preprocessing(ClipImageTransform(48), TextTokenizer(synthdense_tokenizer(), 160))
     test = read_samples(cfg, "test")
     assert len(test) == 24 and len({s.group for s in test}) == 4
     assert read_samples(cfg, "coarse_shapes")[0].caption.startswith("a picture of a ")
     assert len(read_samples(cfg, "edits")) == 12
-    loader = build_loader(cfg, "test", batch_size=12, train=True)
+    loader = build_loader(cfg, "test", words, batch_size=12, train=True)
     for batch in loader:
         assert batch.pixel_values.shape == (12, 3, 48, 48)
         assert batch.groups.tolist() == sorted(batch.groups.tolist()) and len(set(batch.groups.tolist())) == 2
-    edits = next(iter(build_loader(cfg, "edits", batch_size=6, train=True)))
+    edits = next(iter(build_loader(cfg, "edits", words, batch_size=6, train=True)))
     assert edits.edit_source.numel() == 3 and (edits.edit_target - edits.edit_source).tolist() == [1, 1, 1]
 
 
@@ -175,7 +178,7 @@ def test_detail_families_differ_only_in_size_or_texture(tmp_path):
     cfg = SynthDenseConfig(train_families=0, test_families=2, test_variants="details", pretrain_scenes=3, edits=0,
                            mmvp_pairs=0, resolution=32, workers=1)  # fmt: skip
     root = sd.generate(tmp_path, cfg)
-    data = DataConfig(root=str(root), synthdense=cfg, image_size=32, context_length=160)
+    data = DataConfig(root=str(root), synthdense=cfg)
     test = read_samples(data, "test")
     assert (
         len(test) == 12

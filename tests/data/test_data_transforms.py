@@ -7,7 +7,8 @@ import pytest
 import torch
 from PIL import Image
 
-from sharpclip.data.transforms import CLIP_MEAN, CLIP_STD, ClipImageTransform, TextTokenizer, model_transforms
+from sharpclip.data.transforms import CLIP_MEAN, CLIP_STD, ClipImageTransform, TextTokenizer
+from sharpclip.models.preprocessing import model_transforms
 from sharpclip.models.tiny import tiny_model
 from sharpclip.models.tokenizer import build_word_tokenizer
 

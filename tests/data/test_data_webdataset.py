@@ -8,6 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from data_helpers import prep
 from PIL import Image
 
 from sharpclip.config import DataConfig
@@ -17,6 +18,7 @@ from sharpclip.data.schema import BadSampleError
 from sharpclip.models.tokenizer import build_word_tokenizer
 
 TOK = build_word_tokenizer(["a photo of sample number short group"])
+PREP = prep(TOK, 8)
 
 
 def _jpeg(i: int) -> bytes:
@@ -58,7 +60,7 @@ def img2dataset(root: Path, shards: int, per_shard: int, json_caption: bool = Fa
 
 
 def cfg(root: Path, **kw) -> DataConfig:
-    return DataConfig(format="webdataset", root=str(root), image_size=8, **kw)
+    return DataConfig(format="webdataset", root=str(root), **kw)
 
 
 def test_img2dataset_output_reads_as_is_txt_caption_and_json_fields(tmp_path):
@@ -101,7 +103,7 @@ def test_counts_come_from_stats_files_or_the_tar_headers(tmp_path):
 def _epoch_ids(root: Path, world: int, workers: int, batch: int, epoch: int = 0, **kw) -> Counter:
     seen: Counter = Counter()
     for rank in range(world):
-        loader = build_loader(cfg(root, num_workers=workers, shuffle_buffer=4, **kw), "train", TOK,
+        loader = build_loader(cfg(root, num_workers=workers, shuffle_buffer=4, **kw), "train", PREP,
                               batch_size=batch, rank=rank, world_size=world, seed=1)  # fmt: skip
         loader.set_epoch(epoch)
         batches = list(loader)
@@ -125,7 +127,7 @@ def test_uneven_shards_give_equal_lengths_and_no_sample_twice(tmp_path):
 
 def test_shuffle_changes_order_between_epochs_not_between_runs(tmp_path):
     img2dataset(tmp_path, 2, 8)
-    loader = build_loader(cfg(tmp_path, shuffle_buffer=8), "train", TOK, batch_size=4, seed=5)
+    loader = build_loader(cfg(tmp_path, shuffle_buffer=8), "train", PREP, batch_size=4, seed=5)
     orders = []
     for epoch in (0, 1, 0):
         loader.set_epoch(epoch)
@@ -135,15 +137,15 @@ def test_shuffle_changes_order_between_epochs_not_between_runs(tmp_path):
 
 def test_epoch_samples_sets_the_length_and_cannot_exceed_the_shards(tmp_path):
     img2dataset(tmp_path, 4, 6)
-    assert len(build_loader(cfg(tmp_path, epoch_samples=8), "train", TOK, batch_size=2, world_size=2)) == 2
+    assert len(build_loader(cfg(tmp_path, epoch_samples=8), "train", PREP, batch_size=2, world_size=2)) == 2
     with pytest.raises(ValueError, match=r"data\.epoch_samples=100"):
-        build_loader(cfg(tmp_path, epoch_samples=100), "train", TOK, batch_size=2)
+        build_loader(cfg(tmp_path, epoch_samples=100), "train", PREP, batch_size=2)
 
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_resume_continues_the_epoch_from_the_saved_positions(tmp_path, workers):
     keys = img2dataset(tmp_path, 4, 6)
-    make = lambda: build_loader(cfg(tmp_path, num_workers=workers, shuffle_buffer=0), "train", TOK,  # noqa: E731
+    make = lambda: build_loader(cfg(tmp_path, num_workers=workers, shuffle_buffer=0), "train", PREP,  # noqa: E731
                                 batch_size=3, seed=2)  # fmt: skip
     full = make()
     full.set_epoch(1)
@@ -168,8 +170,8 @@ def test_bad_samples_are_named_by_shard_and_key_and_skipped_by_policy(tmp_path):
     bad = [("k2.jpg", b"not a jpeg"), ("k2.txt", b"a photo"), ("k3.txt", b"no image"), ("k4.jpg", _jpeg(4))]
     write_shard(tmp_path / "train-0.tar", good + bad + [("k5.jpg", _jpeg(5)), ("k5.json", b"{oops")])
     with pytest.raises(BadSampleError, match=r"train-0.tar:k2"):
-        list(build_loader(cfg(tmp_path, shuffle=False), "train", TOK, batch_size=1))
-    loader = build_loader(cfg(tmp_path, on_bad_sample="skip", shuffle=False), "train", TOK, batch_size=1)
+        list(build_loader(cfg(tmp_path, shuffle=False), "train", PREP, batch_size=1))
+    loader = build_loader(cfg(tmp_path, on_bad_sample="skip", shuffle=False), "train", PREP, batch_size=1)
     assert [b.ids for b in loader] == [["k1"]]
     reasons = {b.record: b.reason for b in loader.report.items}
     assert set(reasons) == {"k2", "k3", "k4", "k5"}

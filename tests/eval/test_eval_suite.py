@@ -14,7 +14,9 @@ from PIL import Image
 from sharpclip.config import DataConfig, EvalConfig, load_config
 from sharpclip.eval.embed import ImageRef, load_image
 from sharpclip.eval.pair_data import mmvp_set_from_pairs
-from sharpclip.eval.suite import markdown_report, run_eval, run_suite, score_choice_set, suite_manifest, write_report
+from sharpclip.eval.report import markdown_report, suite_manifest, write_report
+from sharpclip.eval.scoring import score_choice_set
+from sharpclip.eval.suite import run_eval, run_suite
 
 COLOURS = {"red": (255, 0, 0), "green": (0, 255, 0), "blue": (0, 0, 255)}
 
@@ -308,7 +310,7 @@ def test_synthdense_suites(tmp_path: Path) -> None:
 
 def test_dci_suite_reads_goal_list_through_per_suite_data_options() -> None:
     from sharpclip.config import ConfigError
-    from sharpclip.eval.suite import load_eval_set
+    from sharpclip.eval.benchmarks import load_eval_set
 
     root = Path(__file__).parents[1] / "fixtures" / "data" / "dci"
     official = EvalConfig(suites=["dci"], roots={"dci": str(root)}, progress=False)

@@ -26,7 +26,7 @@ def test_alpha_zero_and_one_reproduce_each_model_exactly(tmp_path: Path) -> None
     init = _init(tmp_path / "init")
     tuned, cfg = _finetuned(tmp_path / "run", init)
     start = create_model(replace(cfg, name=str(init))).eval()  # what the trainer started from: stretched to 134
-    blend = WeightBlend(str(init), tmp_path / "run")
+    blend = WeightBlend(str(init), tmp_path / "run" / "checkpoints" / "step-000003")
     for got, want in zip(_embed(blend.at(0.0)), _embed(start), strict=True):
         assert torch.equal(got, want)
     for got, want in zip(_embed(blend.at(1.0)), _embed(tuned), strict=True):
@@ -37,7 +37,7 @@ def test_alpha_zero_and_one_reproduce_each_model_exactly(tmp_path: Path) -> None
 def test_blend_is_linear_in_the_weights(tmp_path: Path) -> None:
     init = _init(tmp_path / "init")
     _finetuned(tmp_path / "run", init)
-    blend = WeightBlend(str(init), tmp_path / "run")
+    blend = WeightBlend(str(init), tmp_path / "run" / "checkpoints" / "step-000003")
     at = {a: {k: v.clone() for k, v in blend.at(a).state_dict().items()} for a in (0.0, 0.3, 1.0)}
     moved = 0
     for key, start in at[0.0].items():
@@ -52,7 +52,7 @@ def test_blend_is_linear_in_the_weights(tmp_path: Path) -> None:
 def test_lora_is_merged_before_blending(tmp_path: Path) -> None:
     init = _init(tmp_path / "init")
     tuned, _ = _finetuned(tmp_path / "run", init, adapter="lora")
-    blend = WeightBlend(str(init), tmp_path / "run")
+    blend = WeightBlend(str(init), tmp_path / "run" / "checkpoints" / "step-000003")
     assert not any("lora" in k for k in blend.end)
     for got, want in zip(_embed(blend.at(1.0)), _embed(tuned), strict=True):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
@@ -62,7 +62,7 @@ def test_different_structures_are_refused_naming_the_tensors(tmp_path: Path) -> 
     _finetuned(tmp_path / "run", _init(tmp_path / "init"))
     wide = _init(tmp_path / "wide", width=48)
     with pytest.raises(BlendError, match=r"differ in structure.*\(48"):
-        WeightBlend(str(wide), tmp_path / "run")
+        WeightBlend(str(wide), tmp_path / "run" / "checkpoints" / "step-000003")
     with pytest.raises(BlendError, match="only in the fine-tuned model: extra"):
         check_same_structure({"a": torch.zeros(2)}, {"a": torch.zeros(2), "extra": torch.zeros(1)})
     with pytest.raises(BlendError, match="non-floating"):
@@ -77,7 +77,7 @@ def test_cli_blend_writes_a_loadable_checkpoint_and_refuses_a_non_empty_target(t
     from sharpclip.models.factory import load_checkpoint
 
     reloaded = load_checkpoint(out)
-    want = WeightBlend(str(init), tmp_path / "run").at(0.5)
+    want = WeightBlend(str(init), tmp_path / "run" / "checkpoints" / "step-000003").at(0.5)
     for got, ref in zip(_embed(reloaded), _embed(want), strict=True):
         assert torch.equal(got, ref)
     capsys.readouterr()

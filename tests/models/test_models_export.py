@@ -10,8 +10,9 @@ from sharpclip.cli import main
 from sharpclip.config import AdapterConfig, ModelConfig
 from sharpclip.models import create_model, save_checkpoint
 from sharpclip.models import export as export_mod
-from sharpclip.models.export import ExportError, export_model, resolve_source
+from sharpclip.models.export import ExportError, export_model
 from sharpclip.train import checkpoint
+from sharpclip.train.checkpoint import CheckpointError, resolve_source
 
 
 def _trained_checkpoint(path, method: str = "dora", step: int = 2):
@@ -87,12 +88,12 @@ def test_a_run_exports_its_newest_complete_checkpoint_or_with_best_its_best(tmp_
     run = tmp_path / "run"
     interrupted = run / "checkpoints" / ".step-000006.tmp"
     save_checkpoint(create_model(ModelConfig()), interrupted, ModelConfig())  # model written, trainer state not yet
-    with pytest.raises(ExportError, match="complete checkpoints/step-"):
+    with pytest.raises(CheckpointError, match="complete checkpoints/step-"):
         resolve_source(run)
     _trained_checkpoint(run, "lora", step=2)
     _trained_checkpoint(run, "lora", step=4)
     assert resolve_source(run) == run / "checkpoints" / "step-000004"
-    with pytest.raises(ExportError, match=r"best\.json"):
+    with pytest.raises(CheckpointError, match=r"best\.json"):
         resolve_source(run, best=True)
     checkpoint.mark_best(run / "checkpoints", run / "checkpoints" / "step-000002", 0.5)
     assert resolve_source(run, best=True) == run / "checkpoints" / "step-000002"

@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from sharpclip.config import ModelConfig
-from sharpclip.models import create_model
+from sharpclip.models import ModelNotFoundError, create_model, tiny_model
 from sharpclip.models.open_clip import UnsupportedOpenClipModel
 
 WIDTH, VWIDTH, HEAD_WIDTH, TEXT_HEADS, EMBED, VOCAB, PATCH, GRID, LAYERS, CONTEXT = 96, 96, 16, 4, 32, 90, 4, 3, 2, 12
@@ -136,7 +136,7 @@ def test_open_clip_folder_computes_open_clips_function(tmp_path, quick_gelu: boo
 def test_preprocessing_comes_from_preprocess_cfg(tmp_path) -> None:
     preprocess = {"mean": [0.1, 0.2, 0.3], "std": [0.4, 0.5, 0.6], "interpolation": "bilinear", "resize_mode": "squash"}
     folder, _ = write_folder(tmp_path, model_cfg(False), preprocess)
-    from sharpclip.data.transforms import model_transforms
+    from sharpclip.models.preprocessing import model_transforms
     from sharpclip.models.tokenizer import build_word_tokenizer
 
     model = create_model(ModelConfig(name=str(folder)))
@@ -197,3 +197,20 @@ def test_custom_text_clip_keys_with_a_linear_projection_convert_the_same(tmp_pat
     with torch.no_grad():
         txt = model.encode_text(_ids()).embedding
     torch.testing.assert_close(txt, ref_text(sd, _ids(), quick=False), atol=2e-5, rtol=0)
+
+
+def test_model_kind_open_clip_routes_to_the_converter_and_is_refused_without_open_clip_files(tmp_path) -> None:
+    """`model.kind=open_clip` has its adapter (models.open_clip): it wins over a transformers config.json in the same
+    folder (which `auto` would read), and a folder without open_clip files is refused naming the setting."""
+    folder, sd = write_folder(tmp_path, model_cfg(True))
+    tiny_model("clip").hf_model.config.save_pretrained(folder)  # a config.json beside it, with no weights for it
+    with pytest.raises(OSError, match=r"no file named model\.safetensors"):  # auto: read as a transformers folder
+        create_model(ModelConfig(name=str(folder)))
+    model = create_model(ModelConfig(name=str(folder), kind="open_clip"))
+    with torch.no_grad():
+        txt = model.encode_text(_ids()).embedding
+    torch.testing.assert_close(txt, ref_text(sd, _ids(), True), atol=2e-5, rtol=0)
+    hf = tmp_path / "hf"
+    tiny_model("clip").hf_model.save_pretrained(hf)
+    with pytest.raises(ModelNotFoundError, match=r"model\.kind=open_clip but .*hf holds no open_clip_config\.json"):
+        create_model(ModelConfig(name=str(hf), kind="open_clip"))

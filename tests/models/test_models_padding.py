@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from sharpclip.config import TinyConfig
-from sharpclip.data.transforms import TextTokenizer, model_transforms
+from sharpclip.data.transforms import TextTokenizer
 from sharpclip.models import tiny_model
+from sharpclip.models.preprocessing import model_transforms
 from sharpclip.models.rope import to_rope
 
 CAPTIONS = ["a red square", "a small blue circle left of a large green star at the top", "star"]

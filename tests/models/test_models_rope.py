@@ -9,9 +9,8 @@ import torch
 
 from sharpclip.config import ModelConfig, TrainConfig
 from sharpclip.models import create_model, save_checkpoint, tiny_model
-from sharpclip.models.distill import agreement
 from sharpclip.models.rope import Rotary, RotaryAttention, is_rope, ntk_theta
-from sharpclip.train.distill import distill
+from sharpclip.train.distill import agreement, distill
 
 
 def test_rotary_scores_depend_only_on_the_offset() -> None:

@@ -22,7 +22,7 @@ def synthdense_root(tmp_path_factory):
 
 
 def _twin_overrides(recipe: Path, root: Path, out: Path) -> list[str]:
-    overrides = [f"data.root={root}", f"train.output_dir={out}"]
+    overrides = [f"data.root={root}", f"train.output_dir={out}", "data.num_workers=0"]
     if load_config([recipe]).data.edits_format:  # CLIP-IN: SynthDense's edit pairs stand in for UltraEdit
         overrides += ["data.edits_format=synthdense", f"data.edits_root={root}", "data.edits_split=edits"]
     return overrides

@@ -18,8 +18,9 @@ train/diagnostics.py writes these. Any other fields (Ḡ statistics, ratio, ...)
 report the share of saturated batches for each loss, the share of exact-zero L_CLIP gradients, the median and
 interquartile range of ‖∇L_HN‖ / ‖∇L_CLIP‖ over measurements where ∇L_CLIP ≠ 0, and the mean and std of the cosine.
 
-`metrics.jsonl` / `eval.jsonl` — one JSON object per evaluation with `epoch` and the metrics, nested as eval reports
-are ({"docci": {"t2i": {"R@1": ..}}}) or already flat ("docci/t2i/R@1"); both are read as flat "a/b/c" keys.
+`metrics.jsonl` — the trainer's log: step records, and after each validated epoch one object with `epoch` and the
+validation metrics (`eval/mean_R@1`, ...), nested as eval reports are ({"docci": {"t2i": {"R@1": ..}}}) or already
+flat ("docci/t2i/R@1"); both are read as flat "a/b/c" keys.
 """
 
 from __future__ import annotations

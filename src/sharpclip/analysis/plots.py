@@ -24,6 +24,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
 from sharpclip.analysis.geometry import hardness_buckets
 from sharpclip.losses import margin_matrix
@@ -65,8 +66,6 @@ def _legend_outside(ax: Any, fontsize: int = 7) -> None:
 
 def _plain_log(ax: Any, axis: str = "y") -> None:
     """Log axis with plain labels (1e-05, 0.001, 1, 100) instead of mathtext powers."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
     target = ax.yaxis if axis == "y" else ax.xaxis
     target.set_major_locator(LogLocator(base=10.0, numticks=8))
     target.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
@@ -75,8 +74,6 @@ def _plain_log(ax: Any, axis: str = "y") -> None:
 
 def _integer_ticks(ax: Any) -> None:
     """Whole-number x ticks (epochs), at least one epoch of room either side of a single point."""
-    from matplotlib.ticker import MaxNLocator
-
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     low, high = ax.get_xlim()
     if high - low < 2:

@@ -14,11 +14,15 @@ from typing import Any
 import torch
 
 from sharpclip.analysis import dynamics, geometry, plots
+from sharpclip.eval.benchmarks import load_eval_set
+from sharpclip.eval.evaluator import as_embedder
+from sharpclip.eval.retrieval import RetrievalSet
 
 
 def analyze_runs(run_dirs: list[str | Path], out_dir: str | Path, metric: str = "R@1") -> list[Path]:
     """Every figure the runs have data for; returns the files written. Fig. 4 needs diagnostics.jsonl with records,
-    the convergence plot evaluation records (metrics.jsonl or eval.jsonl), the training curves only metrics.jsonl."""
+    the convergence plot the validation records of metrics.jsonl (`eval/...` keys, written after each validated epoch),
+    the training curves its step records."""
     out, written = Path(out_dir), []
     curves: dict[str, dict[str, list]] = {}
     training: dict[str, dict[str, list]] = {}
@@ -27,12 +31,8 @@ def analyze_runs(run_dirs: list[str | Path], out_dir: str | Path, metric: str = 
         if diag.is_file() and diag.read_text().strip():
             dyn = dynamics.gradient_dynamics(dynamics.read_diagnostics(diag))
             written += plots.fig_gradient_dynamics(dyn, out / f"{run.name}_gradient_dynamics")
-        for file in ("metrics.jsonl", "eval.jsonl"):
-            try:
-                curves[run.name] = dynamics.convergence(run, metric, file)
-                break
-            except (FileNotFoundError, ValueError):
-                continue
+        with contextlib.suppress(FileNotFoundError, ValueError):  # a run that never validated has no curve
+            curves[run.name] = dynamics.convergence(run, metric)
         with contextlib.suppress(FileNotFoundError, ValueError):  # a run without training steps has no curve
             training[run.name] = dynamics.training_curve(run)
     if curves:
@@ -47,9 +47,6 @@ def analyze_runs(run_dirs: list[str | Path], out_dir: str | Path, metric: str = 
 
 
 def _captions(name: str, cfg: Any) -> list[str]:
-    from sharpclip.eval.retrieval import RetrievalSet
-    from sharpclip.eval.suite import load_eval_set
-
     es = load_eval_set(name, cfg)
     if not isinstance(es, RetrievalSet):
         raise ValueError(f"caption geometry needs a retrieval dataset; {name!r} is a {type(es).__name__}")
@@ -58,8 +55,6 @@ def _captions(name: str, cfg: Any) -> list[str]:
 
 def analyze_geometry(model: Any, cfg: Any, out_dir: str | Path, batch_size: int = 128, seed: int = 0) -> list[Path]:
     """Caption geometry of each of `cfg.suites` (an EvalConfig) under `model`'s text encoder (or an Embedder)."""
-    from sharpclip.eval.suite import as_embedder
-
     embedder = as_embedder(model, cfg)
     out = Path(out_dir)
     stats: dict[str, dict[str, Any]] = {}

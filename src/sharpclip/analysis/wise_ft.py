@@ -19,6 +19,7 @@ from sharpclip.eval.guards import Guard, guard_deltas, metric_value, pick_guarde
 from sharpclip.eval.suite import run_suite
 from sharpclip.models.blend import WeightBlend
 from sharpclip.models.factory import save_checkpoint
+from sharpclip.train.checkpoint import resolve_source
 
 
 def parse_alphas(spec: str) -> list[float]:
@@ -100,7 +101,7 @@ def run_blend(
     if len(alphas) > 1 and not target:
         raise ValueError("sharpclip blend --sweep needs --target SUITE/METRIC (e.g. retrieval/mean_R@1)")
     out = prepare_target(to, force)
-    blend = WeightBlend(init, finetuned, best)
+    blend = WeightBlend(init, resolve_source(finetuned, best))
     if len(alphas) == 1:
         return [save_checkpoint(blend.at(alphas[0]), out, blend.model_config)]
     curve = sweep(blend, alphas, cfg.eval, cfg.data, target, guards)

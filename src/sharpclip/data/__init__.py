@@ -1,9 +1,11 @@
 """The data layer: read a release (or SynthDense), preprocess like CLIP, and batch group-aware.
 
     samples = read_samples(cfg.data, "test")                     # list of PairSample / EditSample, release order
-    loader = build_loader(cfg.data, "train", tokenizer=tok, batch_size=128, rank=r, world_size=w, seed=s)
+    loader = build_loader(cfg.data, "train", model_transforms(model), batch_size=128, rank=r, world_size=w, seed=s)
     for batch in loader: ...                                     # Batch: pixels, tokens, groups, edit indices
 
+The preprocessing is the model's (models.preprocessing.model_transforms gives a `Preprocessing`: image transform
+and tokenizer at the model's size, mean/std and context); this layer applies whatever it is given.
 The README's Data section shows each format's folder layout; `sharpclip validate-data` checks a folder before a run.
 """
 
@@ -12,11 +14,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from sharpclip.config import DataConfig
-from sharpclip.data.dataset import Collator, SampleDataset, SampleLoader
+from sharpclip.data.augment import AugmentedTransform
+from sharpclip.data.dataset import Collator, ImageTransform, SampleDataset, SampleLoader
 from sharpclip.data.formats import FORMATS
 from sharpclip.data.sampling import GroupBatchSampler
 from sharpclip.data.schema import (
@@ -28,8 +31,9 @@ from sharpclip.data.schema import (
     PairSample,
     Sample,
 )
-from sharpclip.data.stream import StreamLoader
-from sharpclip.data.transforms import ClipImageTransform, TextTokenizer
+from sharpclip.data.stream import StreamLoader, build_stream_loader
+from sharpclip.data.transforms import Preprocessing
+from sharpclip.devices import resolve_num_workers
 
 __all__ = [
     "BadSample",
@@ -42,8 +46,6 @@ __all__ = [
     "build_dataset",
     "build_loader",
     "data_root",
-    "default_tokenizer",
-    "image_transform",
     "read_samples",
 ]
 
@@ -54,8 +56,6 @@ def data_root(cfg: DataConfig) -> Path:
         return Path(cfg.root).expanduser()
     if cfg.format != "synthdense":
         raise ValueError(f"data.root is empty; set it to the {cfg.format} release folder (README, section Data)")
-    from dataclasses import asdict
-
     key = hashlib.sha1(json.dumps(asdict(cfg.synthdense), sort_keys=True).encode()).hexdigest()[:12]
     return Path(os.environ.get("SHARPCLIP_CACHE", "~/.cache/sharpclip")).expanduser() / f"synthdense-{key}"
 
@@ -80,28 +80,10 @@ def read_edit_samples(cfg: DataConfig, report: BadSampleReport | None = None) ->
     return read_samples(source, cfg.edits_split, report)
 
 
-def image_transform(cfg: DataConfig) -> ClipImageTransform:
-    """CLIP eval preprocessing at data.image_size with data.image_mean / data.image_std and data.image_alpha."""
-    return ClipImageTransform(cfg.image_size, cfg.image_mean, cfg.image_std, alpha=cfg.image_alpha)
-
-
-_config_transform = image_transform  # for build_loader, whose `image_transform` argument shadows the name
-
-
-def default_tokenizer(cfg: DataConfig):
-    """SynthDense's word-level CLIP tokenizer; other formats need the model's tokenizer passed explicitly."""
-    if cfg.format != "synthdense":
-        raise ValueError(f"format {cfg.format!r} has no built-in tokenizer; pass the model's (tokenizer=...)")
-    from sharpclip.data.synthetic import vocabulary
-    from sharpclip.models.tokenizer import build_word_tokenizer
-
-    return build_word_tokenizer(vocabulary(), model_max_length=cfg.context_length)
-
-
 def build_dataset(
-    cfg: DataConfig, split: str, transform=None, seed: int = 0, draft_size: int | None = None
+    cfg: DataConfig, split: str, transform: ImageTransform, seed: int = 0, draft_size: int | None = None
 ) -> SampleDataset:
-    """Rows of `split`, decoded and preprocessed on access (`transform`: PIL → (3, H, W); CLIP's by default).
+    """Rows of `split`, decoded and preprocessed on access (`transform`: PIL → (3, H, W), the model's).
 
     draft_size: JPEGs decode at the decoder's smallest DCT scale whose sides stay >= this (see data.images); None: in
     full.
@@ -114,7 +96,7 @@ def build_dataset(
         raise ValueError(f"{data_root(cfg)}: split {split!r} of format {cfg.format!r} has no usable samples")
     return SampleDataset(
         samples,
-        transform or image_transform(cfg),
+        transform,
         on_bad_sample=cfg.on_bad_sample,
         caption_choice=cfg.caption_choice,
         group_batches=cfg.group_batches,
@@ -128,8 +110,6 @@ def build_dataset(
 def loader_options(cfg: DataConfig, pin_memory: bool = False) -> dict:
     """DataLoader keyword arguments for workers: `num_workers` resolved (auto: this rank's cores, at most 8), workers
     kept across epochs and `prefetch_factor` batches ahead each, pinned host memory for non-blocking copies to CUDA."""
-    from sharpclip.devices import resolve_num_workers
-
     workers = resolve_num_workers(cfg.num_workers)
     options: dict = {"num_workers": workers, "pin_memory": pin_memory}
     if workers > 0:
@@ -140,41 +120,34 @@ def loader_options(cfg: DataConfig, pin_memory: bool = False) -> dict:
 def build_loader(
     cfg: DataConfig,
     split: str,
-    tokenizer=None,
+    preprocessing: Preprocessing,
     *,
     batch_size: int = 64,
-    image_transform=None,
     rank: int = 0,
     world_size: int = 1,
     seed: int = 0,
     train: bool | None = None,
     pin_memory: bool = False,
-    pad_to_context: bool = False,
 ) -> SampleLoader | StreamLoader:
     """A DataLoader of `Batch`es for `split`; this rank's share of every epoch, deterministic per seed and epoch.
 
-    train: shuffle and drop the last partial batch (default: split == cfg.train_split); evaluation keeps release
-    order and every row. batch_size: rows per batch on this rank (an edit pair is two rows). `data.augment` (random
-    resized crop, colour jitter) applies to training only. webdataset shards stream (data.stream: `StreamLoader`).
-    pin_memory: batches in page-locked memory (training on CUDA), so the copy to the GPU overlaps compute.
-    pad_to_context: captions padded to the full context, not the batch's longest (the model's `pads_to_context`).
-    JPEG draft decoding (`data.jpeg_draft`) applies to training loaders, at the image transform's `size`.
+    preprocessing: the model's image transform and tokenizer (models.preprocessing.model_transforms; its context
+    length, padding and image size are the model's). train: shuffle and drop the last partial batch (default: split ==
+    cfg.train_split); evaluation keeps release order and every row. batch_size: rows per batch on this rank (an edit
+    pair is two rows). `data.augment` (random resized crop, colour jitter) applies to training only. webdataset
+    shards stream (data.stream: `StreamLoader`). pin_memory: batches in page-locked memory (training on CUDA), so the
+    copy to the GPU overlaps compute. JPEG draft decoding (`data.jpeg_draft`) applies to training loaders, at the
+    image transform's `size`.
     """
     train = split == cfg.train_split if train is None else train
-    transform = image_transform if image_transform is not None else _config_transform(cfg)
+    transform, tokenize = preprocessing
     draft = getattr(transform, "size", None) if train and cfg.jpeg_draft else None
     if train and cfg.augment.enabled:  # open_clip's --aug-cfg; never for evaluation
-        from sharpclip.data.augment import AugmentedTransform
-
         transform = AugmentedTransform(transform, cfg.augment)
     if cfg.format == "webdataset":  # streamed, not indexed: data.stream
-        from sharpclip.data.stream import build_stream_loader
-
-        tokenizer = tokenizer if tokenizer is not None else default_tokenizer(cfg)
         return build_stream_loader(
-            cfg, split, TextTokenizer(tokenizer, cfg.context_length, pad_to_context), batch_size=batch_size,
-            image_transform=transform, rank=rank, world_size=world_size, seed=seed, train=train,
-            pin_memory=pin_memory,
+            cfg, split, tokenize, batch_size=batch_size, image_transform=transform, rank=rank,
+            world_size=world_size, seed=seed, train=train, pin_memory=pin_memory,
         )  # fmt: skip
     dataset = build_dataset(cfg, split, transform, seed, draft)
     sampler = GroupBatchSampler(
@@ -188,8 +161,6 @@ def build_loader(
         rank=rank,
         world_size=world_size,
     )
-    tokenizer = tokenizer if tokenizer is not None else default_tokenizer(cfg)
-    tokenize = TextTokenizer(tokenizer, cfg.context_length, pad_to_context)
     with_short = any(getattr(s, "short_caption", None) for s in dataset.samples)
     return SampleLoader(
         dataset, batch_sampler=sampler, collate_fn=Collator(tokenize, with_short), **loader_options(cfg, pin_memory)

@@ -19,6 +19,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from PIL import Image
 
 from sharpclip.data.schema import ArrowCell, ImageSource, ParquetCell
@@ -117,7 +118,7 @@ _ARROW_TABLES: dict[tuple[int, str], Any] = {}  # (pid, file) -> memory-mapped t
 
 def _arrow_bytes(cell: ArrowCell) -> bytes:
     """The bytes of one cell of a memory-mapped Arrow stream file (HF Image struct or binary column)."""
-    import pyarrow as pa
+    import pyarrow as pa  # optional dependency (extra [parquet]): only Arrow-backed datasets reach this
 
     key = (os.getpid(), cell.file)
     if key not in _ARROW_TABLES:
@@ -150,8 +151,6 @@ HIGH_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
 
 def to_8bit(image: Image.Image) -> Image.Image:
     """A greyscale image of more than 8 bits as 8-bit `L`, scaled (not clipped) as the module docstring says."""
-    import numpy as np
-
     if image.mode not in HIGH_BIT_MODES:
         return image
     values = np.asarray(image, dtype=np.float64)

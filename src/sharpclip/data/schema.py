@@ -9,15 +9,17 @@ Two kinds of sample cover both papers:
 
 In a batch an edit becomes two rows (source, edited) with the same group; `Batch.edit_source[k]` and
 `Batch.edit_target[k]` are the row indices of edit k, so `edit_negatives` reads `image[edit_source]` etc. without
-encoding anything twice.
+encoding anything twice. `Loader` is what the trainer needs of whatever yields the batches.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from PIL import Image
@@ -180,3 +182,25 @@ class Batch:
         """Called by DataLoader(pin_memory=True) on custom batch types."""
         pinned = {k: v.pin_memory() if isinstance(v, Tensor) else v for k, v in vars(self).items()}
         return Batch(**pinned)
+
+
+@runtime_checkable
+class Loader(Protocol):
+    """What train.Trainer needs of its batches' source (data.SampleLoader, data.StreamLoader, data.CaptionLoader):
+    this rank's batches of one epoch at a time, resumable exactly from a saved position. A loader may also carry a
+    `report` (BadSampleReport) of the samples it skipped; the trainer logs it at the end."""
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank."""
+
+    def __iter__(self) -> Iterator[Batch]:
+        """The current epoch's batches from the current position (its start, or where `load_state_dict` put it)."""
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select `epoch`'s order (a new epoch starts at its first batch)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position to resume from: epoch and batches already yielded (JSON-serialisable)."""
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a position `state_dict` returned."""

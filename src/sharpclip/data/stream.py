@@ -116,7 +116,7 @@ class ShardStream(IterableDataset):
         cursor = [0, 0]
         raw = self._raw(order, worker, report, cursor)
         if s.train and self.cfg.shuffle and self.cfg.shuffle_buffer > 1:
-            from webdataset.filters import _shuffle
+            from webdataset.filters import _shuffle  # heavy: loads only when a streamed split is shuffled
 
             rng = random.Random(f"{s.seed}:{self.epoch}:{slot}:buffer")
             raw = _shuffle(raw, self.cfg.shuffle_buffer, self.cfg.shuffle_buffer, rng=rng)

@@ -34,7 +34,7 @@ def clip_clean(text: str) -> str:
 def uses_clip_cleaning(tokenizer: Any) -> bool:
     """True for OpenAI-vocabulary tokenizers (transformers' `CLIPTokenizer`, hence CLIP, Long-CLIP and their
     derivatives, and sharpclip's word tokenizer built on it); False for SigLIP's and any other."""
-    from transformers import CLIPTokenizer
+    from transformers import CLIPTokenizer  # heavy; the data layer needs it only to recognise a tokenizer
 
     return isinstance(tokenizer, CLIPTokenizer)
 

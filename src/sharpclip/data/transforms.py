@@ -14,11 +14,15 @@ A batch is padded to its longest caption rounded up to a multiple of 8 (at most 
 to L: a causal text tower that pools its eos token (CLIP, the RoPE tower) computes the same embedding either way,
 since no real position attends to a later one, and a batch of 30-token captions does not pay for 248 positions.
 SigLIP attends to its padding and pools the last position, so its towers keep the full padding (`pad_to_context`).
+
+Which size, mean, std, tokenizer and context a model takes is the model's to say (models.preprocessing); this module
+only implements the operations.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -136,39 +140,10 @@ class TextTokenizer:
         return [len(ids) for ids in self.tokenizer(self._cleaned(texts), truncation=False, verbose=False)["input_ids"]]
 
 
-def model_image_size(model) -> int:
-    """The square side a dual encoder's vision tower takes: `image_size`, or for SigLIP 2 NaFlex (whose config has
-    none) the side of its square patch budget, `patch_size · √num_patches` (256 px for the released patch-16 towers).
-    """
-    vcfg = model.vision_model.config
-    size = getattr(vcfg, "image_size", None)
-    if size:
-        return int(size)
-    if getattr(vcfg, "num_patches", None) and getattr(vcfg, "patch_size", None):
-        return int(vcfg.patch_size * round(vcfg.num_patches**0.5))
-    raise ValueError(
-        f"{type(vcfg).__name__} has neither image_size nor patch_size and num_patches; cannot tell the input size "
-        "of this vision tower"
-    )
+class Preprocessing(NamedTuple):
+    """What a loader does to a sample before the model sees it: `image` (PIL → (3, S, S)) and `text` (captions →
+    (input_ids, attention_mask)). A model decides both (models.preprocessing.model_transforms); the data layer only
+    applies them."""
 
-
-def model_transforms(
-    model, context_length: int | None = None, alpha: str = "drop"
-) -> tuple[ClipImageTransform, TextTokenizer]:
-    """The preprocessing a dual encoder was built for: its image size and mean/std, its tokenizer and context.
-
-    model: a sharpclip DualEncoder (its `image_processor`, `tokenizer`, vision config (`model_image_size`),
-    `context_length`). Training and evaluation both use this, so they never disagree with the model. `alpha`: the
-    transparency policy (`data.image_alpha` in training, `eval.image_alpha` in evaluation; drop by default).
-    """
-    proc = getattr(model, "image_processor", None)
-    image = ClipImageTransform(
-        size=model_image_size(model),
-        mean=getattr(proc, "image_mean", None) or CLIP_MEAN,
-        std=getattr(proc, "image_std", None) or CLIP_STD,
-        crop=proc is None or bool(getattr(proc, "do_center_crop", False)),  # SigLIP processors resize, never crop
-        resample=int(getattr(proc, "resample", None) or Image.BICUBIC),
-        alpha=alpha,
-    )
-    pad_to_context = bool(getattr(model, "pads_to_context", False))
-    return image, TextTokenizer(model.tokenizer, context_length or model.context_length, pad_to_context)
+    image: ClipImageTransform
+    text: TextTokenizer

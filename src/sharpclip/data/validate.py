@@ -11,6 +11,7 @@ Statistics: sample counts, the token-length distribution and the share of captio
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import statistics
 from collections import Counter
@@ -18,8 +19,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sharpclip.config import DataConfig
+from sharpclip.config import DataConfig, SynthDenseConfig, load_config
 from sharpclip.data import data_root, read_samples
+from sharpclip.data.formats import ultraedit, webdataset
+from sharpclip.data.formats.hf import is_save_to_disk, resolve_hub_folder
 from sharpclip.data.images import ImageLoadError, image_bytes, load_image
 from sharpclip.data.schema import BadSample, BadSampleReport, EditSample, ImageSource, Sample
 
@@ -104,9 +107,7 @@ class ValidationReport:
 
 def _parquet_format(files: list[Path]) -> str:
     """`ultraedit` when the first shard has UltraEdit's columns, else `hf` (any hub parquet dataset)."""
-    import pyarrow.parquet as pq
-
-    from sharpclip.data.formats import ultraedit
+    import pyarrow.parquet as pq  # optional dependency (extra [parquet]), needed only for parquet folders
 
     names = set(pq.read_schema(files[0]).names)
     return "ultraedit" if {*ultraedit.TEXT, *ultraedit.IMAGES} <= names else "hf"
@@ -114,8 +115,6 @@ def _parquet_format(files: list[Path]) -> str:
 
 def detect_format(path: Path) -> str:
     """The release format of the folder (or file) at `path`, from its tell-tale files; `generic` otherwise."""
-    from sharpclip.data.formats.hf import is_save_to_disk, resolve_hub_folder
-
     if path.is_file() or "{" in str(path):  # a file, or a brace pattern of shards
         return {".tar": "webdataset", ".parquet": "hf"}.get(path.suffix, "generic")
     for name, fmt in DETECT:
@@ -236,8 +235,6 @@ def validate(
 
 def _stream_shards(cfg: DataConfig, split: str, rep: ValidationReport, report: BadSampleReport):
     """Per shard: samples read, each image decoded and hashed; bad samples are named by shard and key."""
-    from sharpclip.data.formats import webdataset
-
     captions, digests, bad, images, id_images = [], [], [], 0, []
     for url in webdataset.shard_urls(cfg, split):
         count = 0
@@ -257,25 +254,8 @@ def _stream_shards(cfg: DataConfig, split: str, rep: ValidationReport, report: B
     return images, captions, digests, report.items + bad, id_images
 
 
-def tokenizer_counter(cfg: DataConfig, tokenizer_path: str | None) -> tuple[Callable | None, str]:
-    """Exact token counts from a local HF tokenizer folder, SynthDense's word tokenizer, or none (approximate)."""
-    from sharpclip.data import default_tokenizer
-    from sharpclip.data.transforms import TextTokenizer
-
-    if tokenizer_path:
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(tokenizer_path, local_files_only=True)
-        return TextTokenizer(tok, cfg.context_length).lengths, f"tokenizer at {tokenizer_path}"
-    if cfg.format == "synthdense":
-        return TextTokenizer(default_tokenizer(cfg), cfg.context_length).lengths, "SynthDense word tokenizer"
-    return None, ""
-
-
 def config_for(target: str, overrides: Sequence[str] = (), fmt: str | None = None) -> DataConfig:
     """The data config of a YAML recipe, or one for a data folder/file whose format is detected (or given)."""
-    from sharpclip.config import load_config
-
     path = Path(target)
     if path.suffix in (".yaml", ".yml"):
         cfg = load_config(path, overrides).data
@@ -287,10 +267,6 @@ def config_for(target: str, overrides: Sequence[str] = (), fmt: str | None = Non
     cfg.root = cfg.root if "root" in given else str(path)
     cfg.format = fmt or (cfg.format if "format" in given else detect_format(path))
     if cfg.format == "synthdense" and (path / "manifest.json").is_file():  # validate the corpus as it was generated
-        import json
-
-        from sharpclip.config import SynthDenseConfig
-
         found = json.loads((path / "manifest.json").read_text(encoding="utf-8")).get("config", {})
         cfg.synthdense = SynthDenseConfig(**found)
     return cfg

@@ -21,14 +21,18 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+import torch
 from tqdm import tqdm
 
-from sharpclip.demo import report
+from sharpclip.config import ModelConfig
+from sharpclip.data.synthetic import ensure
+from sharpclip.demo import report, wise_ft
 from sharpclip.demo.measure import evaluate_model, training_stats
 from sharpclip.demo.plan import PROFILES, Arm, Profile, arms
 from sharpclip.demo.stages import (
@@ -41,6 +45,7 @@ from sharpclip.demo.stages import (
     run_arm,
     validation_corpus,
 )
+from sharpclip.models.factory import create_model
 
 WISE_ALPHAS = {False: (0.0, 0.25, 0.5, 0.75, 1.0), True: (0.0, 0.5, 1.0)}  # --full, --quick
 GEOMETRY_SUMMARY = ("captions", "mean_pairwise", "mean_hardest", "share_negatives_at_least", "hardest_quantiles")
@@ -89,15 +94,11 @@ def profile_for(opts: DemoOptions) -> Profile:
 
 
 def cache_dir(option: str) -> Path:
-    import os
-
     return Path(option or os.environ.get("SHARPCLIP_CACHE", "~/.cache/sharpclip")).expanduser()
 
 
 def prepare_data(p: Profile, out: Path) -> tuple[Any, Any, float]:
     """Generate (or find) the fine-tuning and validation corpora under `out`; their DataConfigs and the seconds."""
-    from sharpclip.data.synthetic import ensure
-
     start = time.perf_counter()
     data = data_config(out / "synthdense", corpus(p))
     validation = data_config(out / "synthdense-val", validation_corpus(p))
@@ -163,11 +164,6 @@ def command_line(opts: DemoOptions) -> str:
 
 def run_demo(opts: DemoOptions) -> dict[str, Any]:
     """Everything of the module docstring; returns {"results", "claims", "files", "meta"}."""
-    import torch
-
-    from sharpclip.config import ModelConfig
-    from sharpclip.models.factory import create_model
-
     start = time.perf_counter()
     p = profile_for(opts)
     plan = select(opts)
@@ -195,8 +191,6 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
     figures = report.write_figures(results, run_dirs, geometry, out)
     wise = {}
     if opts.full or opts.quick:  # WiSE-FT of the InfoNCE and HN-CLIP arms (seed 0) back towards the A2 init
-        from sharpclip.demo import wise_ft
-
         wise = wise_ft.curves(init.model_dir, run_dirs, data, WISE_ALPHAS[opts.quick], out)
         figures += [Path(f) for curve in wise.values() for f in curve["files"]]
     meta = {

@@ -27,6 +27,14 @@ from torch import Tensor
 from sharpclip.analysis.dynamics import read_jsonl
 from sharpclip.analysis.geometry import caption_geometry
 from sharpclip.config import DataConfig
+from sharpclip.data import read_samples
+from sharpclip.data.synthetic import ZEROSHOT_PROMPTS
+from sharpclip.devices import resolve_device
+from sharpclip.eval.evaluator import model_embedder
+from sharpclip.eval.metrics import pairs_from_caption_index, retrieval_metrics
+from sharpclip.eval.pair_data import read_synth_mmvp
+from sharpclip.eval.scoring import choice_scores, score_choice_set
+from sharpclip.eval.zeroshot import evaluate_zeroshot, read_image_folder
 from sharpclip.losses.monitors import (
     INFONCE_MONITOR,
     MATRICES_MONITOR,
@@ -121,18 +129,9 @@ def hardest_is_sibling(text: Tensor, groups: Sequence[str]) -> float:
 
 def evaluate_model(model: Any, data: DataConfig, batch_size: int = 128) -> dict[str, Any]:
     """Every test metric of the module docstring for `model` on SynthDense at `data.root` (generated already)."""
-    from sharpclip.data import read_samples
-    from sharpclip.data.transforms import model_transforms
-    from sharpclip.devices import resolve_device
-    from sharpclip.eval.embed import ModelEmbedder
-    from sharpclip.eval.metrics import pairs_from_caption_index, retrieval_metrics
-    from sharpclip.eval.pair_data import read_synth_mmvp
-    from sharpclip.eval.suite import choice_scores, score_choice_set
-
     samples = read_samples(data, "test")
-    preprocess, tokenizer = model_transforms(model)
-    model = model.to(resolve_device("auto", "eval.device"))  # on the GPU when there is one (the embedder follows)
-    embed = ModelEmbedder(model.eval(), preprocess, tokenizer, batch_size=batch_size, progress=False)
+    # on the GPU when there is one, with the model's own preprocessing (eval.evaluator, as training's validation)
+    embed = model_embedder(model.eval(), batch_size=batch_size, device=resolve_device("auto", "eval.device"))
     with torch.no_grad():
         image = embed.images([s.image for s in samples]).float()
         text = embed.texts([s.caption for s in samples]).float()
@@ -165,9 +164,6 @@ def evaluate_model(model: Any, data: DataConfig, batch_size: int = 128) -> dict[
 def zeroshot_guard(embed: Any, root: Path) -> dict[str, float]:
     """The demo's forgetting guard: zero-shot colour + shape top-1 (%) on SynthDense's single-object classes with the
     coarse captions' prompt, what stage A taught (`zeroshot_top1`); nothing when the corpus has no zero-shot split."""
-    from sharpclip.data.synthetic import ZEROSHOT_PROMPTS
-    from sharpclip.eval.zeroshot import evaluate_zeroshot, read_image_folder
-
     folder = root / "images" / "zeroshot"
     if not folder.is_dir() or not any(folder.iterdir()):
         return {}

@@ -16,6 +16,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from sharpclip.analysis import dynamics, plots
+
 Results = dict[str, dict[str, Any]]
 BASELINE = "infonce"
 INIT = "init"  # stage A2: what every arm fine-tunes from ("init_a": stage A, shown for reference)
@@ -310,8 +312,6 @@ def claims_markdown(items: list[dict[str, str]]) -> str:
 # -- figures and files -------------------------------------------------------------------------------------------
 def write_figures(results: Results, run_dirs: dict[str, Path], geometry: dict[str, dict], out: Path) -> list[Path]:
     """Fig. 4 along the InfoNCE arm, convergence (validation mean R@1 per epoch), caption geometry per arm."""
-    from sharpclip.analysis import dynamics, plots
-
     written: list[Path] = []
     diag = run_dirs.get(BASELINE, Path("-")) / "diagnostics.jsonl"
     if diag.is_file():

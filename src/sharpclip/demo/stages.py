@@ -30,10 +30,16 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from sharpclip.analysis.dynamics import read_jsonl
 from sharpclip.config import Config, DataConfig, SynthDenseConfig, load_config, to_yaml
+from sharpclip.data import read_samples
+from sharpclip.data.synthetic import VERSION as generator
 from sharpclip.demo.plan import SCALE, Arm, Profile, term_overrides
+from sharpclip.eval.evaluator import retrieval_validator
 from sharpclip.models.base import DualEncoder
+from sharpclip.models.factory import save_checkpoint
 from sharpclip.train.logging import log
+from sharpclip.train.run import build_trainer
 from sharpclip.train.run_dir import open_run_dir
 
 INIT_VERSION = 3  # bump when a stage's recipe changes, so caches of the old one are not reused
@@ -115,8 +121,6 @@ def a2_config(p: Profile, home: Path, progress: bool) -> Config:
 def init_key(p: Profile) -> str:
     """What determines the init (both stages): the recipe version, model sizes, corpus, steps, lr and batch sizes."""
     fields = {k: v for k, v in asdict(p).items() if k.startswith(("init_", "a2_")) or k in _INIT_FIELDS}
-    from sharpclip.data.synthetic import VERSION as generator
-
     corpus_id = {"generator": generator, **asdict(pretrain_corpus(p))}
     blob = json.dumps({"v": INIT_VERSION, **fields, "corpus": corpus_id}, sort_keys=True)
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
@@ -143,9 +147,6 @@ class Init:
 
 def _run_stage(cfg: Config, home: Path, steps: int) -> dict:
     """Train one stage into `home` (config.yaml, run/, model/); its record, written last as `home`/done.json."""
-    from sharpclip.models.factory import save_checkpoint
-    from sharpclip.train.run import build_trainer
-
     done = home / "done.json"
     if done.is_file():  # an interrupted demo keeps a finished stage A
         return json.loads(done.read_text())
@@ -180,8 +181,6 @@ def ensure_init(p: Profile, cache: Path, progress: bool = True) -> Init:
 
 
 def _last_step(path: Path) -> dict:
-    from sharpclip.analysis.dynamics import read_jsonl
-
     steps = [r for r in read_jsonl(path) if "loss" in r and not r.get("skipped")]
     return steps[-1] if steps else {}
 
@@ -221,16 +220,14 @@ def arm_config(p: Profile, arm: Arm, init: Path, data_root: Path, out: Path, see
 
 def run_arm(cfg: Config, validation: DataConfig) -> tuple[DualEncoder, float]:
     """Fine-tune as `cfg` says, validating on `validation`'s test split each epoch; the model and the seconds taken."""
-    from sharpclip.train.run import build_trainer, retrieval_validator
-
     out = Path(cfg.train.output_dir)
     start = time.perf_counter()
     # the demo's own arm folder (<out>/runs/seed<k>/<arm>): a second demo replaces it rather than mixing two runs;
     # a folder there that is not a run directory is refused (run_dir's overwrite policy), never emptied
     with open_run_dir(out, "overwrite"), _file_log(out / "train.log"):
         (out / "config.yaml").write_text(to_yaml(cfg))
-        trainer = build_trainer(cfg)
-        trainer.evaluate = retrieval_validator(trainer.model, validation, "test")
+        validate = retrieval_validator(read_samples(validation, "test"), "test", validation.image_alpha)
+        trainer = build_trainer(cfg, evaluate=validate)
         trainer.fit()
     model = trainer.model.eval()
     # the arm's loaders keep persistent worker processes until collected; collect them now, or the next arm's

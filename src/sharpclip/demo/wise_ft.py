@@ -17,6 +17,7 @@ from sharpclip.analysis.wise_ft import sweep, write_sweep
 from sharpclip.config import DataConfig, EvalConfig, GuardConfig
 from sharpclip.data.synthetic import ZEROSHOT_PROMPTS
 from sharpclip.models.blend import WeightBlend
+from sharpclip.train.checkpoint import resolve_source
 
 TARGET = "retrieval/mean_R@1"
 GUARD_MAX_DROP = 2.0  # points of zero-shot top-1 the fine-tuning may give away
@@ -39,7 +40,7 @@ def curves(
     """The sweep of every arm of ARMS in `run_dirs` (its final checkpoint): {arm: analysis.wise_ft.sweep's curve}."""
     results = {}
     for arm in (a for a in ARMS if a in run_dirs):
-        blend = WeightBlend(str(init), run_dirs[arm])
+        blend = WeightBlend(str(init), resolve_source(run_dirs[arm]))  # the arm's newest (final) checkpoint
         curve = sweep(blend, alphas, eval_config(data), data, TARGET, [GUARD])
         curve["files"] = [str(p) for p in write_sweep(curve, out / f"wise_ft_{arm}")]
         results[arm] = curve

@@ -8,14 +8,20 @@ captions the tokenizer truncated (recorded in the eval manifest).
 
 from __future__ import annotations
 
+import io
+import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import torch
+from PIL import Image
 from torch import Tensor
 from tqdm import tqdm
+
+from sharpclip.data.images import load_image as load_source
+from sharpclip.data.images import request_draft, to_rgb
 
 
 @dataclass(frozen=True)
@@ -33,13 +39,8 @@ class ImageRef:
 
 
 def _open(ref: ImageRef) -> Any:
-    from PIL import Image
-
     if ref.member is None:
         return Image.open(ref.path)
-    import io
-    import zipfile
-
     with zipfile.ZipFile(ref.path) as archive:
         return Image.open(io.BytesIO(archive.read(ref.member)))
 
@@ -52,8 +53,6 @@ def load_image(ref: ImageRef | str | Path, draft_size: int | None = None) -> Any
     draft_size: JPEG draft decoding (`data.images.request_draft`) to sides >= this; never for a ref with a bbox,
     whose coordinates are the full image's.
     """
-    from sharpclip.data.images import request_draft, to_rgb
-
     ref = ref if isinstance(ref, ImageRef) else ImageRef(str(ref))
     try:
         with _open(ref) as im:
@@ -117,9 +116,7 @@ def _embedding(out: Any) -> Tensor:
 def _load(ref: Any, draft_size: int | None = None) -> Any:
     if isinstance(ref, ImageRef | str | Path):
         return load_image(ref, draft_size)
-    from sharpclip.data.images import load_image as load_source  # bytes, PIL images, parquet cells
-
-    return load_source(ref, draft_size)
+    return load_source(ref, draft_size)  # bytes, PIL images, parquet cells
 
 
 class ModelEmbedder:

@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from sharpclip.config import DataConfig, EvalConfig, GuardConfig
+from sharpclip.eval.suite import run_suite
 
 MEAN_R1 = "mean_R@1"  # derived key of a retrieval suite: (t2i R@1 + i2t R@1) / 2
 GUARDS_HOLD = "guards_hold"  # validation key: 1.0 when every floored guard holds (train.Trainer's best rule)
@@ -42,8 +43,6 @@ def suites_for(paths: Sequence[str]) -> list[str]:
 def evaluate_guards(model: Any, guards: Sequence[Guard], cfg: EvalConfig, data: DataConfig | None) -> dict[str, Any]:
     """The evaluation report of the guards' suites for `model`, on the device its parameters are on (a model being
     trained is never moved), without progress bars."""
-    from sharpclip.eval.suite import run_suite
-
     device = str(next(model.parameters()).device)
     suites = suites_for([g.metric for g in guards])
     return run_suite(model, replace(cfg, suites=suites, device=device, progress=False), data).results

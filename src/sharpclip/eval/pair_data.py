@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import json
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,8 +127,6 @@ def winoground_images(base: Path) -> tuple[Any, list[Path]]:
     archive = base / "images.zip"
     if not archive.is_file():
         raise FileNotFoundError(f"Winoground: neither {base / 'images'}/ nor {archive} found")
-    import zipfile
-
     with zipfile.ZipFile(archive) as z:
         members = {Path(n).stem: n for n in z.namelist() if Path(n).suffix.lower() in IMAGE_EXTENSIONS}
 

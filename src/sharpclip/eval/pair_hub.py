@@ -16,7 +16,7 @@ from pathlib import Path
 
 from sharpclip.data.formats.hf import resolve_hub_folder
 from sharpclip.data.schema import ParquetCell
-from sharpclip.eval.pair_data import SUGARCREPE_SUBSETS, ChoiceSet
+from sharpclip.eval.pair_data import SUGARCREPE_SUBSETS, ChoiceSet, read_sugarcrepe
 
 HUB_PREFIX = "SugarCrepe_"
 CACHE_PREFIX = "datasets--HuggingFaceM4--SugarCrepe_"
@@ -36,7 +36,7 @@ def sugarcrepe_hub_folders(root: Path) -> dict[str, Path]:
 
 def read_sugarcrepe_hub(root: str | Path) -> ChoiceSet:
     """The SugarCrepe subsets present in hub layout under `root`; images stay in the parquet files until embedded."""
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # optional dependency (extra [parquet]): only the hub layout is parquet
 
     folders = sugarcrepe_hub_folders(Path(root))
     if not folders:
@@ -62,6 +62,4 @@ def read_sugarcrepe_hub(root: str | Path) -> ChoiceSet:
 
 def read_sugarcrepe_any(root: str | Path) -> ChoiceSet:
     """The hub layout when present under `root`, else the release JSON files (pair_data.read_sugarcrepe)."""
-    from sharpclip.eval.pair_data import read_sugarcrepe
-
     return read_sugarcrepe_hub(root) if sugarcrepe_hub_folders(Path(root)) else read_sugarcrepe(root)

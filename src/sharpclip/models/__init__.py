@@ -6,7 +6,8 @@
 | hf.py            | adapters over transformers CLIPModel, SiglipModel, Siglip2Model      |                         |
 | factory.py       | `create_model(ModelConfig)`, checkpoints (`save_checkpoint`, layout) |                         |
 | tiny.py          | tiny presets for tests and the demo                                  |                         |
-| tokenizer.py     | offline word tokenizer (`build_word_tokenizer`)                      |                         |
+| preprocessing.py | what the model decides about its inputs (`model_transforms`)         | CLIP preprocessing      |
+| tokenizer.py     | offline word tokenizer (`build_word_tokenizer`), token counts        |                         |
 | long_context.py  | Long-CLIP stretch, first rows frozen                                 | Long-CLIP §3.1          |
 | openai_format.py | OpenAI-format / Long-CLIP state dicts → HF CLIPModel                 |                         |
 | rope.py          | RoPE text tower (+ NTK scaling)                                      | CLIP-IN §3.3, TULIP     |

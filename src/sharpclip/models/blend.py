@@ -23,7 +23,6 @@ from torch import Tensor
 
 from sharpclip.config import AdapterConfig, ModelConfig
 from sharpclip.models import adapters
-from sharpclip.models.export import resolve_source
 from sharpclip.models.factory import CHECKPOINT_CONFIG, create_model, load_checkpoint
 from sharpclip.models.hf import HFDualEncoder
 
@@ -73,12 +72,12 @@ class WeightBlend:
     """The models θ_α between an initialisation and a fine-tuned checkpoint (or run directory), one α at a time.
 
     init: any `model.name` form (a checkpoint, a transformers folder, an OpenAI-format file); finetuned: a sharpclip
-    checkpoint or a run directory (its newest complete checkpoint, or with best=True the one best.json names).
+    checkpoint (of a run directory: train.checkpoint.resolve_source picks its newest or best one).
     `at(alpha)` loads θ_α into one model instance and returns it; `model_config` is the ModelConfig to save it with.
     """
 
-    def __init__(self, init: str, finetuned: str | Path, best: bool = False) -> None:
-        source = resolve_source(finetuned, best)
+    def __init__(self, init: str, finetuned: str | Path) -> None:
+        source = Path(finetuned)
         trained_cfg = checkpoint_model_config(source)
         plain_cfg = replace(trained_cfg, adapter=AdapterConfig(method="none"))
         tuned = load_checkpoint(source).float().eval()

@@ -2,13 +2,14 @@
 
     L_distill = 1 − mean_b cos(g_T(y_b), g_S(y_b))          (losses.distill_cosine)
 
-This module is the model surgery; the optimisation runs through the one Trainer (train/distill.py, `sharpclip
-distill`). Teacher g_T: the original text tower with absolute positions, frozen, in eval mode. Student g_S: a copy
-of the same dual encoder whose text tower is turned into a RoPE tower (models.rope), initialised from the teacher's
-weights; its token embedding stays frozen (TULIP), the vision tower is not used and stays as it was. Both see the
-same captions, tokenised and truncated to the teacher's context c_T. The result is a full dual encoder (teacher's
-vision tower + distilled RoPE text tower) whose usable context is set to `context_length` (> c_T); saved as a
-sharpclip checkpoint, it replaces the original model for fine-tuning (`model.name=<that folder>`).
+This module is the model surgery; the optimisation (and the closing agreement report) runs through the one Trainer
+(train/distill.py, `sharpclip distill`). Teacher g_T: the original text tower with absolute positions, frozen, in
+eval mode. Student g_S: a copy of the same dual encoder whose text tower is turned into a RoPE tower (models.rope),
+initialised from the teacher's weights; its token embedding stays frozen (TULIP), the vision tower is not used and
+stays as it was. Both see the same captions, tokenised and truncated to the teacher's context c_T. The result is a
+full dual encoder (teacher's vision tower + distilled RoPE text tower) whose usable context is set to
+`context_length` (> c_T); saved as a sharpclip checkpoint, it replaces the original model for fine-tuning
+(`model.name=<that folder>`).
 """
 
 from __future__ import annotations
@@ -18,10 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from torch import Tensor
 
-from sharpclip.losses import distill_cosine
 from sharpclip.models import rope
 from sharpclip.models.factory import sync_text_config
 from sharpclip.models.hf import HFDualEncoder
@@ -62,17 +61,6 @@ def finish(student: HFDualEncoder, settings: DistillSettings) -> HFDualEncoder:
     if student.tokenizer is not None:
         student.tokenizer.model_max_length = settings.context_length
     return student.eval()
-
-
-@torch.no_grad()
-def agreement(teacher: HFDualEncoder, student: HFDualEncoder, captions: Sequence[str]) -> float:
-    """Mean cosine between teacher and student embeddings on `captions` truncated to the teacher's context."""
-    ids, mask = tokenize(teacher, captions, teacher.context_length)
-    device = next(student.parameters()).device
-    ids, mask = ids.to(device), mask.to(device)
-    t = teacher.to(device).eval().encode_text(ids, mask).embedding
-    s = student.eval().encode_text(ids, mask).embedding
-    return 1.0 - distill_cosine(t, s).item()
 
 
 def read_captions(path: str | Path) -> list[str]:

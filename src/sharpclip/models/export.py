@@ -1,8 +1,8 @@
 """Export a trained model as a plain transformers folder, and prove the export computes the same embeddings.
 
 `sharpclip export SRC --to DIR` where SRC is a sharpclip checkpoint (models.factory), a run directory (its newest
-complete checkpoint under `checkpoints/`, as train.checkpoint.latest finds it; with `--best`, the one `best.json`
-names) or a transformers folder. The export
+complete checkpoint under `checkpoints/`, or with `--best` the one `best.json` names: train.checkpoint.resolve_source
+picks it) or a transformers folder. The export
 
 1. merges LoRA/DoRA into the weights (peft `merge_and_unload`) and folds a stretched position table with frozen rows
    into one plain table (models.long_context);
@@ -24,6 +24,7 @@ export of such a model is refused with an `ExportError`; export its vision tower
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,10 +32,11 @@ import torch
 from torch import Tensor
 from transformers import AutoModel
 
-from sharpclip.data.transforms import model_image_size
+from sharpclip.config import ModelConfig
 from sharpclip.models import adapters, long_context, rope
-from sharpclip.models.factory import CHECKPOINT_CONFIG, load_checkpoint, save_processors
+from sharpclip.models.factory import CHECKPOINT_CONFIG, create_model, load_checkpoint, save_processors
 from sharpclip.models.hf import HFDualEncoder, wrap
+from sharpclip.models.preprocessing import model_image_size
 
 TOLERANCE = 1e-5
 
@@ -51,53 +53,6 @@ class ExportReport:
     def __str__(self) -> str:
         diffs = ", ".join(f"{k} {v:.2e}" for k, v in self.max_abs_diff.items())
         return f"exported to {self.directory}; reload max |Δ|: {diffs} (tolerance {TOLERANCE:g})"
-
-
-def resolve_source(source: str | Path, best: bool = False) -> Path:
-    """A checkpoint folder, a run directory's newest complete checkpoint (or its best one), or a transformers folder."""
-    source = Path(source)
-    is_model = (source / CHECKPOINT_CONFIG).is_file() or (source / "config.json").is_file()
-    if is_model and not best:
-        return source
-    if is_model:
-        raise ExportError(f"{source}: --best picks a checkpoint of a run directory; this is one model already")
-    found = _run_checkpoint(source / "checkpoints", best)
-    if found is None or not (found / CHECKPOINT_CONFIG).is_file():
-        raise ExportError(_no_checkpoint(source, found, best))
-    return found
-
-
-def model_source(name: str, best: bool = False) -> tuple[str, str | None]:
-    """(model.name, default report folder) for `sharpclip eval --model NAME [--best]`: a run directory becomes its
-    newest complete checkpoint (or best) with reports in `<run>/eval`; anything else is passed on as it is."""
-    path = Path(name).expanduser()
-    if (path / "checkpoints").is_dir() and not (path / CHECKPOINT_CONFIG).is_file():
-        return str(resolve_source(path, best)), str(path / "eval")
-    if best:
-        raise ExportError(f"{name}: --best picks a checkpoint of a run directory (one with checkpoints/)")
-    return name, None
-
-
-def _run_checkpoint(checkpoints: Path, best: bool) -> Path | None:
-    from sharpclip.train import checkpoint
-
-    if not checkpoints.is_dir():
-        return None
-    return checkpoint.best(checkpoints) if best else checkpoint.latest(checkpoints)
-
-
-def _no_checkpoint(source: Path, found: Path | None, best: bool) -> str:
-    if best and found is not None:
-        return f"{source}: best.json names {found.name}, which is not a complete checkpoint; drop --best"
-    if best:
-        return (
-            f"{source}: no checkpoints/best.json (the trainer marks a best checkpoint when it validates); drop --best"
-        )
-    return (
-        f"{source}: neither a sharpclip checkpoint ({CHECKPOINT_CONFIG} + model.safetensors), a run directory with a "
-        "complete checkpoints/step-*/ inside (interrupted .step-*.tmp writes are ignored), nor a transformers folder "
-        "(config.json)"
-    )
 
 
 def check_target(directory: Path, source: Path | None, force: bool) -> None:
@@ -131,20 +86,15 @@ def _is_run_checkpoints(folder: Path) -> bool:
 
 
 def _empty(directory: Path) -> None:
-    import shutil
-
     for child in directory.iterdir() if directory.is_dir() else ():
         shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
 
 
-def load_for_export(source: str | Path, best: bool = False) -> HFDualEncoder:
-    """The model at `source` (see resolve_source), as sharpclip loads it."""
-    path = resolve_source(source, best)
+def load_for_export(source: str | Path) -> HFDualEncoder:
+    """The model at `source` (a sharpclip checkpoint or a transformers folder), as sharpclip loads it."""
+    path = Path(source)
     if (path / CHECKPOINT_CONFIG).is_file():
         return load_checkpoint(path)
-    from sharpclip.config import ModelConfig
-    from sharpclip.models.factory import create_model
-
     return create_model(ModelConfig(name=str(path)))
 
 
@@ -159,19 +109,19 @@ def export_model(
     source: str | Path | HFDualEncoder,
     directory: str | Path,
     vision_only: bool = False,
-    best: bool = False,
     force: bool = False,
 ) -> ExportReport:
     """Write DIR (see the module docstring) and return the reload check; raises ExportError above tolerance.
 
-    best: take the run directory's best checkpoint (`checkpoints/best.json`) rather than its newest.
+    source: a model, a sharpclip checkpoint or a transformers folder (a run directory is resolved to one of its
+    checkpoints first, by train.checkpoint.resolve_source).
     force: empty a non-empty DIR first (never a checkpoint folder, the source, or a folder holding it).
     The reference embeddings come from the model as loaded (adapters unmerged), so the check covers the merge too.
     """
     directory = Path(directory)
     source_path = None if isinstance(source, HFDualEncoder) else Path(source)
     check_target(directory, source_path, force)
-    model = source if isinstance(source, HFDualEncoder) else load_for_export(source, best)
+    model = source if isinstance(source, HFDualEncoder) else load_for_export(source)
     model = model.float().eval()
     if not vision_only and rope.is_rope(model.text_model):
         raise ExportError(

@@ -47,6 +47,7 @@ from transformers import (
 )
 
 from sharpclip.config import ModelConfig
+from sharpclip.data.synthetic import vocabulary as synthdense_vocabulary
 from sharpclip.models import adapters, freezing, long_context, open_clip, rope
 from sharpclip.models.hf import HFDualEncoder, wrap
 from sharpclip.models.openai_format import clip_from_openai, read_state_dict
@@ -93,8 +94,6 @@ def tiny_words(vocabulary: str) -> tuple[str, ...]:
     if not vocabulary:
         return TINY_WORDS
     if vocabulary == "synthdense":
-        from sharpclip.data.synthetic import vocabulary as synthdense_vocabulary
-
         return tuple(synthdense_vocabulary())
     path = Path(vocabulary).expanduser()
     if not path.is_file():
@@ -264,10 +263,20 @@ def save_checkpoint(model: HFDualEncoder, directory: str | Path, cfg: ModelConfi
     sync_text_config(model)
     model.hf_model.config.save_pretrained(directory)
     (directory / CHECKPOINT_CONFIG).write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}  # device-free
-    save_file(state, str(directory / WEIGHTS), metadata={"format": "pt", "producer": "sharpclip"})
+    save_weights(model, directory)
     save_processors(model, directory)
     return directory
+
+
+def save_weights(model: torch.nn.Module, directory: Path) -> None:
+    """`model.state_dict()` as `directory/model.safetensors`, on the CPU whatever device the model is on."""
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}  # device-free
+    save_file(state, str(directory / WEIGHTS), metadata={"format": "pt", "producer": "sharpclip"})
+
+
+def read_weights(directory: str | Path) -> dict[str, torch.Tensor]:
+    """The state dict `save_weights` wrote into `directory` (FileNotFoundError when absent, ValueError when corrupt)."""
+    return load_weights_file(Path(directory) / WEIGHTS)
 
 
 def save_processors(model: HFDualEncoder, directory: Path) -> None:
@@ -290,7 +299,7 @@ def load_checkpoint(directory: str | Path) -> HFDualEncoder:
     tokenizer, processor = _processors(str(directory))
     model = wrap(backbone, tokenizer, processor)
     adapters.add_adapters(model, stored.adapter)
-    missing, unexpected = model.load_state_dict(load_weights_file(directory / WEIGHTS), strict=False)
+    missing, unexpected = model.load_state_dict(read_weights(directory), strict=False)
     if missing or unexpected:
         raise ValueError(
             f"{directory / WEIGHTS}: does not match the model rebuilt from {directory}/config.json and "

@@ -82,6 +82,7 @@ def tiny_clip_config(tokenizer: CLIPTokenizer, context_length: int = 77, size: T
 def tiny_siglip_config(
     tokenizer: CLIPTokenizer, context_length: int = 64, size: TinyConfig = DEFAULT_SIZE
 ) -> SiglipConfig:
+    """SigLIP at toy size: the text tower projects itself (`projection_size`), as SiglipTextModel's head does."""
     text = _tower(tokenizer, context_length, size, projection_size=size.width)
     return SiglipConfig(text_config=text, vision_config=_vision(size))
 
@@ -89,6 +90,7 @@ def tiny_siglip_config(
 def tiny_siglip2_config(
     tokenizer: CLIPTokenizer, context_length: int = 64, size: TinyConfig = DEFAULT_SIZE
 ) -> Siglip2Config:
+    """SigLIP 2 (NaFlex) at toy size: a patch budget (`num_patches`, the square grid) instead of an image size."""
     vision = _vision(size, num_patches=(size.image_size // size.patch_size) ** 2)
     del vision["image_size"]
     text = _tower(tokenizer, context_length, size, projection_size=size.width)

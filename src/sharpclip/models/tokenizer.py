@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import string
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from itertools import pairwise
 
-from transformers import CLIPTokenizer
+from transformers import AutoTokenizer, CLIPTokenizer
+
+from sharpclip.data.synthetic import vocabulary
+from sharpclip.data.transforms import TextTokenizer
 
 BOS = "<|startoftext|>"
 EOS = "<|endoftext|>"
@@ -100,3 +103,21 @@ def build_word_tokenizer(words: Iterable[str], model_max_length: int = 77) -> CL
         pad_token=EOS,
         model_max_length=model_max_length,
     )
+
+
+def synthdense_tokenizer() -> CLIPTokenizer:
+    """The word tokenizer over SynthDense's vocabulary (the tiny presets' with model.vocabulary=synthdense)."""
+    return build_word_tokenizer(vocabulary())
+
+
+def token_counter(fmt: str, tokenizer_path: str | None) -> tuple[Callable[[Sequence[str]], list[int]] | None, str]:
+    """For `sharpclip validate-data`: untruncated token counts (bos and eos included) and what counted them, from a
+    local HF tokenizer folder, else SynthDense's word tokenizer for format `synthdense`, else (None, "")."""
+    if tokenizer_path:
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, local_files_only=True)
+        name = f"tokenizer at {tokenizer_path}"
+    elif fmt == "synthdense":
+        tokenizer, name = synthdense_tokenizer(), "SynthDense word tokenizer"
+    else:
+        return None, ""
+    return TextTokenizer(tokenizer, context_length=77).lengths, name  # lengths are untruncated: any context will do

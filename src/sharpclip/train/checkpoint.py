@@ -14,7 +14,9 @@ temporary folder that `latest()` ignores and the next save removes. A checkpoint
 fail is marked with `diverged.json` and is no longer listed (resume falls back to the one before it).
 
 Reading one back (`load`) checks each of its three files and raises `CorruptCheckpoint` naming the bad one; a run's
-resume then falls back to the previous complete checkpoint (train.resume.pick_checkpoint).
+resume then falls back to the previous complete checkpoint (train.resume.pick_checkpoint). The model part is read
+back by the code that wrote it (models.factory.read_weights / save_weights), so the two can never disagree on the
+layout. `resolve_source` is how the commands that read a run (export, blend, eval) pick one of its checkpoints.
 """
 
 from __future__ import annotations
@@ -31,11 +33,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from sharpclip.models.factory import CHECKPOINT_CONFIG, WEIGHTS, read_weights
+
 TRAINING_STATE = "training_state.pt"
 TRAINER_STATE = "trainer_state.json"
 BEST = "best.json"
 DIVERGED = "diverged.json"
-WEIGHTS = "model.safetensors"
 
 
 class CheckpointError(RuntimeError):
@@ -141,16 +144,15 @@ def load_trainer_state(checkpoint: Path) -> dict[str, Any]:
 
 
 def load_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
-    """The model's state dict from `model.safetensors`; a truncated or malformed file raises `CorruptCheckpoint`."""
-    from safetensors.torch import load_file
-
+    """The model's state dict, read by models.factory.read_weights (what wrote it); a missing, truncated or malformed
+    file raises `CorruptCheckpoint`."""
     path = checkpoint / WEIGHTS
     if not path.is_file():
         raise CorruptCheckpoint(path, "missing")
     try:
-        return load_file(str(path))
-    except Exception as err:  # safetensors' own error type: bad header, file shorter than its header says
-        raise CorruptCheckpoint(path, f"corrupt safetensors file ({err})") from None
+        return read_weights(checkpoint)
+    except ValueError as err:  # bad header, file shorter than its header says
+        raise CorruptCheckpoint(path, str(err).removeprefix(f"{path}: ")) from None
 
 
 def load(checkpoint: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
@@ -193,6 +195,9 @@ def best(directory: Path) -> Path | None:
         return None
 
 
+_named_best = best  # for resolve_source, whose `best` flag shadows the name
+
+
 def prune(directory: Path, keep_last: int, keep: tuple[Path, ...] = ()) -> None:
     """Delete all but the newest `keep_last` (≥ 1) checkpoints, the best one and `keep` (the one just written);
     also stale temporary folders."""
@@ -212,3 +217,44 @@ def fault_point(where: str, step: int) -> None:
     """Fault injection for crash tests: SHARPCLIP_FAULT=<where>:<step> kills the process here with SIGKILL."""
     if os.environ.get("SHARPCLIP_FAULT") == f"{where}:{step}":
         os.kill(os.getpid(), 9)
+
+
+def resolve_source(source: str | Path, best: bool = False) -> Path:
+    """A model folder (sharpclip checkpoint or transformers) as it is; a run directory's newest complete checkpoint,
+    or with `best` the one best.json names. Raises `CheckpointError` saying what `source` lacks."""
+    source = Path(source)
+    is_model = (source / CHECKPOINT_CONFIG).is_file() or (source / "config.json").is_file()
+    if is_model and not best:
+        return source
+    if is_model:
+        raise CheckpointError(f"{source}: --best picks a checkpoint of a run directory; this is one model already")
+    checkpoints, pick = source / "checkpoints", _named_best if best else latest
+    found = pick(checkpoints) if checkpoints.is_dir() else None
+    if found is None or not (found / CHECKPOINT_CONFIG).is_file():
+        raise CheckpointError(_no_checkpoint(source, found, best))
+    return found
+
+
+def model_source(name: str, best: bool = False) -> tuple[str, str | None]:
+    """(model.name, default report folder) for `sharpclip eval --model NAME [--best]`: a run directory becomes its
+    newest complete checkpoint (or best) with reports in `<run>/eval`; anything else is passed on as it is."""
+    path = Path(name).expanduser()
+    if (path / "checkpoints").is_dir() and not (path / CHECKPOINT_CONFIG).is_file():
+        return str(resolve_source(path, best)), str(path / "eval")
+    if best:
+        raise CheckpointError(f"{name}: --best picks a checkpoint of a run directory (one with checkpoints/)")
+    return name, None
+
+
+def _no_checkpoint(source: Path, found: Path | None, best: bool) -> str:
+    if best and found is not None:
+        return f"{source}: best.json names {found.name}, which is not a complete checkpoint; drop --best"
+    if best:
+        return (
+            f"{source}: no checkpoints/best.json (the trainer marks a best checkpoint when it validates); drop --best"
+        )
+    return (
+        f"{source}: neither a sharpclip checkpoint ({CHECKPOINT_CONFIG} + {WEIGHTS}), a run directory with a "
+        "complete checkpoints/step-*/ inside (interrupted .step-*.tmp writes are ignored), nor a transformers folder "
+        "(config.json)"
+    )

@@ -14,12 +14,15 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+import torch
+
 from sharpclip import devices
 from sharpclip.config import AdapterConfig, Config, LossConfig, ModelConfig, TermConfig, TrainConfig, to_yaml
 from sharpclip.data.captions import CaptionLoader
 from sharpclip.data.transforms import TextTokenizer
-from sharpclip.models.distill import DistillSettings, agreement, finish, make_student, read_captions
-from sharpclip.models.factory import create_model, save_checkpoint
+from sharpclip.losses import distill_cosine
+from sharpclip.models.distill import DistillSettings, finish, make_student, read_captions, tokenize
+from sharpclip.models.factory import create_model, save_checkpoint, save_weights
 from sharpclip.models.hf import HFDualEncoder
 from sharpclip.models.long_context import stretched_length
 from sharpclip.train import distributed
@@ -54,10 +57,23 @@ def distill(
     def write_model(directory: Path) -> None:
         if student_cfg is not None:
             save_checkpoint(student, directory, student_cfg)
+        else:  # the weights alone, which is what a resume reads back
+            save_weights(student, directory)
 
     trainer = Trainer(student, objective, loader, train, Path(train.output_dir), write_model, encoder=encoder)
     trainer.fit()
     return finish(student, settings)
+
+
+@torch.no_grad()
+def agreement(teacher: HFDualEncoder, student: HFDualEncoder, captions: Sequence[str]) -> float:
+    """Mean cosine between teacher and student embeddings on `captions` truncated to the teacher's context."""
+    ids, mask = tokenize(teacher, captions, teacher.context_length)
+    device = next(student.parameters()).device
+    ids, mask = ids.to(device), mask.to(device)
+    t = teacher.to(device).eval().encode_text(ids, mask).embedding
+    s = student.eval().encode_text(ids, mask).embedding
+    return 1.0 - distill_cosine(t, s).item()
 
 
 def run_distill(cfg: Config, captions_file: str | Path, out_dir: str | Path) -> str:

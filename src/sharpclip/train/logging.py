@@ -20,6 +20,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import yaml
 from tqdm.auto import tqdm
 
 log = logging.getLogger("sharpclip.train")
@@ -62,13 +63,13 @@ class RunLogger:
         self.diagnostics = JsonlWriter(run_dir / "diagnostics.jsonl", enabled)
         self._tb = self._wandb = None
         if enabled and tensorboard:
-            try:
+            try:  # optional extra, imported only when asked for
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError as err:
                 raise ImportError("train.tensorboard needs the extra: pip install 'sharpclip[tensorboard]'") from err
             self._tb = SummaryWriter(str(run_dir / "tensorboard"))
         if enabled and wandb:
-            try:
+            try:  # optional extra, imported only when asked for
                 import wandb as wandb_module
             except ImportError as err:
                 raise ImportError("train.wandb needs the extra: pip install 'sharpclip[wandb]'") from err
@@ -109,8 +110,6 @@ def tag(key: str) -> str:
 
 def _resolved(run_dir: Path) -> dict[str, Any]:
     """The run's resolved config (config.yaml, written by run_train) as a dict; {} when there is none."""
-    import yaml
-
     path = run_dir / "config.yaml"
     return yaml.safe_load(path.read_text()) or {} if path.is_file() else {}
 

@@ -8,7 +8,7 @@ backend, the model is moved there before rank 0's weights are broadcast, and the
 a GPU. The resolved devices are logged and recorded at the top of config.yaml.
 
 The model decides the preprocessing: images at its own size and mean/std, captions at its own context length
-(data.model_transforms), so a Long-CLIP-stretched tower reads 248 tokens without a second setting to keep in step.
+(models.preprocessing), so a Long-CLIP-stretched tower reads 248 tokens without a second setting to keep in step.
 The run directory receives the resolved config (config.yaml), the logs, checkpoints and evaluation results. It is
 opened by train.run_dir's policy (a fresh run refuses a non-empty directory; `resume` and `overwrite` say otherwise;
 a lock keeps a second run out), and a resume is reconciled with the saved config by train.resume.
@@ -21,17 +21,23 @@ import json
 import logging
 import random
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from sharpclip import devices
-from sharpclip.config import VALIDATION_KS, Config, ConfigError, DataConfig, to_yaml
+from sharpclip.config import Config, ConfigError, DataConfig, to_yaml
+from sharpclip.data import build_loader, data_root, read_samples
+from sharpclip.data.overlap import check_overlap, sample_images
+from sharpclip.eval.evaluator import Evaluate, retrieval_validator
+from sharpclip.eval.guards import evaluate_guards, guard_metrics
 from sharpclip.models.base import DualEncoder
+from sharpclip.models.factory import create_model, save_checkpoint
+from sharpclip.models.preprocessing import model_transforms
 from sharpclip.train import distributed, run_dir
 from sharpclip.train import resume as resume_policy
+from sharpclip.train.features import build_objective, check_provided
 from sharpclip.train.logging import log
 from sharpclip.train.trainer import Trainer, TrainerState
 
@@ -68,30 +74,9 @@ def _run_logging(directory: Path) -> Iterator[None]:
         log.setLevel(level)
 
 
-def retrieval_validator(model: DualEncoder, data: DataConfig, split: str, samples: list | None = None):
-    """A callback for the trainer: R@1/5/10 both directions on `split` (its `samples` when already read), plus
-    `mean_R@1` (the best-checkpoint key)."""
-    from sharpclip.data.transforms import model_transforms
-    from sharpclip.eval.embed import ModelEmbedder
-    from sharpclip.eval.retrieval import evaluate_retrieval, from_samples
-
-    dataset = from_samples(split, samples if samples is not None else _validation_samples(data, split))
-    preprocess, tokenizer = model_transforms(model, alpha=data.image_alpha)
-
-    def evaluate(model: DualEncoder) -> dict[str, float]:
-        embedder = ModelEmbedder(model, preprocess, tokenizer, batch_size=64, progress=False)
-        metrics = evaluate_retrieval(embedder, dataset, VALIDATION_KS)
-        flat = {f"{d}_R@{k}": metrics[d][f"R@{k}"] for d in ("t2i", "i2t") for k in VALIDATION_KS}
-        return {**flat, "mean_R@1": (flat["t2i_R@1"] + flat["i2t_R@1"]) / 2}
-
-    return evaluate
-
-
 def checked_validation_samples(data: DataConfig, train_samples: list | None) -> list:
     """The samples of `data.eval_split`, after refusing (or, under `data.overlap: warn`, reporting) any image they
     share with the training samples (None: a streamed training set, which cannot be checked without reading it)."""
-    from sharpclip.data.overlap import check_overlap, sample_images
-
     held_out = _validation_samples(data, data.eval_split)
     if train_samples is None:
         log.info("data: the training set is streamed; its overlap with the validation split is not checked")
@@ -107,8 +92,6 @@ def guarded_validator(evaluate: Callable, model: DualEncoder, cfg: Config, data:
     `model` is the initial model (built, not yet trained or resumed): it is evaluated once and its report kept in
     RUN/guards_initial.json, which a resume reads back instead of evaluating the trained weights as "initial".
     """
-    from sharpclip.eval.guards import evaluate_guards, guard_metrics
-
     guards, path = cfg.train.guards, run_dir / GUARDS_INITIAL
     if path.is_file():
         initial = json.loads(path.read_text())
@@ -150,8 +133,6 @@ def warn_tiny(name: str) -> None:
 
 
 def _validation_samples(data: DataConfig, split: str) -> list:
-    from sharpclip.data import read_samples
-
     hint = "set data.eval_split to a split that exists, or train.eval_every=0 to train without validation"
     try:
         samples = read_samples(data, split)
@@ -162,8 +143,6 @@ def _validation_samples(data: DataConfig, split: str) -> list:
             raise
         raise ConfigError(f"validation split data.eval_split={split!r}: {err}; {hint}") from None
     if not samples:
-        from sharpclip.data import data_root
-
         raise ConfigError(
             f"validation split data.eval_split={split!r}: no {data.format} samples found for it under "
             f"{data_root(data)}; {hint}"
@@ -171,13 +150,13 @@ def _validation_samples(data: DataConfig, split: str) -> list:
     return samples
 
 
-def build_trainer(cfg: Config) -> Trainer:
-    """Model, loader, objective, validation and trainer as `cfg` describes (no training yet)."""
-    from sharpclip.data import build_loader
-    from sharpclip.data.transforms import model_transforms
-    from sharpclip.models.factory import create_model, save_checkpoint
-    from sharpclip.train.features import build_objective, check_provided
+def build_trainer(cfg: Config, evaluate: Evaluate | None = None) -> Trainer:
+    """Model, loader, objective, validation and trainer as `cfg` describes (no training yet).
 
+    evaluate: the validation run every `train.eval_every` epochs (eval.evaluator.retrieval_validator over other
+    data, as the demo's); default: retrieval on `data.eval_split`, checked for overlap with the training images.
+    The forgetting guards (`train.guards`) are added to either.
+    """
     world, rank = distributed.world_size(), distributed.rank()
     if cfg.train.batch_size % world:
         raise ConfigError(f"train.batch_size ({cfg.train.batch_size}) must be divisible by the {world} processes")
@@ -188,24 +167,22 @@ def build_trainer(cfg: Config) -> Trainer:
     model = create_model(cfg.model).to(device)
     log_model(model, cfg.model.name)
     distributed.broadcast_parameters(model)
-    preprocess, _ = model_transforms(model, alpha=cfg.data.image_alpha)
-    data = replace(cfg.data, context_length=model.context_length)
+    preprocessing, data = model_transforms(model, alpha=cfg.data.image_alpha), cfg.data
     if rank != 0:  # rank 0 reads first: a generated corpus (SynthDense) is written once, not by every rank at once
         distributed.barrier()
     loader = build_loader(
-        data, data.train_split, model.tokenizer, batch_size=cfg.train.batch_size // world,
-        image_transform=preprocess, rank=rank, world_size=world, seed=cfg.train.seed,
-        pin_memory=device.type == "cuda", pad_to_context=model.pads_to_context,
+        data, data.train_split, preprocessing, batch_size=cfg.train.batch_size // world, rank=rank,
+        world_size=world, seed=cfg.train.seed, pin_memory=device.type == "cuda",
     )  # fmt: skip
     log.info("data: %d loader workers, JPEG draft decoding %s", loader.num_workers, "on" if data.jpeg_draft else "off")
     if rank == 0:
         distributed.barrier()
     # every rank read the same data: the same decision on every rank
     check_provided(objective, loader.provides, f"data.format={data.format} (split {data.train_split!r})")
-    evaluate = None
     if cfg.train.eval_every:
-        held_out = checked_validation_samples(data, getattr(getattr(loader, "dataset", None), "samples", None))
-        evaluate = retrieval_validator(model, data, data.eval_split, held_out)
+        if evaluate is None:
+            held_out = checked_validation_samples(data, getattr(getattr(loader, "dataset", None), "samples", None))
+            evaluate = retrieval_validator(held_out, data.eval_split, data.image_alpha)
         if cfg.train.guards:
             evaluate = guarded_validator(evaluate, model, cfg, data, Path(cfg.train.output_dir))
 

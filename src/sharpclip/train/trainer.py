@@ -31,7 +31,8 @@ import torch
 
 from sharpclip import devices
 from sharpclip.config import TrainConfig
-from sharpclip.data.schema import Batch
+from sharpclip.data.schema import Batch, Loader
+from sharpclip.eval.evaluator import Evaluate
 from sharpclip.eval.guards import GUARDS_HOLD
 from sharpclip.losses import Objective
 from sharpclip.losses.monitors import MATRICES_MONITOR, SATURATED_MONITOR
@@ -42,9 +43,6 @@ from sharpclip.train.features import FeatureEncoder
 from sharpclip.train.logging import RunLogger, log, progress
 from sharpclip.train.optim import build_optimizer, build_scheduler, clamp_logit_scale, lr_for
 from sharpclip.train.step import run_step
-
-Evaluate = Callable[[DualEncoder], dict[str, float]]
-
 
 DIVERGED_GROWTH = 10.0  # an update that multiplies the largest |weight| by this much, then only failed steps: diverged
 
@@ -80,7 +78,7 @@ class Trainer:
         self,
         model: DualEncoder,
         objective: Objective,
-        loader: Any,
+        loader: Loader,
         cfg: TrainConfig,
         run_dir: Path,
         write_model: Callable[[Path], Any],

@@ -86,7 +86,7 @@ def _columns(names: list[str], cfg: DataConfig, where: Path) -> list[str]:
 
 
 def _pyarrow():
-    try:
+    try:  # an optional dependency (extra [parquet]): imported only when a parquet / Arrow folder is read
         import pyarrow
         import pyarrow.parquet
     except ImportError as err:
@@ -95,7 +95,7 @@ def _pyarrow():
 
 
 def _image_kind(schema, column: str) -> str:
-    import pyarrow as pa
+    import pyarrow as pa  # optional (extra [parquet]); _pyarrow() has checked it is there
 
     kind = schema.field(column).type
     if pa.types.is_struct(kind):

@@ -72,7 +72,7 @@ def iter_raw(url: str, report: BadSampleReport, skip: int = 0) -> Iterator[dict[
 
     A shard that cannot be read to its end (truncated, not a tar) is reported once, as a bad sample of the shard.
     """
-    from webdataset.tariterators import group_by_keys, tar_file_expander
+    from webdataset.tariterators import group_by_keys, tar_file_expander  # heavy: loads only for tar shards
 
     try:
         with open(url, "rb") as stream:
@@ -167,7 +167,7 @@ def _listed_count(url: str) -> int | None:
 
 def count_samples(url: str) -> int:
     """Samples (keys with an image member) in one shard: listed, else from the tar's member headers only."""
-    from webdataset.tariterators import base_plus_ext
+    from webdataset.tariterators import base_plus_ext  # heavy: loads only for tar shards
 
     listed = _listed_count(url)
     if listed is not None:

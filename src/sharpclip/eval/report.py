@@ -1,0 +1,97 @@
+"""What an evaluation writes: the JSON report, the markdown tables and the eval manifest (eval.manifest).
+
+    manifest = suite_manifest(result, model, cfg.eval, name)
+    write_report(result, manifest, out_dir, ks)          -> eval_report.json, eval_report.md, eval_manifest.json
+
+The three files sit side by side in `out_dir`; the manifest records what produced the numbers (eval.manifest).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from sharpclip.config import EvalConfig
+from sharpclip.eval import pair_data
+from sharpclip.eval.manifest import build_manifest, model_record, preprocessing_record
+from sharpclip.eval.scoring import load_prompts
+
+if TYPE_CHECKING:  # for annotations only: the suite imports this module
+    from sharpclip.eval.suite import SuiteResult
+
+
+def _fmt(x: Any) -> str:
+    return f"{x:.2f}" if isinstance(x, float) else str(x)
+
+
+def markdown_report(results: dict[str, dict[str, Any]], ks: list[int]) -> str:
+    """Retrieval rows (T→I and I→T R@K) in one table, every other suite's headline numbers in a second."""
+    lines = []
+    retrieval = {k: v for k, v in results.items() if v.get("task") == "retrieval"}
+    if retrieval:
+        cols = [f"T→I R@{k}" for k in ks] + [f"I→T R@{k}" for k in ks]
+        lines += ["| suite | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+        for name, r in retrieval.items():
+            vals = [r["t2i"][f"R@{k}"] for k in ks] + [r["i2t"][f"R@{k}"] for k in ks]
+            lines.append(f"| {name} | " + " | ".join(_fmt(v) for v in vals) + " |")
+        lines.append("")
+    others = {k: v for k, v in results.items() if v.get("task") != "retrieval"}
+    if others:
+        lines += ["| suite | metric | value |", "|---|---|---|"]
+        for name, r in others.items():
+            for key, value in r.items():
+                if isinstance(value, float):
+                    lines.append(f"| {name} | {key} | {_fmt(value)} |")
+                elif isinstance(value, dict):
+                    lines += [f"| {name} | {key}: {k} | {_fmt(v)} |" for k, v in value.items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_report(result: SuiteResult, manifest: dict[str, Any], out_dir: str | Path, ks: list[int]) -> list[Path]:
+    """eval_report.json (metrics), eval_report.md (tables) and eval_manifest.json, side by side in `out_dir`."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "eval_report.json", out / "eval_report.md", out / "eval_manifest.json"]
+    paths[0].write_text(json.dumps(result.results, indent=2) + "\n")
+    paths[1].write_text(markdown_report(result.results, ks))
+    paths[2].write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+    return paths
+
+
+def suite_manifest(result: SuiteResult, model: Any, cfg: EvalConfig, model_name: str = "") -> dict[str, Any]:
+    """The eval manifest of a finished suite run (see eval/manifest.py)."""
+    emb = result.embedder
+    tok = getattr(emb, "tokenizer", None)
+    text = {
+        "tokenizer": type(getattr(tok, "tokenizer", tok)).__name__ if tok is not None else None,
+        "cleaning": getattr(tok, "cleaning", None),
+        "context_length": getattr(tok, "context_length", None),
+        "captions_embedded": getattr(emb, "num_captions", None),
+        "captions_truncated": getattr(emb, "num_truncated", None),
+    }
+    uses_prompts = any(r.get("task") == "zeroshot" for r in result.results.values())
+    prompts = {
+        "set": cfg.prompts,
+        "templates": list(load_prompts(cfg.prompts)) if uses_prompts else None,
+        "mmvp_prefix": pair_data.MMVP_PROMPT,
+    }
+    is_module = isinstance(model, torch.nn.Module)
+    image = preprocessing_record(getattr(emb, "preprocess", None))
+    if getattr(emb, "draft_size", None):  # recorded only when used: the pixels are not the full decode's
+        image["jpeg_draft"] = f"JPEG decoded at the smallest DCT scale keeping both sides >= {emb.draft_size} px"
+    settings = asdict(cfg)
+    if getattr(emb, "device", None) is not None:
+        settings["device"] = str(emb.device)  # the resolved device, not "auto"
+    return build_manifest(
+        model=model_record(model, model_name) if is_module else {"name": model_name, "class": type(model).__name__},
+        image=image,
+        text=text,
+        prompts=prompts,
+        datasets=result.datasets,
+        settings=settings,
+    )

@@ -1,0 +1,65 @@
+"""Scoring one benchmark's set with an `Embedder`: retrieval, pair choice (by kind) and zero-shot classification.
+
+Each protocol's arithmetic lives in its own module (eval.retrieval / eval.metrics, eval.pairs, eval.zeroshot); this
+module embeds a set's images and captions and hands the similarities to the right one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sharpclip.config import EvalConfig
+from sharpclip.eval import pairs
+from sharpclip.eval.benchmarks import EvalSet
+from sharpclip.eval.embed import Embedder
+from sharpclip.eval.pair_data import ChoiceSet
+from sharpclip.eval.retrieval import RetrievalSet, evaluate_retrieval
+from sharpclip.eval.zeroshot import PROMPT_SETS, evaluate_zeroshot
+
+
+def choice_scores(embedder: Embedder, cs: ChoiceSet) -> torch.Tensor:
+    """(N, n_texts, n_images): every caption of an item against every image of the same item."""
+    flat_images = [ref for item in cs.images for ref in item]
+    flat_texts = [t for item in cs.texts for t in item]
+    img = embedder.images(flat_images).reshape(len(cs), len(cs.images[0]), -1)
+    txt = embedder.texts(flat_texts).reshape(len(cs), len(cs.texts[0]), -1)
+    return torch.einsum("ntd,nid->nti", txt.float(), img.float())
+
+
+def score_choice_set(embedder: Embedder, cs: ChoiceSet) -> dict[str, Any]:
+    """The metrics of a pair-choice set, by its kind's scorer in eval/pairs.py."""
+    s = choice_scores(embedder, cs)
+    if cs.kind == "mmvp":
+        qids = cs.extra.get("qids")
+        return pairs.mmvp_scores(s, cs.groups, pairs.mmvp_ground_truth(qids) if qids else None)
+    if cs.kind == "winoground":
+        return pairs.winoground_scores(s)
+    if cs.kind == "sugarcrepe":
+        return pairs.sugarcrepe_report(pairs.sugarcrepe_scores(s[:, 0, 0], s[:, 1, 0], cs.groups))
+    if cs.kind == "aro_relation":
+        return pairs.aro_relation_scores(s[:, :, 0], cs.groups)
+    if cs.kind == "aro_attribution":
+        return pairs.aro_attribution_scores(s[:, :, 0], cs.groups)
+    raise ValueError(f"{cs.name}: no scorer for pair-choice kind {cs.kind!r}")
+
+
+def load_prompts(spec: str) -> tuple[str, ...]:
+    """A named prompt set or a file with one template (containing '{}') per line."""
+    if spec in PROMPT_SETS:
+        return PROMPT_SETS[spec]
+    path = Path(spec)
+    if not path.is_file():
+        raise ValueError(f"eval.prompts: {spec!r} is neither a prompt set ({', '.join(PROMPT_SETS)}) nor a file")
+    return tuple(line.strip() for line in path.read_text().splitlines() if line.strip())
+
+
+def evaluate_set(embedder: Embedder, es: EvalSet, cfg: EvalConfig) -> dict[str, Any]:
+    """The metrics of one eval set, with a `task` key naming the protocol."""
+    if isinstance(es, RetrievalSet):
+        return {"task": "retrieval", **evaluate_retrieval(embedder, es, cfg.recall_k, cfg.chunk_size)}
+    if isinstance(es, ChoiceSet):
+        return {"task": es.kind, "items": len(es), **score_choice_set(embedder, es)}
+    return {"task": "zeroshot", **evaluate_zeroshot(embedder, es, load_prompts(cfg.prompts), cfg.zeroshot_k)}
