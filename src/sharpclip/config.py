@@ -7,6 +7,7 @@ that name the source (file or override) and the full key, and validates choices 
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from dataclasses import dataclass, field, fields
@@ -441,6 +442,17 @@ def _merge(base: Any, layer: Any, source: str) -> Any:
         raise ConfigError(f"{source}: key '{key}': {reason}") from None
 
 
+def _drop_removed(layer: DictConfig, file: Path) -> None:
+    """Delete the REMOVED_KEYS a saved run config still holds, warning once per key."""
+    for key in REMOVED_KEYS:
+        section, name = key.split(".", 1)
+        if isinstance(layer.get(section), DictConfig) and name in layer[section]:
+            del layer[section][name]
+            logging.getLogger("sharpclip.config").warning(
+                "%s: ignoring '%s', no longer a setting: %s", file, key, REMOVED_KEYS[key]
+            )
+
+
 def _not_a_mapping(file: Path) -> str | None:
     """The error for a YAML file whose top level parses but is not a mapping (a list, a number, ...), else None."""
     try:
@@ -461,12 +473,16 @@ def split_args(args: list[str] | tuple[str, ...]) -> tuple[list[str], list[str]]
 
 
 def load_config(
-    path: str | Path | list[str | Path] | None = None, overrides: list[str] | tuple[str, ...] = ()
+    path: str | Path | list[str | Path] | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    saved: bool = False,
 ) -> Config:
     """Build a validated `Config`: defaults, then each YAML file of `path` in order, then `key=value` overrides.
 
     Several files layer like overrides (a recipe, then e.g. configs/tiny_synthdense.yaml or a file of local paths).
     An unknown key or a value of the wrong type raises `ConfigError` naming the file or override and the key.
+    saved: the files are a run directory's own config.yaml, written by an older sharpclip perhaps: keys of
+    REMOVED_KEYS there are dropped with a warning (the run stays readable) instead of refused.
     """
     merged = OmegaConf.structured(Config)
     paths = [] if path is None else [path] if isinstance(path, str | Path) else list(path)
@@ -479,6 +495,8 @@ def load_config(
             raise ConfigError(_not_a_mapping(file) or f"{file}: not valid YAML: {err}") from None
         if not isinstance(layer, DictConfig):
             raise ConfigError(_not_a_mapping(file) or f"{file}: the top level must be a mapping")
+        if saved:
+            _drop_removed(layer, file)
         merged = _merge(merged, layer, str(file))
     for item in overrides:
         if "=" not in item:

@@ -132,3 +132,21 @@ def test_a_named_corrupt_checkpoint_is_an_error_naming_the_file(trained, tmp_pat
     bad = _corrupt(run / "checkpoints" / "step-000001", "model.safetensors")
     with pytest.raises(checkpoint.CorruptCheckpoint, match=str(bad)):
         run_train(load_resume_config(run, [], []), resume=run / "checkpoints" / "step-000001")
+
+
+def test_a_run_written_by_an_older_version_stays_readable_without_its_removed_keys(tmp_path, caplog):
+    from sharpclip.train.resume import load_resume_config
+
+    run = tmp_path / "old_run"
+    run.mkdir()
+    (run / "config.yaml").write_text(
+        "# cpu (2 threads)\ndata:\n  image_size: 224\n  context_length: 77\n"
+        "train:\n  lr: 0.001\n  diagnostics_gamma: 0.5\n"
+    )
+    with caplog.at_level("WARNING", logger="sharpclip.config"):
+        cfg = load_resume_config(run)
+    assert cfg.train.lr == 0.001 and cfg.train.output_dir == str(run)
+    ignored = [r.getMessage() for r in caplog.records]
+    assert sum("no longer a setting" in m for m in ignored) == 3 and any("data.image_size" in m for m in ignored)
+    with pytest.raises(ConfigError, match=r"data\.image_size' is no longer a setting"):  # a recipe still refuses it
+        load_config(run / "config.yaml")

@@ -98,14 +98,14 @@ def load_resume_config(target: str | Path, files: list[str] = (), overrides: lis
     """The config to resume with: the recipe `files` if given, else the run's config.yaml, then `overrides`;
     `train.output_dir` is the run directory."""
     run_dir, _ = locate(target)
-    cfg = load_config(list(files) or [run_dir / RESOLVED_CONFIG], overrides)
+    cfg = load_config(files, overrides) if files else load_config(run_dir / RESOLVED_CONFIG, overrides, saved=True)
     cfg.train.output_dir = str(run_dir)
     return cfg
 
 
 def reconcile(run_dir: Path, new: Config) -> dict[str, tuple[Any, Any]]:
     """The applied changes of `new` against the run's saved config; raises `ConfigError` listing refused ones."""
-    saved = load_config(run_dir / RESOLVED_CONFIG)
+    saved = load_config(run_dir / RESOLVED_CONFIG, saved=True)
     found = changes(saved, new)
     refused = {k: v for k, v in found.items() if classify(k) != "applied"}
     if refused:
