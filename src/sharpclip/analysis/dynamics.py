@@ -34,9 +34,20 @@ from typing import Any
 import numpy as np
 
 from sharpclip.losses.monitors import INFONCE_MONITOR, SATURATED
+from sharpclip.train.diagnostics import (
+    GRAD_COSINE,
+    GRAD_NORM_HN,
+    GRAD_NORM_INFONCE,
+    GRAD_ZERO_INFONCE,
+    LOSS_HN,
+    LOSS_INFONCE,
+    MICRO_GRAD_ZERO_INFONCE,
+    MICRO_LOSS_HN,
+    MICRO_LOSS_INFONCE,
+)
 
 SATURATION = SATURATED  # the paper's "declared solved" (losses.monitors)
-REQUIRED = ("step", "epoch", "loss_infonce", "loss_hn", "grad_norm_infonce", "grad_norm_hn")
+REQUIRED = ("step", "epoch", LOSS_INFONCE, LOSS_HN, GRAD_NORM_INFONCE, GRAD_NORM_HN)
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
@@ -84,13 +95,13 @@ def _per_matrix(rs: list[dict[str, Any]], key: str, micro: str) -> list[float]:
 
 
 def _epoch_summary(rs: list[dict[str, Any]], saturation: float) -> dict[str, Any]:
-    zero = [bool(r.get("grad_zero_infonce", r["grad_norm_infonce"] == 0.0)) for r in rs]
-    ratios = [r["grad_norm_hn"] / r["grad_norm_infonce"] for r, z in zip(rs, zero, strict=True) if not z]
-    cos = [c for c in (_number(r.get("grad_cosine")) for r in rs) if c is not None]
-    infonce, hn = _per_matrix(rs, "loss_infonce", "micro_loss_infonce"), _per_matrix(rs, "loss_hn", "micro_loss_hn")
+    zero = [bool(r.get(GRAD_ZERO_INFONCE, r[GRAD_NORM_INFONCE] == 0.0)) for r in rs]
+    ratios = [r[GRAD_NORM_HN] / r[GRAD_NORM_INFONCE] for r, z in zip(rs, zero, strict=True) if not z]
+    cos = [c for c in (_number(r.get(GRAD_COSINE)) for r in rs) if c is not None]
+    infonce, hn = _per_matrix(rs, LOSS_INFONCE, MICRO_LOSS_INFONCE), _per_matrix(rs, LOSS_HN, MICRO_LOSS_HN)
     zero_matrix = (
-        [bool(z) for z in _per_matrix(rs, "grad_zero_infonce", "micro_grad_zero_infonce")]
-        if all("grad_zero_infonce" in r or "micro_grad_zero_infonce" in r for r in rs)
+        [bool(z) for z in _per_matrix(rs, GRAD_ZERO_INFONCE, MICRO_GRAD_ZERO_INFONCE)]
+        if all(GRAD_ZERO_INFONCE in r or MICRO_GRAD_ZERO_INFONCE in r for r in rs)
         else zero
     )
     return {
@@ -110,7 +121,7 @@ def gradient_dynamics(records: list[dict[str, Any]], saturation: float = SATURAT
     for r in records:
         by_epoch[math.floor(r["epoch"])].append(r)
     series = {k: [r.get(k) for r in records] for k in REQUIRED}
-    series["grad_cosine"] = [_number(r.get("grad_cosine")) for r in records]
+    series[GRAD_COSINE] = [_number(r.get(GRAD_COSINE)) for r in records]
     per_epoch = {str(e): _epoch_summary(rs, saturation) for e, rs in sorted(by_epoch.items())}
     overall = _epoch_summary(records, saturation)
     return {"saturation_threshold": saturation, "series": series, "per_epoch": per_epoch, "overall": overall}

@@ -42,6 +42,14 @@ from sharpclip.losses.monitors import (
     SATURATED,
     SATURATED_MONITOR,
 )
+from sharpclip.train.diagnostics import (
+    GRAD_NORM_HN,
+    GRAD_NORM_INFONCE,
+    GRAD_ZERO_INFONCE,
+    LOSS_INFONCE,
+    MICRO_GRAD_ZERO_INFONCE,
+    MICRO_LOSS_INFONCE,
+)
 
 KS = (1, 5, 10)
 
@@ -198,10 +206,10 @@ def _micro_zero_grads(diag: list[dict]) -> dict[str, float | None]:
     1e-3). Per micro-batch under per_micro_batch (train.diagnostics), else one matrix per measured step."""
     pairs = []
     for d in diag:
-        if "micro_loss_infonce" in d:
-            pairs += list(zip(d["micro_loss_infonce"], d["micro_grad_zero_infonce"], strict=True))
+        if MICRO_LOSS_INFONCE in d:
+            pairs += list(zip(d[MICRO_LOSS_INFONCE], d[MICRO_GRAD_ZERO_INFONCE], strict=True))
         else:
-            pairs.append((d["loss_infonce"], d["grad_zero_infonce"]))
+            pairs.append((d[LOSS_INFONCE], d[GRAD_ZERO_INFONCE]))
     return {
         "zero_grad_micro": _share([bool(z) for _, z in pairs]),
         "zero_grad_saturated": _share([bool(z) for loss, z in pairs if loss < SATURATED]),
@@ -233,9 +241,9 @@ def training_stats(run_dir: str | Path) -> dict[str, Any]:
     if diag_path.is_file():
         diag = read_jsonl(diag_path)
         out["diag_measurements"] = len(diag)
-        out["zero_grad_infonce_ep1"] = _share([bool(d["grad_zero_infonce"]) for d in diag if d["epoch"] == 0])
-        out["zero_grad_infonce"] = _share([bool(d["grad_zero_infonce"]) for d in diag])
-        ratios = [d["grad_norm_hn"] / d["grad_norm_infonce"] for d in diag if d["grad_norm_infonce"] > 0]
+        out["zero_grad_infonce_ep1"] = _share([bool(d[GRAD_ZERO_INFONCE]) for d in diag if d["epoch"] == 0])
+        out["zero_grad_infonce"] = _share([bool(d[GRAD_ZERO_INFONCE]) for d in diag])
+        ratios = [d[GRAD_NORM_HN] / d[GRAD_NORM_INFONCE] for d in diag if d[GRAD_NORM_INFONCE] > 0]
         out["grad_ratio_hn_over_infonce"] = _mean(ratios)
         out.update(_micro_zero_grads(diag))
     return out

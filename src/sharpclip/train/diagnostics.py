@@ -33,6 +33,18 @@ from sharpclip.train.accumulate import CachedFeatures
 from sharpclip.train.features import FeatureEncoder
 from sharpclip.train.step import split_rows
 
+# the keys of a diagnostics.jsonl record that analysis.dynamics and demo.measure read back
+LOSS_INFONCE, LOSS_HN = "loss_infonce", "loss_hn"  # the batch's loss (mean over micro-batches under per_micro_batch)
+MICRO_LOSS_INFONCE, MICRO_LOSS_HN = "micro_loss_infonce", "micro_loss_hn"  # per micro-batch (per_micro_batch only)
+MICRO_GRAD_ZERO_INFONCE, MICRO_GRAD_ZERO_HN = "micro_grad_zero_infonce", "micro_grad_zero_hn"  # 1.0: exactly zero
+GRAD_NORM_INFONCE, GRAD_NORM_HN = "grad_norm_infonce", "grad_norm_hn"
+GRAD_ZERO_INFONCE, GRAD_ZERO_HN = "grad_zero_infonce", "grad_zero_hn"
+GRAD_COSINE = "grad_cosine"
+_KEYS = {
+    "infonce": (LOSS_INFONCE, MICRO_LOSS_INFONCE, MICRO_GRAD_ZERO_INFONCE),
+    "hn": (LOSS_HN, MICRO_LOSS_HN, MICRO_GRAD_ZERO_HN),
+}
+
 
 def _flat_grad(params: list[torch.nn.Parameter]) -> Tensor:
     distributed.average_gradients(params)
@@ -87,15 +99,16 @@ def gradient_diagnostics(
     grads = {}
     for name, fn in (("infonce", infonce), ("hn", lambda i, t, s: hn_clip(i, t, s, gamma=gamma))):
         model.zero_grad(set_to_none=True)
+        loss_key, micro_loss_key, micro_zero_key = _KEYS[name]
         if accumulation == "per_micro_batch":
             parts: dict = {}
-            record[f"loss_{name}"], grads[name], losses = _per_micro_batch(encoder, micro, fn, params, parts)
-            record[f"micro_loss_{name}"], record[f"micro_grad_zero_{name}"] = losses, parts["_zero"]
+            record[loss_key], grads[name], losses = _per_micro_batch(encoder, micro, fn, params, parts)
+            record[micro_loss_key], record[micro_zero_key] = losses, parts["_zero"]
             record["margin_mean"] = sum(m["margin_mean"] for m in parts["_margin"]) / len(micro)
             record["margin_hardest"] = sum(m["margin_hardest"] for m in parts["_margin"]) / len(micro)
             record["batch_rows"] = len(batch)
             continue
-        record[f"loss_{name}"], grads[name], stats = _whole_batch(encoder, micro, fn, params)
+        record[loss_key], grads[name], stats = _whole_batch(encoder, micro, fn, params)
         if name == "hn":
             record.update(stats)
     model.zero_grad(set_to_none=True)
@@ -103,11 +116,13 @@ def gradient_diagnostics(
     both = norm_c > 0 and norm_h > 0
     cosine = float(torch.nn.functional.cosine_similarity(grads["infonce"], grads["hn"], dim=0)) if both else math.nan
     record.update(
-        grad_norm_infonce=norm_c,
-        grad_norm_hn=norm_h,
-        grad_norm_ratio=norm_h / norm_c if norm_c else math.inf,
-        grad_cosine=cosine,
-        grad_zero_infonce=float(norm_c == 0.0),
-        grad_zero_hn=float(norm_h == 0.0),
+        {
+            GRAD_NORM_INFONCE: norm_c,
+            GRAD_NORM_HN: norm_h,
+            "grad_norm_ratio": norm_h / norm_c if norm_c else math.inf,
+            GRAD_COSINE: cosine,
+            GRAD_ZERO_INFONCE: float(norm_c == 0.0),
+            GRAD_ZERO_HN: float(norm_h == 0.0),
+        }
     )
     return record
