@@ -2,7 +2,7 @@
 to the `DualEncoder` protocol.
 
 Global embeddings are exactly what transformers computes (`get_image_features` / `get_text_features`), normalised.
-Token embeddings (docs/methods.md §3): CLIP's vision `last_hidden_state` is not post-layernormed, so patches
+Token embeddings (docs/method-notes.md §3): CLIP's vision `last_hidden_state` is not post-layernormed, so patches
 (CLS dropped) go through `post_layernorm` and `visual_projection`; the text `last_hidden_state` is already
 `final_layer_norm`ed and goes through `text_projection`. SigLIP has no CLS and no visual projection: patch tokens are
 the post-layernormed patches (the pooled embedding comes from the attention-pooling head), text tokens go through

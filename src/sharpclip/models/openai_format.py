@@ -1,7 +1,7 @@
 """Load OpenAI-format CLIP state dicts (OpenAI CLIP `state_dict()`, Long-CLIP's `longclip-L.pt`) into an HF CLIPModel.
 
 The architecture is read from the tensor shapes, as OpenAI's `build_model` does (heads = width / 64 unless given),
-and every tensor is mapped key by key (docs/methods.md §8; OpenAI → HF):
+and every tensor is mapped key by key (docs/method-notes.md §8; OpenAI → HF):
 
     token_embedding.weight            → text_model.embeddings.token_embedding.weight
     positional_embedding (L, D)       → text_model.embeddings.position_embedding.weight
@@ -15,7 +15,7 @@ and every tensor is mapped key by key (docs/methods.md §8; OpenAI → HF):
     visual.proj (W, P)                → visual_projection.weight = projᵀ
     logit_scale                       → logit_scale
 
-Long-CLIP (docs/methods.md §4) stores two 248-row tables, `positional_embedding` (used for rows < 20, frozen) and
+Long-CLIP (docs/method-notes.md §4) stores two 248-row tables, `positional_embedding` (used for rows < 20, frozen) and
 `positional_embedding_res` (rows ≥ 20); the effective table is their masked sum, and the kept count (20) is recorded
 so fine-tuning keeps those rows frozen (models.long_context). Files are read with `torch.load(weights_only=True)`
 (no pickle code runs) or from safetensors.

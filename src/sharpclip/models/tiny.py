@@ -6,7 +6,7 @@ They use the real transformers classes and file formats at toy sizes: by default
 (`model.tiny.*`) changes every size, e.g. the demo's SynthDense model: width 64, 2 + 2 layers, 48 px, 152 positions
 (dense captions run to 141 tokens).
 
-The pitfall they avoid (docs/methods.md §8): HF CLIP pools at the first `eos_token_id`, 49407 by default; a toy
+The pitfall they avoid (docs/method-notes.md §8): HF CLIP pools at the first `eos_token_id`, 49407 by default; a toy
 vocabulary never contains it and pooling would silently take position 0. The configs set bos/eos/pad to the
 tokenizer's ids.
 """
