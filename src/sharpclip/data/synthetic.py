@@ -531,7 +531,7 @@ def _records(cfg: SynthDenseConfig, split: str, index: int) -> Iterator[tuple[di
     if split == "zeroshot":
         return _zeroshot_records(cfg, index)
     size = {"train": cfg.train_family_size, "test": cfg.test_family_size, "pretrain": 1}[split]
-    if split == "train" and index >= cfg.train_families:
+    if split == "train" and _detail_family(cfg, split, index):
         size = 2  # a detail pair
     return _pair_records(cfg, split, index, size)
 

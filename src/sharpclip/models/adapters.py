@@ -7,9 +7,9 @@ Preset target names (identical in CLIP, SigLIP and SigLIP 2, and in the RoPE tex
     {text,vision}_model.encoder.layers.N.mlp.{fc1,fc2}                  mlp
 
 peft freezes every base parameter; `unfreeze_extras` re-enables the few that must keep training with adapters
-(docs/method-notes.md §9): the logit scale (when learnable) and bias, and a stretched position table (its frozen first rows
-live in a buffer, so only the stretched part trains). `merge_adapters` folds the adapters into plain Linear layers
-(`merge_and_unload`) for export.
+(docs/method-notes.md §9): the logit scale (when learnable) and bias, and a stretched position table (its frozen
+first rows live in a buffer, so only the stretched part trains). `merge_adapters` folds the adapters into plain
+Linear layers (`merge_and_unload`) for export.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ Layout of the vocabulary (mirrors OpenAI's, where `<|startoftext|>` = 49406 and 
     V-2               <|startoftext|>  (bos)
     V-1               <|endoftext|>    (eos = pad; the largest id, so argmax pooling also finds it)
 
-HF's `CLIPTextModel` pools at the first position equal to `config.eos_token_id` (docs/method-notes.md §8), so a model built
-for this tokenizer must set `eos_token_id = tokenizer.eos_token_id`; `tiny.tiny_clip_config` does.
+HF's `CLIPTextModel` pools at the first position equal to `config.eos_token_id` (docs/method-notes.md §8), so a model
+built for this tokenizer must set `eos_token_id = tokenizer.eos_token_id`; `tiny.tiny_clip_config` does.
 """
 
 from __future__ import annotations
