@@ -198,6 +198,11 @@ class DataConfig:
     # in the training process. Pinned memory on CUDA, workers kept across epochs, each `prefetch_factor` batches ahead
     num_workers: int | str = "auto"
     prefetch_factor: int = 2
+    # decode and preprocess every training image once, before step 1, and keep it in memory (3·H·W float32 a row at
+    # the model's size: small datasets trained for many epochs), and each caption's tokens once seen: later epochs
+    # open no file and tokenise nothing twice; auto workers become 0. Not with data.augment (its crops are drawn per
+    # epoch) nor streamed formats
+    preload: bool = False
     # JPEG draft decoding (PIL Image.draft): the decoder's own 1/2-1/8 DCT downscale when the photo is at least twice
     # the model's input, before the exact resize. Training only; evaluation has its own switch (eval.jpeg_draft)
     jpeg_draft: bool = True
@@ -254,6 +259,13 @@ class DataConfig:
         if self.epoch_samples < 0 or self.shuffle_buffer < 0:
             raise ConfigError("data.epoch_samples and data.shuffle_buffer must be >= 0")
         _check_min("data.max_image_pixels", self.max_image_pixels, 1)
+        if self.preload and self.augment.enabled:
+            raise ConfigError(
+                "data.preload keeps one decoded copy of each image, but data.augment draws new crops every epoch; "
+                "turn one of them off"
+            )
+        if self.preload and self.format == "webdataset":
+            raise ConfigError("data.preload: webdataset shards stream and are never indexed; set it to false")
 
 
 @dataclass
@@ -303,8 +315,11 @@ class TrainConfig:
     epochs: int = 1
     max_steps: int = 0  # > 0 stops after this many optimiser steps (and sets the schedule's length)
     batch_size: int = 128  # effective (global) batch: the size of the contrastive matrix under `exact`
-    micro_batch_size: int = 16  # rows per forward pass
+    micro_batch_size: int = 16  # rows per forward pass (under per_micro_batch: rows per contrastive matrix)
     accumulation: str = "exact"  # exact (cached gradients) | per_micro_batch (each micro-batch its own loss)
+    # per_micro_batch only: rows per forward pass, a multiple of micro_batch_size (0: micro_batch_size); the
+    # micro-batches of one pass keep their own matrices, so only speed and memory change (faster when memory allows)
+    encode_batch_size: int = 0
     lr: float = 1e-5
     module_lr: dict[str, float] = field(default_factory=dict)  # parameter-name prefix -> lr (longest prefix wins)
     weight_decay: float = 0.1  # not applied to gains, biases, logit scale/bias
@@ -340,12 +355,28 @@ class TrainConfig:
                 f"train.batch_size ({self.batch_size}) must be a multiple of train.micro_batch_size "
                 f"({self.micro_batch_size})"
             )
+        self._check_encode_batch_size()
+
+    def _check_encode_batch_size(self) -> None:
+        size, micro = self.encode_batch_size, self.micro_batch_size
+        if not size:
+            return
+        if self.accumulation != "per_micro_batch":
+            raise ConfigError(
+                "train.encode_batch_size applies to accumulation: per_micro_batch only (under exact, "
+                "train.micro_batch_size is already the rows per forward pass); set it to 0"
+            )
+        if size % micro or self.batch_size % size:
+            raise ConfigError(
+                f"train.encode_batch_size ({size}) must be a multiple of train.micro_batch_size ({micro}) that "
+                f"divides train.batch_size ({self.batch_size})"
+            )
 
     def _check_ranges(self) -> None:
         for key in ("batch_size", "micro_batch_size", "keep_last", "nan_patience"):
             _check_min(f"train.{key}", getattr(self, key), 1)
         for key in ("epochs", "max_steps", "warmup_steps", "checkpoint_every", "eval_every", "diagnostics_every",
-                    "grad_clip", "weight_decay"):  # fmt: skip
+                    "grad_clip", "weight_decay", "encode_batch_size"):  # fmt: skip
             _check_min(f"train.{key}", getattr(self, key), 0)
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError(f"train.min_lr_ratio: must be in [0, 1], got {self.min_lr_ratio}")

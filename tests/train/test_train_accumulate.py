@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -91,7 +93,7 @@ def test_without_replay_dropout_would_not_match():
 
 
 def test_per_micro_batch_is_the_mean_of_small_losses():
-    """Ordinary accumulation (train.step.micro_batch_step): each micro-batch its own loss, their mean the step's."""
+    """Ordinary accumulation (train.step.micro_batch_pass): each micro-batch its own loss, their mean the step's."""
     from _support.tiny_run import ToyLoader, toy_model
     from sharpclip.config import LossConfig, TermConfig
     from sharpclip.train.features import FeatureEncoder, build_objective
@@ -112,3 +114,78 @@ def test_per_micro_batch_is_the_mean_of_small_losses():
     run_step(encoder, obj, batch, 16, "exact")  # one matrix of 16
     # a different objective (4 negatives, not 16), so the gradients must differ from the full batch's
     assert not torch.allclose(model.hf_model.text_projection.weight.grad, per_micro, atol=1e-6)
+
+
+@pytest.mark.parametrize("terms", [{"c": "infonce"}, {"hn": "hn_clip", "tok": "filip"}])
+def test_encoding_several_micro_batches_a_pass_changes_nothing_but_speed(terms):
+    """train.encode_batch_size: micro-batches of 4 encoded 8 or 16 rows a pass keep their own matrices, so the loss,
+    the monitor and every gradient equal one pass per micro-batch."""
+    from _support.tiny_run import ToyLoader, toy_model
+    from sharpclip.config import LossConfig, TermConfig
+    from sharpclip.train.features import FeatureEncoder, build_objective
+    from sharpclip.train.step import run_step
+
+    model = toy_model()
+    batch = next(iter(ToyLoader(model.tokenizer, n=16, batch_size=16)))
+    obj = build_objective(LossConfig(terms={k: TermConfig(v) for k, v in terms.items()}))
+    encoder = FeatureEncoder(model, obj.feature_keys)
+    runs = {}
+    for encode in (0, 8, 16):
+        model.zero_grad()
+        result = run_step(encoder, obj, batch, 4, "per_micro_batch", encode_batch_size=encode)
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        runs[encode] = result, grads
+    base, base_grads = runs[0]
+    assert base.monitor["matrices_monitor"] == 4
+    for encode in (8, 16):
+        result, grads = runs[encode]
+        assert result.terms == pytest.approx(base.terms, rel=1e-5)
+        assert result.monitor == pytest.approx(base.monitor, rel=1e-5)
+        assert result.rows == base.rows == 16
+        assert grads.keys() == base_grads.keys()
+        for name, g in grads.items():
+            torch.testing.assert_close(g, base_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+    model.zero_grad()
+    run_step(encoder, obj, batch, 16, "per_micro_batch")  # one matrix of 16: a different objective, must differ
+    assert not torch.allclose(model.hf_model.text_projection.weight.grad, base_grads["backbone.text_projection.weight"])
+
+
+@pytest.mark.parametrize(
+    ("values", "says"),
+    [
+        ({"encode_batch_size": 32}, "per_micro_batch only"),
+        ({"accumulation": "per_micro_batch", "encode_batch_size": 24}, "multiple of train.micro_batch_size (16)"),
+        ({"accumulation": "per_micro_batch", "encode_batch_size": 48}, "divides train.batch_size (128)"),
+        ({"accumulation": "per_micro_batch", "encode_batch_size": -16}, "train.encode_batch_size"),
+    ],
+)
+def test_encode_batch_size_is_checked(values, says):
+    from sharpclip.config import ConfigError, TrainConfig
+
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        TrainConfig(batch_size=128, micro_batch_size=16, **values)
+
+
+def test_exact_with_one_micro_batch_skips_the_cache_and_matches_it(monkeypatch):
+    """A batch that is one micro-batch is encoded once (no cached replay), with the gradients of the cached path."""
+    from _support.tiny_run import ToyLoader, toy_model
+    from sharpclip.config import LossConfig, TermConfig
+    from sharpclip.train import step
+    from sharpclip.train.features import FeatureEncoder, build_objective
+
+    model = toy_model()
+    batch = next(iter(ToyLoader(model.tokenizer, n=16, batch_size=16)))
+    obj = build_objective(LossConfig(terms={"hn": TermConfig("hn_clip")}))
+    encoder = FeatureEncoder(model, obj.feature_keys)
+    model.zero_grad()
+    cached = step.run_step(encoder, obj, batch, 4, "exact")
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    built = []
+    monkeypatch.setattr(step, "CachedFeatures", lambda *a: built.append(a) or pytest.fail("cached"))
+    model.zero_grad()
+    whole = step.run_step(encoder, obj, batch, 16, "exact")
+    assert not built
+    assert whole.terms == pytest.approx(cached.terms, rel=1e-5) and whole.rows == cached.rows == 16
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            torch.testing.assert_close(p.grad, grads[name], rtol=1e-4, atol=1e-6, msg=name)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -30,9 +31,10 @@ from sharpclip.data.schema import (
     EditSample,
     PairSample,
     Sample,
+    log,
 )
 from sharpclip.data.stream import StreamLoader, build_stream_loader
-from sharpclip.data.transforms import Preprocessing
+from sharpclip.data.transforms import MemoTokenizer, Preprocessing
 from sharpclip.devices import resolve_num_workers
 
 __all__ = [
@@ -150,6 +152,14 @@ def build_loader(
             world_size=world_size, seed=seed, train=train, pin_memory=pin_memory,
         )  # fmt: skip
     dataset = build_dataset(cfg, split, transform, seed, draft)
+    workers = cfg.num_workers
+    if train and cfg.preload:
+        start = time.perf_counter()
+        kept = dataset.preload()
+        log.info("data: preloaded the %d images of %r (%.0f MB) in %.1f s", len(dataset), split, kept / 2**20,
+                 time.perf_counter() - start)  # fmt: skip
+        workers = 0 if workers == "auto" else workers  # nothing left to decode
+        tokenize = MemoTokenizer(tokenize)  # and each caption tokenised once
     sampler = GroupBatchSampler(
         [r.unit for r in dataset.rows],
         batch_size,
@@ -163,5 +173,6 @@ def build_loader(
     )
     with_short = any(getattr(s, "short_caption", None) for s in dataset.samples)
     return SampleLoader(
-        dataset, batch_sampler=sampler, collate_fn=Collator(tokenize, with_short), **loader_options(cfg, pin_memory)
-    )
+        dataset, batch_sampler=sampler, collate_fn=Collator(tokenize, with_short),
+        **loader_options(replace(cfg, num_workers=workers), pin_memory),
+    )  # fmt: skip

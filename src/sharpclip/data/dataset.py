@@ -43,7 +43,7 @@ from sharpclip.data.schema import (
     Sample,
     log,
 )
-from sharpclip.data.transforms import TextTokenizer
+from sharpclip.data.transforms import MemoTokenizer, TextTokenizer
 
 ImageTransform = Callable[[Image.Image], Tensor]
 
@@ -123,6 +123,7 @@ class SampleDataset(Dataset):
         # in shared memory, so persistent DataLoader workers see the epoch the main process sets
         self._epoch = torch.zeros(1, dtype=torch.long).share_memory_()
         self.report = report or BadSampleReport(on_bad_sample)  # bad records met while reading the files
+        self.preloaded: list[Tensor | BadSample] | None = None  # every row's pixels (or why not), after `preload`
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -144,19 +145,30 @@ class SampleDataset(Dataset):
         captions = self.samples[row.sample].captions
         return captions[random.Random(hash((self.seed, self.epoch, i))).randrange(len(captions))]
 
-    def __getitem__(self, i: int) -> Item | BadSample:
+    def _pixels(self, i: int) -> Tensor | BadSample:
         row = self.rows[i]
         try:
-            pixels = self.transform(load_image(row.image, self.draft_size, self.max_image_pixels))
+            return self.transform(load_image(row.image, self.draft_size, self.max_image_pixels))
         except ImageLoadError as err:  # returned, not raised: a loader worker would wrap it in its traceback
             return BadSample(self.samples[row.sample].source or describe(row.image), row.id, err.reason)
-        return Item(row, pixels, self.caption_of(i))
+
+    def preload(self) -> int:
+        """Decode and preprocess every row's image now and keep it (data.preload); a bad image stays a `BadSample`,
+        met as usual when its row is read. Returns the bytes kept."""
+        self.preloaded = [self._pixels(i) for i in range(len(self.rows))]
+        return sum(p.numel() * p.element_size() for p in self.preloaded if isinstance(p, Tensor))
+
+    def __getitem__(self, i: int) -> Item | BadSample:
+        pixels = self._pixels(i) if self.preloaded is None else self.preloaded[i]
+        if isinstance(pixels, BadSample):
+            return pixels
+        return Item(self.rows[i], pixels, self.caption_of(i))
 
 
 class Collator:
     """Items → `Batch`: stack pixels, tokenise captions (and short captions), index the complete edit pairs."""
 
-    def __init__(self, tokenize: TextTokenizer, with_short: bool = False):
+    def __init__(self, tokenize: TextTokenizer | MemoTokenizer, with_short: bool = False):
         self.tokenize, self.with_short = tokenize, with_short
 
     def __call__(self, items: list[Item | BadSample]) -> Batch:

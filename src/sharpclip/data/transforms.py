@@ -140,6 +140,33 @@ class TextTokenizer:
         return [len(ids) for ids in self.tokenizer(self._cleaned(texts), truncation=False, verbose=False)["input_ids"]]
 
 
+class MemoTokenizer:
+    """A `TextTokenizer` that tokenises each distinct caption once and rebuilds every batch from the stored rows
+    (data.preload: the same captions come back every epoch). Its batches equal the wrapped tokenizer's."""
+
+    def __init__(self, tokenize: TextTokenizer):
+        self.tokenize = tokenize
+        self.rows: dict[str, Tensor] = {}  # caption -> its real tokens (truncated, eos kept)
+
+    def __call__(self, texts: Sequence[str]) -> tuple[Tensor, Tensor]:
+        """(input_ids, attention_mask), each (B, W) long, as `TextTokenizer` gives them; new captions tokenised once."""
+        new = list(dict.fromkeys(t for t in texts if t not in self.rows))
+        if new:
+            ids, mask = self.tokenize(new)
+            self.rows.update((t, row[keep.bool()]) for t, row, keep in zip(new, ids, mask, strict=True))
+        rows = [self.rows[t] for t in texts]
+        width = self.tokenize.width(max(len(r) for r in rows))
+        tokenizer = self.tokenize.tokenizer
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.tokenize.eos
+        left = getattr(tokenizer, "padding_side", "right") == "left"
+        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            where = slice(width - len(row), width) if left else slice(0, len(row))
+            ids[i, where], mask[i, where] = row, 1
+        return ids, mask
+
+
 class Preprocessing(NamedTuple):
     """What a loader does to a sample before the model sees it: `image` (PIL → (3, S, S)) and `text` (captions →
     (input_ids, attention_mask)). A model decides both (models.preprocessing.model_transforms); the data layer only

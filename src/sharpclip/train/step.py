@@ -3,11 +3,14 @@
 
     run_step(encoder, objective, batch, micro_batch_size, accumulation)
         the batch moves to the training device and is cut into micro-batches (`split_rows`), then
-        exact            one contrastive matrix over the whole batch (train.accumulate):
+        exact            one contrastive matrix over the whole batch (train.accumulate; a batch of one micro-batch
+                         is encoded once, with nothing cached):
                            cache = CachedFeatures(encoder, micro)            row features, no graph, RNG recorded
                            features = objective_inputs(cache.leaves, batch)  edit rows, gathered, logit scale
                            terms = objective(features); terms["loss"].backward(); cache.backward()
-        per_micro_batch  one matrix per micro-batch: the same without the cache, each loss divided by their number
+        per_micro_batch  one matrix per micro-batch: the same without the cache, each loss divided by their number;
+                         `encode_batch_size` rows (several micro-batches) go through the towers in one pass
+                         (`micro_batch_pass`), which is faster when memory allows and gives the same gradients
     → StepResult: the loss terms, the saturation monitor (the objective's diagnostic term, losses.monitors) and
       the rows trained on.
 """
@@ -82,12 +85,22 @@ def exact_step(encoder: FeatureEncoder, objective: Objective, batch: Batch, micr
     return _evaluated(objective, features, terms)
 
 
-def micro_batch_step(encoder: FeatureEncoder, objective: Objective, micro: Batch, count: int) -> Matrix:
-    """One micro-batch as its own contrastive problem; its loss / `count` is backpropagated (ordinary accumulation)."""
-    features = objective_inputs(encoder, encoder(micro), micro)
-    terms = objective(features)
-    (terms["loss"] / count).backward()
-    return _evaluated(objective, features, terms)
+def micro_batch_pass(
+    encoder: FeatureEncoder, objective: Objective, part: Batch, micro_batch_size: int, count: int
+) -> list[Matrix]:
+    """The micro-batches of `part` (consecutive runs of `micro_batch_size` rows), encoded in one forward pass and
+    each its own contrastive problem; the sum of their losses / `count` is backpropagated (ordinary accumulation).
+    The towers treat rows independently, so this equals one pass per micro-batch up to float rounding."""
+    rows = encoder(part)
+    matrices, total = [], 0.0
+    for micro, start in zip(split_rows(part, micro_batch_size), range(0, len(part), micro_batch_size), strict=True):
+        block = {name: value[start : start + micro_batch_size] for name, value in rows.items()}
+        features = objective_inputs(encoder, block, micro)
+        terms = objective(features)
+        total = total + terms["loss"] / count
+        matrices.append(_evaluated(objective, features, terms))
+    total.backward()
+    return matrices
 
 
 def mean_terms(matrices: list[Matrix]) -> dict[str, float]:
@@ -121,16 +134,24 @@ def run_step(
     batch: Batch,
     micro_batch_size: int,
     accumulation: str = "exact",
+    encode_batch_size: int = 0,
 ) -> StepResult:
-    """Forward and backward over this rank's `batch` (gradients accumulate into `.grad`; no optimiser step)."""
+    """Forward and backward over this rank's `batch` (gradients accumulate into `.grad`; no optimiser step).
+    encode_batch_size: under per_micro_batch, rows per forward pass (a multiple of `micro_batch_size`; 0: one
+    micro-batch a pass)."""
     batch = encoder.to_device(batch)  # once for the whole step, before the micro-batches are cut
     micro = split_rows(batch, micro_batch_size)
-    if accumulation == "exact":
+    if accumulation == "exact" and len(micro) > 1:
         matrices = [exact_step(encoder, objective, batch, micro)]
+        terms = {k: float(v) for k, v in matrices[0].terms.items()}
+    elif accumulation == "exact":  # the whole batch in one pass: nothing to cache, one forward and one backward
+        matrices = micro_batch_pass(encoder, objective, batch, len(batch), 1)
         terms = {k: float(v) for k, v in matrices[0].terms.items()}
     else:
         if len(batch.edit_source) and len(micro) > 1:
             raise ValueError("per_micro_batch accumulation cannot keep edit pairs together; use accumulation: exact")
-        matrices = [micro_batch_step(encoder, objective, mb, len(micro)) for mb in micro]
+        matrices = []
+        for part in split_rows(batch, max(encode_batch_size, micro_batch_size)):
+            matrices += micro_batch_pass(encoder, objective, part, micro_batch_size, len(micro))
         terms = mean_terms(matrices)
     return StepResult(terms, combine_monitors(matrices), sum(m.rows for m in matrices))

@@ -124,8 +124,9 @@ class Trainer:
                  ", TF32 matmuls" if self.device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32 else "",
                  ", towers compiled" if self.cfg.compile else "")  # fmt: skip
         log.info(
-            "training %d steps, objective %r, accumulation %s: %d-row contrastive matrix from micro-batches of %d",
+            "training %d steps, objective %r, accumulation %s: %d-row contrastive matrix from micro-batches of %d%s",
             self.total_steps, self.objective, self.cfg.accumulation, self._matrix_rows(), self.micro,
+            f", encoded {self.cfg.encode_batch_size} rows a pass" if self.cfg.encode_batch_size else "",
         )  # fmt: skip
         bar = progress(self.total_steps, self.state.step, self.cfg.progress and self.is_main)
         while self.state.step < self.total_steps:
@@ -234,10 +235,12 @@ class Trainer:
         return record
 
     def _run_step(self, batch: Batch):
+        cfg = self.cfg
+        args = (self.encoder, self.objective, batch, self.micro, cfg.accumulation, cfg.encode_batch_size)
         if not self._compiling:
-            return run_step(self.encoder, self.objective, batch, self.micro, self.cfg.accumulation)
+            return run_step(*args)
         try:  # torch.compile fails lazily, at the first call of a compiled tower: say what to do
-            result = run_step(self.encoder, self.objective, batch, self.micro, self.cfg.accumulation)
+            result = run_step(*args)
         except Exception as err:
             reason = (str(err).strip().splitlines() or [""])[0][:300]
             raise RuntimeError(
