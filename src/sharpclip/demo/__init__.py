@@ -34,7 +34,7 @@ from sharpclip.config import ModelConfig
 from sharpclip.data.synthetic import ensure
 from sharpclip.demo import report, wise_ft
 from sharpclip.demo.measure import evaluate_model, training_stats
-from sharpclip.demo.plan import PROFILES, Arm, Profile, arms
+from sharpclip.demo.plan import PROFILES, Arm, Profile, arms, core_arms
 from sharpclip.demo.stages import (
     Init,
     arm_config,
@@ -64,9 +64,15 @@ class DemoOptions:
     sizes: tuple[str, ...] = ()  # "field=value" changes of the profile (demo.plan.Profile), e.g. "lr=3e-4"
 
 
+QUICK_ALSO = ("clipin",)  # --quick (the CI run) also runs CLIP-IN's arm, so both papers' objectives are covered
+
+
 def select(opts: DemoOptions) -> list[Arm]:
     """The arms `opts` asks for, in table order; an unknown name is an error listing the known ones."""
-    plan = arms(opts.full or bool(opts.only))
+    plan = arms(opts.full or bool(opts.only) or opts.quick)
+    if opts.quick and not (opts.full or opts.only):
+        wanted = {a.name for a in core_arms()} | set(QUICK_ALSO)
+        return [a for a in plan if a.name in wanted]
     if not opts.only:
         return plan
     known = {a.name for a in plan}

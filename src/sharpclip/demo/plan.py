@@ -5,19 +5,22 @@ same batch size), so the table compares objectives and nothing else. The arms:
 
     (a) infonce        InfoNCE, HN-CLIP eq. 1 (the control)
     (b) hn             HN-CLIP eq. 2, γ = 0.5, Ḡ recomputed every step
+    --full adds (and --arms picks from)
     (c) hn_tok         HN-CLIP eq. 3: eq. 2 + FILIP token-level term
     (d) clipin         CLIP-IN eq. 8 stage 2: short + long captions + edit hard negatives (train + edits in one epoch;
                        exact accumulation, as its edit pairs must share one matrix)
-    --full adds
+    (d0) clipin_noedit (d) without the edit term (what the edit negatives add, at equal data and budget)
+    (d1) clipin_long   (d0) without the short-caption term: InfoNCE on the same rows (what short + long captions add)
     (a') infonce_exact (a) with exact accumulation: one 128 × 128 matrix from the same 8 micro-batches
     (b') hn_exact      (b) likewise
-    (d0) clipin_noedit the same without the edit term (what the edit negatives add, at equal data and budget)
     (e) hn_frozen      HN-CLIP with Ḡ from the frozen initial text tower (Table 3c)
     (f) hn_g*          the γ sweep {0.25, 0.75, 1.0} (0.5 is (b))
     (g) lora_*         LoRA (rank 8, both towers) with InfoNCE and with the boost
     (h) hn_learn_s     (b) with a learnable logit scale (the others freeze it; the margin can pull s down)
 
-Sizes are scaled to what 2 shared CPU cores do in the time budget (README, Reproduction).
+The default runs (a) and (b), HN-CLIP's comparison, in the ≤ 5 min a cached demo may take on 2 quiet cores; CLIP-IN's
+arm costs 2.3 InfoNCE arms here (a second caption through the text tower, exact accumulation) and is one
+`--arms clipin` away. Sizes are scaled to what 2 CPU cores do in that budget (README, Reproduction).
 """
 
 from __future__ import annotations
@@ -73,6 +76,9 @@ class Profile:
     batch_size: int = 128
     micro_batch_size: int = 16
     lr: float = 1e-4
+    # rows per forward pass of the per_micro_batch arms (speed only, same gradients): 4 micro-batches of 16 a pass
+    # (benchmarks/encode_passes.py); the exact arms encode the whole batch in one pass
+    encode_batch_size: int = 64
     diagnostics: int = 10  # gradient measurements in the InfoNCE arm (each costs two extra forward-backward passes)
 
 
@@ -80,7 +86,7 @@ PROFILES = {
     "quick": Profile(
         "quick", width=32, layers=2, image_size=32, train_families=112, train_detail_pairs=8, test_families=8,
         val_families=4, edits=32, mmvp_pairs=2, zeroshot_per_class=1, pretrain_scenes=512, init_steps=24,
-        init_batch_size=32, a2_steps=8, a2_batch_size=32, steps=8,
+        init_batch_size=32, a2_steps=8, a2_batch_size=32, steps=8, encode_batch_size=16,
         batch_size=32, micro_batch_size=8, lr=1e-3, diagnostics=2,
     ),
     "default": Profile("default", width=64, layers=2, image_size=48),
@@ -107,8 +113,10 @@ def _hn(gamma: float = 0.5, frozen: bool = False) -> dict[str, str]:
     return {"hn": f"{{loss: hn_clip, params: {{gamma: {gamma}}}{inputs}}}"}
 
 
-def _clipin(edits: bool) -> dict[str, str]:
-    terms = {"long": "{loss: infonce}", "short": "{loss: infonce, inputs: {text: text_short}}"}
+def _clipin(edits: bool, short: bool = True) -> dict[str, str]:
+    terms = {"long": "{loss: infonce}"}
+    if short:
+        terms["short"] = "{loss: infonce, inputs: {text: text_short}}"
     if edits:
         terms["edits"] = "{loss: edit_negatives}"
     return terms
@@ -125,16 +133,17 @@ def core_arms() -> list[Arm]:
     return [
         Arm("infonce", "(a) InfoNCE", terms=INFONCE),
         Arm("hn", "(b) HN-CLIP γ=0.5", terms=_hn()),
-        Arm("hn_tok", "(c) HN-CLIP + token", terms={**_hn(), "tok": "{loss: filip, weight: 1.0}"}),
-        Arm("clipin", "(d) CLIP-IN stage 2", CLIPIN_DATA, terms=_clipin(edits=True)),
     ]
 
 
 def full_arms() -> list[Arm]:
     return [
+        Arm("hn_tok", "(c) HN-CLIP + token", terms={**_hn(), "tok": "{loss: filip, weight: 1.0}"}),
+        Arm("clipin", "(d) CLIP-IN stage 2", CLIPIN_DATA, terms=_clipin(edits=True)),
+        Arm("clipin_noedit", "(d0) CLIP-IN, no edit term", CLIPIN_DATA, terms=_clipin(edits=False)),
+        Arm("clipin_long", "(d1) CLIP-IN data, long captions only", CLIPIN_DATA, terms=_clipin(False, short=False)),
         Arm("infonce_exact", "(a') InfoNCE, exact 128 × 128", EXACT, terms=INFONCE),
         Arm("hn_exact", "(b') HN-CLIP, exact 128 × 128", EXACT, terms=_hn()),
-        Arm("clipin_noedit", "(d0) CLIP-IN, no edit term", CLIPIN_DATA, terms=_clipin(edits=False)),
         Arm("hn_frozen", "(e) HN-CLIP, Ḡ frozen", terms=_hn(frozen=True)),
         *[Arm(f"hn_g{g}", f"(f) HN-CLIP γ={g}", terms=_hn(g)) for g in (0.25, 0.75, 1.0)],
         Arm("lora_infonce", "(g) LoRA InfoNCE", LORA, terms=INFONCE),

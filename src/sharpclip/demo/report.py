@@ -289,6 +289,9 @@ def claims(results: Results, wise: dict[str, dict[str, Any]] | None = None) -> l
         _gain_verdict(results, "hn_tok", "hn", "mean_R@1", "the token-level term adds on top of the boost (eq. 3)"),
         _gain_verdict(results, "lora_hn", "lora_infonce", "mean_R@1", "the boost helps the LoRA run (Table 4)"),
         _gain_verdict(results, "clipin", "clipin_noedit", "mmvp", "edit hard negatives raise pair accuracy (CLIP-IN)"),
+        _gain_verdict(
+            results, "clipin_noedit", "clipin_long", "mean_R@1", "short + long captions beat long ones alone (CLIP-IN)"
+        ),
         _gain_verdict(results, "clipin", BASELINE, "mmvp", "CLIP-IN stage 2 beats InfoNCE on MMVP-style pairs"),
         _gain_verdict(results, "hn_learn_s", "hn", "mean_R@1", "learnable s does as well as frozen s (R@1)"),
         _gain_verdict(

@@ -97,7 +97,8 @@ def _train_overrides(
 
 def _data_overrides(root: Path, sd: SynthDenseConfig) -> list[str]:
     values = {k: v for k, v in asdict(sd).items() if k != "workers"}
-    return ["data.format=synthdense", f"data.root={root}", *_dotted("data.synthdense", values)]
+    # every stage trains for several epochs on a few thousand small images: decode them once (data.preload)
+    return ["data.format=synthdense", f"data.root={root}", "data.preload=true", *_dotted("data.synthdense", values)]
 
 
 # -- stage A and A2: the initialisation ----------------------------------------------------------------------
@@ -215,7 +216,11 @@ def arm_config(p: Profile, arm: Arm, init: Path, data_root: Path, out: Path, see
     overrides.append("train.eval_every=1")
     if arm.name == "infonce":  # Fig. 4 is measured along the InfoNCE trajectory (both losses' gradients, same batch)
         overrides.append(f"train.diagnostics_every={max(1, p.steps // p.diagnostics)}")
-    return load_config(None, overrides + list(arm.overrides) + term_overrides(arm))
+    # rows per forward pass (speed only): exact arms encode the whole batch in one pass (nothing cached), the others
+    # several micro-batches a pass, each still its own matrix
+    exact = "train.accumulation=exact" in arm.overrides
+    passes = f"train.micro_batch_size={p.batch_size}" if exact else f"train.encode_batch_size={p.encode_batch_size}"
+    return load_config(None, overrides + list(arm.overrides) + [passes] + term_overrides(arm))
 
 
 def run_arm(cfg: Config, validation: DataConfig) -> tuple[DualEncoder, float]:
