@@ -201,3 +201,24 @@ def test_per_micro_batch_diagnostics_count_each_micro_batch() -> None:
              "micro_grad_zero_infonce": [1.0, 0.0, 0.0, 1.0], "micro_loss_hn": [1.0] * 4}]  # fmt: skip
     e0 = gradient_dynamics(rows)["per_epoch"]["0"]
     assert e0["saturated_infonce"] == 0.75 and e0["zero_grad_infonce"] == 0.5 and e0["saturated_hn"] == 0.0
+
+
+@pytest.mark.parametrize(("values", "labelled"), [((20.0, 60.0, 180.0), {"20", "50", "100"}), ((1e-4, 10.0), set())])
+def test_a_log_axis_within_two_decades_labels_its_twos_and_fives(values, labelled) -> None:
+    """One power of ten on the axis is not enough to read it: 20, 50, 200 are labelled too; a wide axis is not."""
+    import matplotlib.pyplot as plt
+
+    from sharpclip.analysis.plots import _plain_log
+
+    fig, ax = plt.subplots()
+    ax.semilogy(range(len(values)), values, "o")
+    _plain_log(ax)
+    fig.canvas.draw()
+    low, high = ax.get_ylim()
+    minor = {t.get_text() for t, v in zip(ax.yaxis.get_minorticklabels(), ax.yaxis.get_minorticklocs(), strict=True)
+             if low <= v <= high and t.get_text()}  # fmt: skip
+    major = {t.get_text() for t in ax.yaxis.get_majorticklabels() if t.get_text()}
+    plt.close(fig)
+    assert labelled <= minor | major
+    if not labelled:
+        assert not minor and "0.001" in major  # wide: the powers of ten alone, plainly written

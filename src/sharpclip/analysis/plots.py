@@ -15,6 +15,7 @@ matplotlib runs on the Agg backend (no display needed).
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,11 @@ def _style(k: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def _hatch(k: int) -> dict[str, Any]:
+    """Bar style k: a colour and a hatch, so side-by-side series differ without colour too."""
+    return {"color": f"C{k}", "hatch": ("", "//", "..", "xx")[k % 4], "edgecolor": "white"}
+
+
 def _legend_outside(ax: Any, fontsize: int = 7) -> None:
     """The legend to the right of the axes, never over the data."""
     if ax.get_legend_handles_labels()[0]:
@@ -65,11 +71,17 @@ def _legend_outside(ax: Any, fontsize: int = 7) -> None:
 
 
 def _plain_log(ax: Any, axis: str = "y") -> None:
-    """Log axis with plain labels (1e-05, 0.001, 1, 100) instead of mathtext powers."""
+    """Log axis with plain labels (1e-05, 0.001, 1, 100) instead of mathtext powers; an axis spanning less than two
+    decades (one labelled power of ten or none) also labels its 2s and 5s (20, 50, 200). Call after plotting."""
     target = ax.yaxis if axis == "y" else ax.xaxis
     target.set_major_locator(LogLocator(base=10.0, numticks=8))
     target.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    target.set_minor_formatter(NullFormatter())
+    low, high = ax.get_ylim() if axis == "y" else ax.get_xlim()
+    if low > 0 and high / low < 100:
+        target.set_minor_locator(LogLocator(base=10.0, subs=(2.0, 5.0), numticks=8))
+        target.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    else:
+        target.set_minor_formatter(NullFormatter())
 
 
 def _integer_ticks(ax: Any) -> None:
@@ -131,7 +143,9 @@ def fig_caption_similarity(stats: dict[str, dict[str, Any]], out: str | Path) ->
 def _value_bars(ax: Any, names: list[str], heights: list[float], title: str) -> None:
     """Bars with their values written on them, the y-axis fitted to the values (not to [0, 1])."""
     bars = ax.bar(names, heights, color=[f"C{k}" for k in range(len(names))])
-    ax.bar_label(bars, labels=[f"{h:.3f}" for h in heights], fontsize=7, padding=2)
+    spread = max(heights) - min(heights) if heights else 0.0
+    digits = 3 if spread <= 0 else min(6, max(3, 1 - math.floor(math.log10(spread))))  # enough to tell them apart
+    ax.bar_label(bars, labels=[f"{h:.{digits}f}" for h in heights], fontsize=7, padding=2)
     low, high = fitted_range(heights, pad=0.25, lo=-1.0, hi=1.0)
     ax.set(title=title, ylim=(low, high + 0.1 * (high - low)))
     ax.tick_params(axis="x", labelrotation=45, labelsize=7)
@@ -144,12 +158,19 @@ def fig_geometry_summary(stats: dict[str, dict[str, Any]], out: str | Path) -> t
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
     _value_bars(axes[0], names, [stats[n]["mean_pairwise"] for n in names], "(A) mean pairwise similarity")
     _value_bars(axes[1], names, [stats[n]["mean_hardest"] for n in names], "(B) mean hardest companion")
-    bottom = np.zeros(len(names))
-    for label in next(iter(buckets.values())):
-        share = np.asarray([buckets[n][label] for n in names])
-        axes[2].bar(names, share, bottom=bottom, label=label)
-        bottom += share
-    axes[2].set(title="(C) in-batch negatives by hardness", ylim=(0, 1), ylabel="share")
+    # the hard buckets only, side by side in %, on an axis fitted to them: the easy rest (< 0.8) is nearly all of
+    # every batch and, stacked, would hide them against a bar at ~1
+    hard = [label for label in next(iter(buckets.values())) if not label.startswith("<")]
+    width = 0.8 / max(1, len(hard))
+    x = np.arange(len(names))
+    tops = []
+    for k, label in enumerate(hard):
+        share = 100.0 * np.asarray([buckets[n][label] for n in names])
+        bars = axes[2].bar(x + (k - (len(hard) - 1) / 2) * width, share, width, label=f"cosine {label}", **_hatch(k))
+        axes[2].bar_label(bars, labels=[f"{v:.2g}" for v in share], fontsize=6, padding=1)
+        tops += list(share)
+    axes[2].set_xticks(x, names)
+    axes[2].set(title="(C) hard in-batch negatives", ylabel="% of negatives", ylim=(0, 1.2 * max(tops, default=1) or 1))
     axes[2].tick_params(axis="x", labelrotation=45, labelsize=7)
     _legend_outside(axes[2])
     numbers = {
