@@ -69,6 +69,27 @@ def test_training_stats_first_epoch_saturation(tmp_path):
     assert s["zero_grad_infonce_ep1"] == pytest.approx(100.0)
     assert s["zero_grad_infonce"] == pytest.approx(50.0)
     assert s["grad_ratio_hn_over_infonce"] == pytest.approx(2.0)  # zero-gradient steps are left out of the ratio
+    assert s["diag_sat_infonce"] == s["diag_sat_hn"] == 0.0  # losses 1.0 and 2.0: nothing measured below 1e-3
+
+
+@pytest.mark.parametrize(
+    ("clip", "hn", "verdict"),
+    [([0.0, 0.0, 1.0], [2.0, 3.0, 1.5], "holds"), ([0.0, 0.0], [0.0, 2.0], "partly"), ([0.5], [2.0], "trivially")],
+)
+def test_the_boost_keeps_batches_active_on_the_same_micro_batches(tmp_path, clip, hn, verdict):
+    """Fig. 4's claim from the measured micro-batches: L_CLIP below 1e-3 where L_HN is not."""
+    step = {"epoch": 0, "infonce_monitor": 0.1, "rows_saturated_monitor": 0.0, "loss": 0.1, "logit_scale": 100.0,
+            "grad_norm": 1.0, "samples_per_s": 1.0}  # fmt: skip
+    _write(tmp_path / "metrics.jsonl", [step])
+    record = {"step": 0, "epoch": 0, "loss_infonce": 0.1, "loss_hn": 1.0, "grad_norm_infonce": 1.0,
+              "grad_norm_hn": 3.0, "grad_zero_infonce": 0.0, "micro_loss_infonce": clip, "micro_loss_hn": hn,
+              "micro_grad_zero_infonce": [0.0] * len(clip)}  # fmt: skip
+    _write(tmp_path / "diagnostics.jsonl", [record])
+    stats = training_stats(tmp_path)
+    assert stats["diag_sat_infonce"] == pytest.approx(100.0 * sum(x < 1e-3 for x in clip) / len(clip))
+    results = {"infonce": {"label": "(a) InfoNCE", "seeds": {0: {"test": {}, "train": stats}}}}
+    item = report._active(results)
+    assert item["verdict"].startswith(verdict), item
 
 
 def _results(hn_r1: list[float], base_r1: list[float], pairs: int = 600) -> report.Results:

@@ -46,8 +46,10 @@ from sharpclip.train.diagnostics import (
     GRAD_NORM_HN,
     GRAD_NORM_INFONCE,
     GRAD_ZERO_INFONCE,
+    LOSS_HN,
     LOSS_INFONCE,
     MICRO_GRAD_ZERO_INFONCE,
+    MICRO_LOSS_HN,
     MICRO_LOSS_INFONCE,
 )
 
@@ -214,6 +216,20 @@ def _micro_zero_grads(diag: list[dict]) -> dict[str, float | None]:
         "zero_grad_micro": _share([bool(z) for _, z in pairs]),
         "zero_grad_saturated": _share([bool(z) for loss, z in pairs if loss < SATURATED]),
         "saturated_measured": float(sum(loss < SATURATED for loss, _ in pairs)),
+        "zero_loss_micro": _share([loss == 0.0 for loss, _ in pairs]),  # exactly 0 in fp32 (its gradient need not be)
+    }
+
+
+def _micro_saturation(diag: list[dict]) -> dict[str, float | None]:
+    """Fig. 4's contrast on the same measured contrastive matrices: the share (%) below 1e-3 under InfoNCE and under
+    HN-CLIP's boosted loss (per micro-batch under per_micro_batch, else one matrix per measured step)."""
+
+    def losses(micro_key: str, key: str) -> list[float]:
+        return [x for d in diag for x in (d[micro_key] if micro_key in d else [d[key]])]
+
+    return {
+        "diag_sat_infonce": _share([x < SATURATED for x in losses(MICRO_LOSS_INFONCE, LOSS_INFONCE)]),
+        "diag_sat_hn": _share([x < SATURATED for x in losses(MICRO_LOSS_HN, LOSS_HN)]),
     }
 
 
@@ -246,4 +262,5 @@ def training_stats(run_dir: str | Path) -> dict[str, Any]:
         ratios = [d[GRAD_NORM_HN] / d[GRAD_NORM_INFONCE] for d in diag if d[GRAD_NORM_INFONCE] > 0]
         out["grad_ratio_hn_over_infonce"] = _mean(ratios)
         out.update(_micro_zero_grads(diag))
+        out.update(_micro_saturation(diag))
     return out

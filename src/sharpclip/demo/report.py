@@ -200,16 +200,23 @@ def _headroom(results: Results) -> dict[str, str]:
 
 
 def _active(results: Results) -> dict[str, str]:
-    hn, base = values(results, "hn", "train", "active_batches"), values(results, BASELINE, "train", "active_batches")
-    ratio = values(results, BASELINE, "train", "grad_ratio_hn_over_infonce")
+    """Fig. 4 on the InfoNCE trajectory: of the same measured micro-batches, how many each loss leaves below 1e-3."""
+    what = "the boost keeps batches active (HN-CLIP Fig. 4)"
+    t = lambda k: values(results, BASELINE, "train", k)  # noqa: E731
+    clip, hn, ratio = t("diag_sat_infonce"), t("diag_sat_hn"), t("grad_ratio_hn_over_infonce")
+    if not (clip and hn):
+        return {"claim": what, "measured": "no gradient measurements in the InfoNCE arm", "verdict": "not run"}
     measured = (
-        f"batches with training loss ≥ 1e-3: HN-CLIP {fmt(hn)}%, InfoNCE {fmt(base)}%; "
-        f"‖∇L_HN‖ / ‖∇L_CLIP‖ on the InfoNCE trajectory {fmt(ratio, 2)}"
+        f"of the micro-batches measured along the InfoNCE run: {fmt(clip)}% below 1e-3 under L_CLIP, {fmt(hn)}% "
+        f"under L_HN (same micro-batches, same weights); ‖∇L_HN‖ / ‖∇L_CLIP‖ {fmt(ratio, 2)}"
     )
-    kept = bool(hn) and min(hn) == 100.0
-    rescued = bool(base) and min(base) < 100.0
-    verdict = "holds" if kept and rescued else "holds trivially (InfoNCE batches never died)" if kept else "no"
-    return {"claim": "the boost keeps batches active (HN-CLIP Fig. 4)", "measured": measured, "verdict": verdict}
+    if max(hn) == 0.0 and min(clip) > 0.0:
+        verdict = "holds"
+    elif max(clip) == 0.0:
+        verdict = "trivially (no measured micro-batch saturates under L_CLIP)"
+    else:
+        verdict = "partly" if statistics.fmean(hn) < statistics.fmean(clip) else "does not hold"
+    return {"claim": what, "measured": measured, "verdict": verdict}
 
 
 def _plateau(results: Results) -> dict[str, str]:
