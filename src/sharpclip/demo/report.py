@@ -171,7 +171,8 @@ def _saturation(results: Results) -> dict[str, str]:
         f"InfoNCE arm, first epoch: {fmt(t('sat_batches_ep1'))}% of contrastive micro-batches and "
         f"{fmt(t('sat_rows_ep1'))}% of rows with loss < 1e-3 (paper: 80 % of batches); lowest InfoNCE "
         f"{lowest}; exact-zero fp32 gradient on {fmt(t('zero_grad_saturated'))}% of the measured "
-        f"saturated micro-batches ({fmt(t('zero_grad_micro'))}% of all measured micro-batches; paper: 47 %)"
+        f"saturated micro-batches ({fmt(t('zero_grad_micro'))}% of all measured micro-batches; paper: 47 %); a loss "
+        f"of exactly 0.0 in fp32 on {fmt(t('zero_loss_micro'))}% of them"
     )
     batches, zeros = summary(t("sat_batches_ep1")), summary(t("zero_grad_saturated"))
     if batches and batches[0] >= 50 and zeros and zeros[0] > 0:
