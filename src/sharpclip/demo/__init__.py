@@ -6,10 +6,10 @@
    CLIP pre-trained on coarse captions at 32 tokens; stage A2, stretched to 152 tokens and trained on dense captions
    whose size and texture words are drawn at random (it reads them but learns not to trust them).
 3. One fine-tuning run per objective (demo.plan) on the target task, the full dense captions (size and texture
-   included) with test families whose near-duplicates differ exactly there: InfoNCE, HN-CLIP (eq. 2), HN-CLIP + token
-   term (eq. 3), CLIP-IN stage 2 (eq. 8), in the paper's regime (micro-batches 16 × 8, scale frozen at 100); `--full`
-   adds exact 128 × 128 accumulation and the ablations (frozen Ḡ, γ sweep, LoRA ± boost, learnable scale, no edit
-   term).
+   included) with test families whose near-duplicates differ exactly there: InfoNCE and HN-CLIP (eq. 2) in the
+   paper's regime (micro-batches 16 × 8, scale frozen at 100); `--quick` adds CLIP-IN stage 2 (eq. 8), and `--full`
+   also HN-CLIP + token term (eq. 3), CLIP-IN's ablations (no edit term, no short captions), exact 128 × 128
+   accumulation and HN-CLIP's ablations (frozen Ḡ, γ sweep, LoRA ± boost, learnable scale).
 4. Each is measured (demo.measure), tabulated with its gain over InfoNCE and over the init, its forgetting guard's
    drop (zero-shot colour + shape classification, what stage A taught) beside it, and judged against the papers'
    claims (demo.report); with `--full` (and `--quick`) the InfoNCE and HN-CLIP arms are blended back towards the init
