@@ -112,6 +112,16 @@ class TextTokenizer:
     def _cleaned(self, texts: Sequence[str]) -> list[str]:
         return [self.clean(t) for t in texts] if self.clean is not None else list(texts)
 
+    @property
+    def pad_id(self) -> int:
+        """The id padding is filled with (the tokenizer's pad token, else eos)."""
+        return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos
+
+    @property
+    def pads_left(self) -> bool:
+        """True when the tokenizer pads on the left."""
+        return getattr(self.tokenizer, "padding_side", "right") == "left"
+
     def width(self, longest: int) -> int:
         """The padded width of a batch whose longest (truncated) caption has `longest` tokens."""
         if self.pad_to_context:
@@ -127,9 +137,8 @@ class TextTokenizer:
         ids, mask = enc["input_ids"].long(), enc["attention_mask"].long()
         extra = self.width(ids.shape[1]) - ids.shape[1]
         if extra > 0:  # on the side the tokenizer pads
-            pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos
-            side = (extra, 0) if getattr(self.tokenizer, "padding_side", "right") == "left" else (0, extra)
-            ids = torch.nn.functional.pad(ids, side, value=pad_id)
+            side = (extra, 0) if self.pads_left else (0, extra)
+            ids = torch.nn.functional.pad(ids, side, value=self.pad_id)
             mask = torch.nn.functional.pad(mask, side, value=0)
         full = mask.sum(1) == self.context_length
         ids[full, -1] = torch.where(ids[full, -1] == self.eos, ids[full, -1], self.eos)  # a tokenizer that cut eos
@@ -156,10 +165,8 @@ class MemoTokenizer:
             self.rows.update((t, row[keep.bool()]) for t, row, keep in zip(new, ids, mask, strict=True))
         rows = [self.rows[t] for t in texts]
         width = self.tokenize.width(max(len(r) for r in rows))
-        tokenizer = self.tokenize.tokenizer
-        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.tokenize.eos
-        left = getattr(tokenizer, "padding_side", "right") == "left"
-        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+        left = self.tokenize.pads_left
+        ids = torch.full((len(rows), width), self.tokenize.pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
         for i, row in enumerate(rows):
             where = slice(width - len(row), width) if left else slice(0, len(row))

@@ -206,12 +206,8 @@ def _saturated_share(steps: list[dict]) -> float | None:
 def _micro_zero_grads(diag: list[dict]) -> dict[str, float | None]:
     """Exact-zero fp32 InfoNCE gradients per measured contrastive matrix: of all, and of the saturated ones (loss <
     1e-3). Per micro-batch under per_micro_batch (train.diagnostics), else one matrix per measured step."""
-    pairs = []
-    for d in diag:
-        if MICRO_LOSS_INFONCE in d:
-            pairs += list(zip(d[MICRO_LOSS_INFONCE], d[MICRO_GRAD_ZERO_INFONCE], strict=True))
-        else:
-            pairs.append((d[LOSS_INFONCE], d[GRAD_ZERO_INFONCE]))
+    losses = _per_matrix(diag, MICRO_LOSS_INFONCE, LOSS_INFONCE)
+    pairs = list(zip(losses, _per_matrix(diag, MICRO_GRAD_ZERO_INFONCE, GRAD_ZERO_INFONCE), strict=True))
     return {
         "zero_grad_micro": _share([bool(z) for _, z in pairs]),
         "zero_grad_saturated": _share([bool(z) for loss, z in pairs if loss < SATURATED]),
@@ -224,13 +220,15 @@ def _micro_saturation(diag: list[dict]) -> dict[str, float | None]:
     """Fig. 4's contrast on the same measured contrastive matrices: the share (%) below 1e-3 under InfoNCE and under
     HN-CLIP's boosted loss (per micro-batch under per_micro_batch, else one matrix per measured step)."""
 
-    def losses(micro_key: str, key: str) -> list[float]:
-        return [x for d in diag for x in (d[micro_key] if micro_key in d else [d[key]])]
-
     return {
-        "diag_sat_infonce": _share([x < SATURATED for x in losses(MICRO_LOSS_INFONCE, LOSS_INFONCE)]),
-        "diag_sat_hn": _share([x < SATURATED for x in losses(MICRO_LOSS_HN, LOSS_HN)]),
+        "diag_sat_infonce": _share([x < SATURATED for x in _per_matrix(diag, MICRO_LOSS_INFONCE, LOSS_INFONCE)]),
+        "diag_sat_hn": _share([x < SATURATED for x in _per_matrix(diag, MICRO_LOSS_HN, LOSS_HN)]),
     }
+
+
+def _per_matrix(diag: list[dict], micro_key: str, key: str) -> list[float]:
+    """One value per measured contrastive matrix: the micro-batch list where recorded, else the step's value."""
+    return [x for d in diag for x in (d[micro_key] if micro_key in d else [d[key]])]
 
 
 def training_stats(run_dir: str | Path) -> dict[str, Any]:

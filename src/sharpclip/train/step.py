@@ -141,11 +141,11 @@ def run_step(
     micro-batch a pass)."""
     batch = encoder.to_device(batch)  # once for the whole step, before the micro-batches are cut
     micro = split_rows(batch, micro_batch_size)
-    if accumulation == "exact" and len(micro) > 1:
-        matrices = [exact_step(encoder, objective, batch, micro)]
-        terms = {k: float(v) for k, v in matrices[0].terms.items()}
-    elif accumulation == "exact":  # the whole batch in one pass: nothing to cache, one forward and one backward
-        matrices = micro_batch_pass(encoder, objective, batch, len(batch), 1)
+    if accumulation == "exact":
+        if len(micro) == 1:  # nothing to cache: one forward and one backward
+            matrices = micro_batch_pass(encoder, objective, batch, len(batch), 1)
+        else:
+            matrices = [exact_step(encoder, objective, batch, micro)]
         terms = {k: float(v) for k, v in matrices[0].terms.items()}
     else:
         if len(batch.edit_source) and len(micro) > 1:
