@@ -191,7 +191,7 @@ class DataConfig:
     """Where the samples come from, how they are preprocessed and batched (data.build_loader)."""
 
     format: str = "synthdense"  # see data.formats.FORMATS: synthdense | generic | docci | dci | long_dci | ...
-    root: str = ""  # the release folder, laid out as the README's Data section shows
+    root: str = ""  # the release folder, laid out as docs/data.md shows
     train_split: str = "train"
     eval_split: str = "test"
     # loader processes: auto = the cores available to this rank (affinity / ranks on the node), at most 8; 0 decodes

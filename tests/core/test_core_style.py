@@ -124,3 +124,31 @@ def test_sharpclip_modules_are_imported_at_the_top_or_say_why_not():
     assert not hidden, "move these imports to the top of the module (or comment why they are lazy):\n" + "\n".join(
         hidden
     )
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the sharpclip modules it imports (at any depth, type-checking imports included)."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = _module_name(path)
+        graph[module] = {name for _, name, _ in _imports(path) if _is_module(name) and name != module}
+    return graph
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    """Each module reads on its own: no import cycle, even one hidden in a function or behind TYPE_CHECKING."""
+    graph, cycles = _import_graph(), []
+
+    def visit(module: str, trail: list[str]) -> None:
+        for nxt in sorted(graph.get(module, ())):
+            if nxt in trail:
+                cycles.append(" -> ".join([*trail[trail.index(nxt) :], nxt]))
+            elif nxt not in done:
+                visit(nxt, [*trail, nxt])
+        done.add(module)
+
+    done: set[str] = set()
+    for module in sorted(graph):
+        if module not in done:
+            visit(module, [module])
+    assert not cycles, "import cycles:\n" + "\n".join(sorted(set(cycles)))

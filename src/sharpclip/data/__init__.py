@@ -6,7 +6,7 @@
 
 The preprocessing is the model's (models.preprocessing.model_transforms gives a `Preprocessing`: image transform
 and tokenizer at the model's size, mean/std and context); this layer applies whatever it is given.
-The README's Data section shows each format's folder layout; `sharpclip validate-data` checks a folder before a run.
+docs/data.md shows each format's folder layout; `sharpclip validate-data` checks a folder before a run.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def data_root(cfg: DataConfig) -> Path:
     if cfg.root:
         return Path(cfg.root).expanduser()
     if cfg.format != "synthdense":
-        raise ValueError(f"data.root is empty; set it to the {cfg.format} release folder (README, section Data)")
+        raise ValueError(f"data.root is empty; set it to the {cfg.format} release folder (docs/data.md)")
     key = hashlib.sha1(json.dumps(asdict(cfg.synthdense), sort_keys=True).encode()).hexdigest()[:12]
     return Path(os.environ.get("SHARPCLIP_CACHE", "~/.cache/sharpclip")).expanduser() / f"synthdense-{key}"
 

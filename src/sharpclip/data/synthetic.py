@@ -2,7 +2,7 @@
 
 Why: no pretrained weights or benchmark images exist here, yet HN-CLIP's claim (near-duplicate captions stay
 confused after coarse pre-training) needs long captions that share most of their words. SynthDense builds exactly that
-(what the demo measures with it: the README's Reproduction section).
+(what the demo measures with it: docs/reproduction.md).
 
 A scene is a background and 3-5 objects, each with a shape (8), colour (8), size (2), texture (3) and a cell of a 3×3
 grid. Everything is a pure function of (seed, split, index): `random.Random(f"{seed}:{split}:{index}")`.

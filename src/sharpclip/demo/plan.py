@@ -20,7 +20,7 @@ same batch size), so the table compares objectives and nothing else. The arms:
 
 The default runs (a) and (b), HN-CLIP's comparison, in the ≤ 5 min a cached demo may take on 2 quiet cores; CLIP-IN's
 arm costs 2.3 InfoNCE arms here (a second caption through the text tower, exact accumulation) and is one
-`--arms clipin` away. Sizes are scaled to what 2 CPU cores do in that budget (README, Reproduction).
+`--arms clipin` away. Sizes are scaled to what 2 CPU cores do in that budget (docs/reproduction.md).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ class Profile:
     a2_lr: float = 3e-4
     a2_batch_size: int = 128
     # stage B (each arm), the paper's regime: 128 rows a step as 8 micro-batches of 16, each its own InfoNCE problem
-    # (HN-CLIP's effective batch of 128 = 16 × 8), scale frozen at 100; lr from the sweep in the README
+    # (HN-CLIP's effective batch of 128 = 16 × 8), scale frozen at 100; lr from the sweep in docs/reproduction.md
     steps: int = 200  # 10 epochs of 2,560 rows, as HN-CLIP's recipe
     batch_size: int = 128
     micro_batch_size: int = 16

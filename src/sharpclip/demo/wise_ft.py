@@ -22,7 +22,7 @@ from sharpclip.train.checkpoint import resolve_source
 TARGET = "retrieval/mean_R@1"
 GUARD_MAX_DROP = 2.0  # points of zero-shot top-1 the fine-tuning may give away
 GUARD = GuardConfig("zeroshot/top1", GUARD_MAX_DROP)
-ARMS = ("infonce", "hn")  # the curves the README reports: the control and the boost
+ARMS = ("infonce", "hn")  # the curves docs/reproduction.md reports: the control and the boost
 
 
 def eval_config(data: DataConfig) -> EvalConfig:

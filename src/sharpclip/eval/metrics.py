@@ -1,6 +1,6 @@
 """Retrieval metrics over embeddings: exact ranks, Recall@K, mean and median rank, in chunks (pure functions).
 
-Protocol (CLIP_benchmark's convention, as the long-caption papers report it; README, Retrieval protocol):
+Protocol (CLIP_benchmark's convention, as the long-caption papers report it; docs/evaluation.md, Retrieval protocol):
 
 - S = Q Gᵀ, cosine similarity of L2-normalised embeddings (the logit scale does not change rankings).
 - Ground truth is many-to-many: a list of positive (text, image) pairs. A caption usually has one image and an image

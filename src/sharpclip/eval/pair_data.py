@@ -1,4 +1,4 @@
-"""Readers for the pair-choice benchmarks' released files, into one `ChoiceSet` shape (README, Evaluation).
+"""Readers for the pair-choice benchmarks' released files, into one `ChoiceSet` shape (docs/evaluation.md).
 
 Each item has a few images and a few captions; the evaluator scores every caption against every image of its item,
 giving a (N, n_texts, n_images) tensor that eval/pairs.py scores. Layouts read here:

@@ -1,4 +1,5 @@
-"""What an evaluation writes: the JSON report, the markdown tables and the eval manifest (eval.manifest).
+"""What an evaluation produces: the `SuiteResult` of a run of suites, and the files written from it: the JSON
+report, the markdown tables and the eval manifest (eval.manifest).
 
     manifest = suite_manifest(result, model, cfg.eval, name)
     write_report(result, manifest, out_dir, ks)          -> eval_report.json, eval_report.md, eval_manifest.json
@@ -9,9 +10,9 @@ The three files sit side by side in `out_dir`; the manifest records what produce
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -20,8 +21,14 @@ from sharpclip.eval import pair_data
 from sharpclip.eval.manifest import build_manifest, model_record, preprocessing_record
 from sharpclip.eval.scoring import load_prompts
 
-if TYPE_CHECKING:  # for annotations only: the suite imports this module
-    from sharpclip.eval.suite import SuiteResult
+
+@dataclass
+class SuiteResult:
+    """results: suite name -> metrics; datasets: suite name -> manifest record; embedder: what embedded them."""
+
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    datasets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    embedder: Any = None
 
 
 def _fmt(x: Any) -> str:

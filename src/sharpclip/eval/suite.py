@@ -4,13 +4,13 @@
     run_eval(cfg)                                             -> eval_report.json, eval_report.md, eval_manifest.json
 
 The benchmarks and their readers are eval.benchmarks', the scoring eval.scoring's, the model's embedder
-eval.evaluator's (the one that training's validation and the demo use too), the files eval.report's. `run_eval`
-also refuses a suite that shares images with the run's training data (or warns, under data.overlap: warn).
+eval.evaluator's (the one that training's validation and the demo use too), the result and its files eval.report's.
+`run_eval` also refuses a suite that shares images with the run's training data (or warns, under data.overlap: warn).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,18 +22,9 @@ from sharpclip.eval.benchmarks import eval_images, image_files, load_eval_set, s
 from sharpclip.eval.embed import CachedEmbedder
 from sharpclip.eval.evaluator import as_embedder
 from sharpclip.eval.manifest import dataset_record
-from sharpclip.eval.report import suite_manifest, write_report
+from sharpclip.eval.report import SuiteResult, suite_manifest, write_report
 from sharpclip.eval.scoring import evaluate_set
 from sharpclip.models.factory import create_model
-
-
-@dataclass
-class SuiteResult:
-    """results: suite name -> metrics; datasets: suite name -> manifest record; embedder: what embedded them."""
-
-    results: dict[str, dict[str, Any]] = field(default_factory=dict)
-    datasets: dict[str, dict[str, Any]] = field(default_factory=dict)
-    embedder: Any = None
 
 
 def run_suite(

@@ -19,16 +19,14 @@ from sharpclip.data.schema import BadSample, BadSampleReport, log
 def require_file(path: Path, what: str) -> Path:
     """`path` if it is a file; otherwise a FileNotFoundError that says what was expected there."""
     if not path.is_file():
-        raise FileNotFoundError(
-            f"{path}: {what} not found; check data.root (the README's Data section shows the layout)"
-        )
+        raise FileNotFoundError(f"{path}: {what} not found; check data.root (docs/data.md shows the layout)")
     return path
 
 
 def require_dir(path: Path, what: str) -> Path:
     """`path` if it is a folder; otherwise a FileNotFoundError that says what was expected there."""
     if not path.is_dir():
-        raise FileNotFoundError(f"{path}: {what} folder not found; check data.root (see the README's Data section)")
+        raise FileNotFoundError(f"{path}: {what} folder not found; check data.root (docs/data.md shows the layout)")
     return path
 
 

@@ -140,6 +140,6 @@ def read(root: Path, split: str, cfg: DataConfig, report: BadSampleReport) -> li
     if not samples and not report.items and folder == root:  # nothing for this split anywhere: say where we looked
         raise FileNotFoundError(
             f"{root}: no {split}.jsonl, {split}.csv or {split}.tsv, no {split}/ folder, and no image + .txt pairs in "
-            "the folder itself (generic format; see the README's Data section)"
+            "the folder itself (generic format; see docs/data.md)"
         )
     return samples

@@ -1,6 +1,6 @@
-"""The README's table of reference protocols, checked against the code and the release-layout fixtures, so it stays
-true: one row per benchmark suite, each claim (split, counts, caption field, truncation, image mode) tied to the
-constant or the reader behaviour that implements it."""
+"""The reference-protocol table of docs/evaluation.md, checked against the code and the release-layout fixtures, so
+it stays true: one row per benchmark suite, each claim (split, counts, caption field, truncation, image mode) tied to
+the constant or the reader behaviour that implements it."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ NO_REFERENCE = {"generic", "synthdense", "synth_mmvp", "zeroshot", "retrieval"} 
 
 
 def _table() -> dict[str, list[str]]:
-    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    lines = (ROOT / "docs" / "evaluation.md").read_text(encoding="utf-8").splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("| suite | reference (repo: file) |"))
     rows = {}
     for line in lines[start + 2 :]:
