@@ -16,7 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_ruff_clean(args):
     ruff = shutil.which("ruff")
     assert ruff, "ruff is a [dev] dependency: pip install -e '.[dev]'"
-    proc = subprocess.run([ruff, *args, "src", "tests", "benchmarks", "examples"], cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(
+        [ruff, *args, "src", "tests", "benchmarks", "examples"], cwd=ROOT, capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-1000:]
 
 
