@@ -152,7 +152,13 @@ class HNClipLoss(nn.Module):
         return image @ text.t() if self.gamma == 0 else boosted_similarity(image, text, self.gamma, ref)[0]
 
     def _local(
-        self, image: Tensor, text: Tensor, all_image: Tensor, all_text: Tensor, ref: Tensor | None, all_ref
+        self,
+        image: Tensor,
+        text: Tensor,
+        all_image: Tensor,
+        all_text: Tensor,
+        ref: Tensor | None,
+        all_ref: Tensor | None,
     ) -> tuple[Tensor, Tensor]:
         """This rank's rows against the gathered columns, both directions, each with the same Ḡ (B, N): Ḡ is
         symmetric, so text t_i against caption t_j is the margin of image i against caption j."""
@@ -188,10 +194,11 @@ class SigLipMarginLoss(nn.Module):
 
         L_r = −(1/B) Σ_i Σ_j log σ(z_ij · (s·(S + γḠ)_ij + b)),   z = +1 at each image's own caption, −1 elsewhere
 
-    cache_labels, rank, world_size, dist_impl: as open_clip's SigLipLoss. Texts of other ranks arrive by neighbour
-    exchange ('bidir', the default, both directions at once; 'shift', one direction) or by an all-gather ('gather';
-    'reduce', an all-reduce in open_clip, gives the same blocks and runs as 'gather' here), each with gradient.
-    Ḡ is this rank's texts against each block's texts, detached, zero only at the own block's diagonal.
+    cache_labels, rank, world_size, dist_impl: as open_clip's SigLipLoss (which does not use cache_labels either).
+    Texts of other ranks arrive by neighbour exchange ('bidir', the default, both directions at once; 'shift', one
+    direction) or by an all-gather ('gather'; 'reduce', an all-reduce in open_clip, gives the same blocks and runs as
+    'gather' here), each with gradient. Ḡ is this rank's texts against each block's texts, detached, zero only at
+    the own block's diagonal.
     gamma (0: SigLipLoss exactly), reference: as `HNClipLoss`; reference rows travel with their texts, no gradient.
     """
 
@@ -214,7 +221,16 @@ class SigLipMarginLoss(nn.Module):
         self.cache_labels, self.rank, self.world_size = cache_labels, rank, world_size
         self.gamma, self.reference = float(gamma), reference
 
-    def _block(self, image: Tensor, text: Tensor, ref: Tensor | None, rows: tuple, scale, bias, own: bool) -> Tensor:
+    def _block(
+        self,
+        image: Tensor,
+        text: Tensor,
+        ref: Tensor | None,
+        rows: tuple[Tensor, Tensor | None],
+        scale: Tensor | float,
+        bias: Tensor | None,
+        own: bool,
+    ) -> Tensor:
         """One block's loss: this rank's images (B, D) against one rank's texts (B', D); rows: (texts, reference)
         of this rank's rows, whose similarity to the block's captions is the margin."""
         if self.gamma == 0:
