@@ -151,3 +151,14 @@ def test_hf_loss_reads_a_clipmodel_or_siglipmodel_forward(kind):
     assert torch.allclose(got, expected, atol=1e-6)
     got.backward()
     assert model.logit_scale.grad is not None and math.isfinite(float(model.logit_scale.grad.sum()))
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_losses_run_where_their_inputs_are_and_match_the_cpu():
+    cuda = torch.device("cuda")
+    for loss in (HNClipLoss(gamma=0.5, cache_labels=True), SigLipMarginLoss(gamma=0.5)):
+        leaves = _inputs(bias=-1.0)
+        on_gpu = [x.detach().to(cuda).requires_grad_() for x in leaves]
+        value, grads = _value_and_grads(loss, on_gpu)
+        assert value.device.type == "cuda" and all(g.device.type == "cuda" for g in grads)
+        _assert_same((value.cpu(), [g.cpu() for g in grads]), _value_and_grads(loss, leaves))
