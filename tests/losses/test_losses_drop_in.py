@@ -44,9 +44,13 @@ def _assert_same(a, b, tol=1e-10):
 
 
 @pytest.mark.parametrize("bias", [None, -1.5])
-def test_gamma_zero_is_open_clips_clip_loss(bias):
+@pytest.mark.parametrize(
+    ("local_loss", "gather_with_grad"), [(False, False), (False, True), (True, False), (True, True)]
+)
+def test_gamma_zero_is_open_clips_clip_loss(bias, local_loss, gather_with_grad):
     leaves = _inputs(bias=bias)
-    mine = _value_and_grads(lambda *a: HNClipLoss(gamma=0.0)(*a), leaves)
+    loss = HNClipLoss(local_loss=local_loss, gather_with_grad=gather_with_grad, gamma=0.0)
+    mine = _value_and_grads(lambda *a: loss(*a), leaves)
     theirs = _value_and_grads(lambda *a: ref.clip_loss(*a), leaves)
     _assert_same(mine, theirs)
 
