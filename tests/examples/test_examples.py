@@ -28,7 +28,6 @@ def _example(name: str) -> types.ModuleType:
 
 
 # -- the Hugging Face Trainer -----------------------------------------------------------------------------------
-@pytest.mark.slow  # building a Trainer takes seconds
 def test_the_compute_loss_override_is_hn_clip_on_the_models_embeddings(tmp_path):
     hf = _example("hf_trainer_hn")
     model = hf.tiny_clip().eval()
