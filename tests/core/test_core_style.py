@@ -16,7 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_ruff_clean(args):
     ruff = shutil.which("ruff")
     assert ruff, "ruff is a [dev] dependency: pip install -e '.[dev]'"
-    proc = subprocess.run([ruff, *args, "src", "tests", "benchmarks"], cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(
+        [ruff, *args, "src", "tests", "benchmarks", "examples"], cwd=ROOT, capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-1000:]
 
 
@@ -34,7 +36,7 @@ def test_public_functions_of_data_eval_models_have_docstrings():
 # and any part of a lower layer, never a part of its own layer or above. Parts in one layer are independent.
 LAYERS = (
     ("config",),  # typed settings, read by everything
-    ("devices",),  # the machine: devices, precision, worker counts
+    ("devices", "collectives"),  # the machine: devices, precision, worker counts; collectives across processes
     ("data",),  # samples, preprocessing operations, batches
     ("models", "losses"),  # dual encoders (and what they decide about their inputs); pure loss math
     ("eval",),  # embedders, metrics, benchmarks, reports

@@ -10,6 +10,10 @@
 | `sigmoid`        | SigLIP (+ HN margin)    | sigmoid.py        |
 
 Diagnostic terms (weight 0, no gradient, logged): the InfoNCE saturation monitor, monitors.py.
+
+For other people's training code, drop_in.py wraps these losses in open_clip's loss interface (HNClipLoss,
+SigLipMarginLoss, EditNegativesLoss) and reads Hugging Face CLIPModel / SiglipModel outputs (hf_hn_loss); it
+gathers across processes itself, so it is imported on its own: `from sharpclip.losses.drop_in import HNClipLoss`.
 """
 
 from sharpclip.losses import registry

@@ -42,13 +42,19 @@ def edit_negatives(
 
     source_image, target_image, source_text, target_text: (N, D) L2-normalised; row i of each is one edit sample.
     """
+    return neg_cl_symmetric(source_image, target_image, source_text, target_text, scale_from_log(logit_scale))
+
+
+def neg_cl_symmetric(
+    source_image: Tensor, target_image: Tensor, source_text: Tensor, target_text: Tensor, scale: Tensor
+) -> Tensor:
+    """Eq. 6 with the scale s itself (not its log): the four (N, D) inputs as in `edit_negatives`; scale: scalar."""
     if source_image.shape[0] == 0:  # a batch without edit pairs contributes nothing (not NaN)
         return source_image.sum() * 0.0
-    s = scale_from_log(logit_scale)
-    ss = s * source_image @ source_text.t()  # [i, j] = ⟨Iˢ_i, Tˢ_j⟩
-    st = s * source_image @ target_text.t()
-    ts = s * target_image @ source_text.t()
-    tt = s * target_image @ target_text.t()
+    ss = scale * source_image @ source_text.t()  # [i, j] = ⟨Iˢ_i, Tˢ_j⟩
+    st = scale * source_image @ target_text.t()
+    ts = scale * target_image @ source_text.t()
+    tt = scale * target_image @ target_text.t()
     image_to_text = _neg_cl(ss, st) + _neg_cl(tt, ts)
     text_to_image = _neg_cl(ss.t(), ts.t()) + _neg_cl(tt.t(), st.t())
     return image_to_text + text_to_image

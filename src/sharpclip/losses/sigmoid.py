@@ -18,6 +18,15 @@ from sharpclip.losses.margins import boosted_similarity
 from sharpclip.losses.registry import register
 
 
+def pairwise_sigmoid(logits: Tensor, positives: bool = True) -> Tensor:
+    """−Σ_ij log σ(z_ij · logits_ij) / rows, z = 2I − 1; `positives` False: the block holds none (z = −1), as for
+    one rank's images against another rank's texts. logits: (B, N)."""
+    signs = -torch.ones_like(logits)
+    if positives:
+        signs.diagonal().fill_(1.0)
+    return -F.logsigmoid(signs * logits).sum() / logits.shape[0]
+
+
 @register("sigmoid")
 def sigmoid(
     image: Tensor,
@@ -36,5 +45,4 @@ def sigmoid(
     logits = scale_from_log(logit_scale) * sim
     if logit_bias is not None:
         logits = logits + logit_bias
-    signs = 2.0 * torch.eye(logits.shape[0], dtype=logits.dtype, device=logits.device) - 1.0
-    return -F.logsigmoid(signs * logits).sum() / logits.shape[0]
+    return pairwise_sigmoid(logits)
