@@ -113,6 +113,9 @@ class ModelConfig:
     vocabulary: str = ""  # tiny presets' word tokenizer: "" (built-in words) | synthdense | a file, one word a line
     processor: str = ""  # folder / cached hub id with the tokenizer + image processor when `name` has none
     activation: str = ""  # an OpenAI-format file's MLP activation: "" (QuickGELU, OpenAI's) | quick_gelu | gelu
+    # the open_clip architecture of a bare checkpoint file (open_clip_train's epoch_N.pt): a shipped config's name
+    # (ViT-B-32, ViT-H-14-quickgelu, ...; see docs/open-clip.md) or the path of an open_clip model config JSON
+    open_clip_config: str = ""
     context_length: int | None = None  # stretch text positions to this length (Long-CLIP rule) when set
     keep_positions: int = 20  # Long-CLIP: rows kept verbatim and frozen when stretching
     text_encoder: str = "absolute"  # absolute | rope (CLIP-IN §3.3: rotary text tower, from `sharpclip distill`)
