@@ -118,8 +118,8 @@ def _from_openai(path: Path, cfg: ModelConfig) -> HFDualEncoder:
     tokenizer, processor = _processors(cfg.processor) if cfg.processor else (None, None)
     log.warning(
         "%s: a bare state dict, no %s beside it: assumed the %s activation%s, attention heads = width / 64 and "
-        "%s. For an open_clip model set model.open_clip_config=<its architecture, e.g. ViT-B-32> instead; else override "
-        "with model.activation=gelu|quick_gelu and model.processor=<folder with the image processor>",
+        "%s. For an open_clip model set model.open_clip_config=<its architecture, e.g. ViT-B-32> instead; "
+        "else override with model.activation=gelu|quick_gelu and model.processor=<folder with the image processor>",
         path, open_clip.CONFIG, activation, "" if cfg.activation else " (OpenAI's)",
         f"the preprocessing of {cfg.processor}" if processor is not None else "CLIP's preprocessing at the "
         "weights' image size (bicubic, centre crop, OpenAI mean/std)",
