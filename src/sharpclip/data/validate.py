@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sharpclip.config import DataConfig, SynthDenseConfig, load_config
+from sharpclip.config import DataConfig, SynthDenseConfig, check_typed_overrides, load_config
 from sharpclip.data import data_root, read_samples
 from sharpclip.data.formats import ultraedit, webdataset
 from sharpclip.data.formats.hf import is_save_to_disk, resolve_hub_folder
@@ -257,6 +257,7 @@ def _stream_shards(cfg: DataConfig, split: str, rep: ValidationReport, report: B
 def config_for(target: str, overrides: Sequence[str] = (), fmt: str | None = None) -> DataConfig:
     """The data config of a YAML recipe, or one for a data folder/file whose format is detected (or given)."""
     path = Path(target)
+    check_typed_overrides(overrides)
     if path.suffix in (".yaml", ".yml"):
         cfg = load_config(path, overrides).data
         return cfg if fmt is None else DataConfig(**{**vars(cfg), "format": fmt})
