@@ -84,7 +84,7 @@ def test_a_refused_run_directory_and_a_config_error_are_one_line(data, tmp_path,
     ("argv", "dest", "want"),
     [
         (["train", "a.b=1", "--overwrite", "train.output_dir=X"], "config_args", ["a.b=1", "train.output_dir=X"]),
-        (["train", "--resume", "RUN", "train.epochs=3", "train.lr=1e-4"], "config_args", ["train.epochs=3", "train.lr=1e-4"]),
+        (["train", "--resume", "RUN", "train.epochs=3", "train.lr=1"], "config_args", ["train.epochs=3", "train.lr=1"]),
         (["eval", "--model", "M", "model.kind=open_clip", "--suite", "retrieval", "data.format=hf"], "config_args",
          ["model.kind=open_clip", "data.format=hf"]),
         (["validate-data", "DIR", "--format", "webdataset", "data.shards=[x]"], "overrides", ["data.shards=[x]"]),

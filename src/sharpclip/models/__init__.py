@@ -17,23 +17,8 @@
 | export.py        | HF folder export with a reload check                                 |                         |
 """
 
-import logging
-
-
-class _TorchvisionFallbackNotice(logging.Filter):
-    """Drops transformers' "`CLIPImageProcessor` requires torchvision (not installed); falling back to
-    `CLIPImageProcessorPil`" warning, printed first by every command on a machine without torchvision. It is noise
-    here: sharpclip reads only the processor's settings (size, mean, std, interpolation, crop; models.preprocessing)
-    and decodes and resizes with its own PIL transforms (data.transforms), so the backend transformers would have
-    used changes no pixel. Every other transformers message passes."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "requires torchvision (not installed); falling back to" not in record.getMessage()
-
-
-logging.getLogger("transformers.utils.import_utils").addFilter(_TorchvisionFallbackNotice())
-
-from sharpclip.models.base import DualEncoder, Embeddings  # noqa: E402  (after the filter: importing warns)
+from sharpclip.models import _notices  # noqa: F401  (first: importing transformers' processors warns)
+from sharpclip.models.base import DualEncoder, Embeddings
 from sharpclip.models.factory import ModelNotFoundError, create_model, load_checkpoint, save_checkpoint
 from sharpclip.models.tiny import tiny_model
 from sharpclip.models.tokenizer import build_word_tokenizer
