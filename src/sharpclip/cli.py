@@ -214,6 +214,7 @@ def _add_validate_data(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--split", help="the split to check (default: the train split; test for test-only formats)")
     p.add_argument("--tokenizer", help="a local HF tokenizer folder for exact token counts")
     p.add_argument("--json", metavar="FILE", help="write the JSON report here instead of printing it")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
 
     def run(args: argparse.Namespace) -> int:
         import json
@@ -224,7 +225,7 @@ def _add_validate_data(sub: argparse._SubParsersAction) -> None:
         try:
             cfg = v.config_for(args.target, args.overrides, args.format)
             counter, name = token_counter(cfg.format, args.tokenizer)
-            report = v.validate(cfg, args.split or v.default_split(cfg), counter, name)
+            report = v.validate(cfg, args.split or v.default_split(cfg), counter, name, progress=args.progress)
         except (OSError, ValueError) as err:  # no such folder, unknown split, unreadable annotation file
             print(f"sharpclip validate-data: {err}", file=sys.stderr)
             return 2

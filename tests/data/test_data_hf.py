@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -173,3 +174,9 @@ def test_the_eval_manifest_counts_images_inside_parquet(tmp_path):
     assert record["count"] == record["embedded"] == 5 and record["bytes"] == 0
     other = dataset_record([], [s.image for s in samples[:4]], hash_images=True)["images"]
     assert other["sha256_of_sorted_list"] != record["sha256_of_sorted_list"]
+
+
+def test_validate_data_shows_a_bar_over_the_images(tmp_path, capsys):
+    root = hub_parquet(tmp_path / "hub")
+    assert main(["validate-data", str(root), "data.caption_field=text", "--json", str(tmp_path / "r.json")]) == 0
+    assert re.search(r"decode images: 100%.*5/5", capsys.readouterr().err)
