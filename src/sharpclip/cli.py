@@ -91,6 +91,7 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
                    help="change one size of the mode (demo.plan.Profile), e.g. lr=3e-4 or train_detail_pairs=0; "
                    "repeatable")  # fmt: skip
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    p.set_defaults(console_level=logging.WARNING)  # its own bar holds the terminal; each arm logs to its folder
 
     def run(args: argparse.Namespace) -> int:
         from sharpclip.demo import DemoOptions, profile_for, run_demo, select
@@ -389,13 +390,14 @@ class _Console(logging.StreamHandler):
 
 
 @contextlib.contextmanager
-def console_logging():
+def console_logging(level: int = logging.INFO):
     """Give every sharpclip logger (sharpclip.data, .models, .train, ...) a handler for the command's duration;
-    without one, Python drops their INFO lines (unseen samples, skipped records) and prints warnings unformatted."""
+    without one, Python drops their INFO lines (unseen samples, skipped records) and prints warnings unformatted.
+    `level` on rank 0 (other torchrun ranks: warnings only)."""
     root = logging.getLogger("sharpclip")
     handler = _Console()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
-    handler.setLevel(logging.INFO if int(os.environ.get("RANK", 0)) == 0 else logging.WARNING)
+    handler.setLevel(level if int(os.environ.get("RANK", 0)) == 0 else max(level, logging.WARNING))
     level, root.level = root.level, logging.INFO
     root.addHandler(handler)
     try:
@@ -413,7 +415,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     debug = args.debug or os.environ.get("SHARPCLIP_DEBUG", "") not in ("", "0")
     try:
-        with console_logging():
+        with console_logging(getattr(args, "console_level", logging.INFO)):
             return args.handler(args)
     except own_errors() as err:
         if debug:

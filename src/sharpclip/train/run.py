@@ -33,6 +33,7 @@ from sharpclip.data.formats import FORMATS
 from sharpclip.data.overlap import check_overlap, sample_images
 from sharpclip.eval.evaluator import Evaluate, retrieval_validator
 from sharpclip.eval.guards import evaluate_guards, guard_metrics
+from sharpclip.losses import Objective
 from sharpclip.models.base import DualEncoder
 from sharpclip.models.factory import create_model, save_checkpoint
 from sharpclip.models.preprocessing import model_transforms
@@ -79,13 +80,15 @@ def _run_logging(directory: Path) -> Iterator[None]:
         root.setLevel(level)
 
 
-def check_config(cfg: Config) -> None:
+def check_config(cfg: Config) -> Objective:
     """What training refuses before it builds anything, for `sharpclip config` to refuse as well: the objective
-    (every term's loss, parameters and inputs typed and checked against the feature table) and the data format."""
-    build_objective(cfg.loss)
+    (every term's loss, parameters and inputs typed and checked against the feature table; returned) and the data
+    formats."""
+    objective = build_objective(cfg.loss)
     for fmt, key in ((cfg.data.format, "data.format"), (cfg.data.edits_format, "data.edits_format")):
         if fmt and fmt not in FORMATS:
             raise ConfigError(f"{key}: unknown format {fmt!r}; known: {', '.join(FORMATS)}")
+    return objective
 
 
 def checked_validation_samples(data: DataConfig, train_samples: list | None) -> list:
@@ -176,8 +179,7 @@ def build_trainer(cfg: Config, evaluate: Evaluate | None = None) -> Trainer:
         raise ConfigError(f"train.batch_size ({cfg.train.batch_size}) must be divisible by the {world} processes")
     device = devices.resolve_device(cfg.train.device, "train.device")
     devices.check_precision(cfg.train.precision, device, "train.precision")  # before the model is built
-    check_config(cfg)
-    objective = build_objective(cfg.loss)  # every input against the feature table, every parameter typed
+    objective = check_config(cfg)  # every input against the feature table, every parameter typed, formats known
     seed_everything(cfg.train.seed)
     model = create_model(cfg.model).to(device)
     log_model(model, cfg.model.name)
