@@ -4,11 +4,17 @@ Each subcommand is added by one `_add_<name>` function; its handler imports what
 `sharpclip --help` stays fast. sharpclip's own errors (bad config, bad sample, checkpoint, run directory, export,
 a diverged run, a missing or unwritable file) end the command with one line on stderr and exit status 2; the
 traceback is printed only with `--debug` (before or after the subcommand) or SHARPCLIP_DEBUG=1.
+
+`key=value` overrides may stand anywhere after the subcommand, before or after its flags (`train --resume RUN
+train.epochs=3`). Every command prints sharpclip's log messages (INFO and up, from every part: data, models,
+training) on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
 import sys
 import traceback
@@ -19,8 +25,9 @@ from pathlib import Path
 def _config_args(p: argparse.ArgumentParser, example: str = "train.lr=1e-4") -> None:
     p.add_argument(
         "config_args", nargs="*", metavar="CONFIG_OR_OVERRIDE",
-        help=f"YAML recipes, layered in order, then dotted overrides (e.g. {example})",
+        help=f"YAML recipes, layered in order, then dotted overrides (e.g. {example}); before or after the flags",
     )  # fmt: skip
+    p.set_defaults(words_dest="config_args")
 
 
 def _load(args: argparse.Namespace, extra: list[str] | None = None):
@@ -36,8 +43,11 @@ def _add_config(sub: argparse._SubParsersAction) -> None:
 
     def run(args: argparse.Namespace) -> int:
         from sharpclip.config import to_yaml
+        from sharpclip.train.run import check_config
 
-        print(to_yaml(_load(args)), end="")
+        cfg = _load(args)
+        check_config(cfg)  # what `train` refuses before it builds anything, refused here too
+        print(to_yaml(cfg), end="")
         return 0
 
     p.set_defaults(handler=run)
@@ -81,6 +91,7 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
                    help="change one size of the mode (demo.plan.Profile), e.g. lr=3e-4 or train_detail_pairs=0; "
                    "repeatable")  # fmt: skip
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    p.set_defaults(console_level=logging.WARNING)  # its own bar holds the terminal; each arm logs to its folder
 
     def run(args: argparse.Namespace) -> int:
         from sharpclip.demo import DemoOptions, profile_for, run_demo, select
@@ -199,10 +210,12 @@ def _add_validate_data(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("validate-data", help="check a dataset: counts, bad samples, duplicates, token lengths")
     p.add_argument("target", metavar="CONFIG_OR_PATH", help="a YAML recipe (its data section) or a data folder/file")
     p.add_argument("overrides", nargs="*", help="dotted overrides for a recipe, e.g. data.root=/data/docci")
+    p.set_defaults(words_dest="overrides")
     p.add_argument("--format", help="the data format (default: the recipe's, or detected from the folder)")
     p.add_argument("--split", help="the split to check (default: the train split; test for test-only formats)")
     p.add_argument("--tokenizer", help="a local HF tokenizer folder for exact token counts")
     p.add_argument("--json", metavar="FILE", help="write the JSON report here instead of printing it")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
 
     def run(args: argparse.Namespace) -> int:
         import json
@@ -213,7 +226,7 @@ def _add_validate_data(sub: argparse._SubParsersAction) -> None:
         try:
             cfg = v.config_for(args.target, args.overrides, args.format)
             counter, name = token_counter(cfg.format, args.tokenizer)
-            report = v.validate(cfg, args.split or v.default_split(cfg), counter, name)
+            report = v.validate(cfg, args.split or v.default_split(cfg), counter, name, progress=args.progress)
         except (OSError, ValueError) as err:  # no such folder, unknown split, unreadable annotation file
             print(f"sharpclip validate-data: {err}", file=sys.stderr)
             return 2
@@ -359,15 +372,51 @@ def _describe(err: BaseException) -> str:
     return kind + " ".join(str(err).split())
 
 
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """`parser.parse_args`, except that the subcommand's words (recipes, key=value overrides) may also follow its
+    flags: argparse ends a positional list at the first flag, so the words after one come back as unknown; they are
+    appended, in order, to the command's list (later overrides win, as before). Unknown flags stay an error."""
+    args, extra = parser.parse_known_args(argv)
+    dest = getattr(args, "words_dest", None)
+    if extra and (dest is None or any(w.startswith("-") for w in extra)):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        setattr(args, dest, [*getattr(args, dest), *extra])
+    return args
+
+
+class _Console(logging.StreamHandler):
+    """sharpclip's log on stderr during one command (rank 0: INFO and up; other torchrun ranks: warnings)."""
+
+
+@contextlib.contextmanager
+def console_logging(level: int = logging.INFO):
+    """Give every sharpclip logger (sharpclip.data, .models, .train, ...) a handler for the command's duration;
+    without one, Python drops their INFO lines (unseen samples, skipped records) and prints warnings unformatted.
+    `level` on rank 0 (other torchrun ranks: warnings only)."""
+    root = logging.getLogger("sharpclip")
+    handler = _Console()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+    handler.setLevel(level if int(os.environ.get("RANK", 0)) == 0 else max(level, logging.WARNING))
+    level, root.level = root.level, logging.INFO
+    root.addHandler(handler)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     if getattr(args, "handler", None) is None:
         parser.print_help()
         return 2
     debug = args.debug or os.environ.get("SHARPCLIP_DEBUG", "") not in ("", "0")
     try:
-        return args.handler(args)
+        with console_logging(getattr(args, "console_level", logging.INFO)):
+            return args.handler(args)
     except own_errors() as err:
         if debug:
             traceback.print_exc()

@@ -7,6 +7,7 @@ that name the source (file or override) and the full key, and validates choices 
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import re
@@ -113,6 +114,9 @@ class ModelConfig:
     vocabulary: str = ""  # tiny presets' word tokenizer: "" (built-in words) | synthdense | a file, one word a line
     processor: str = ""  # folder / cached hub id with the tokenizer + image processor when `name` has none
     activation: str = ""  # an OpenAI-format file's MLP activation: "" (QuickGELU, OpenAI's) | quick_gelu | gelu
+    # the open_clip architecture of a bare checkpoint file (open_clip_train's epoch_N.pt): a shipped config's name
+    # (ViT-B-32, ViT-H-14-quickgelu, ...; see docs/open-clip.md) or the path of an open_clip model config JSON
+    open_clip_config: str = ""
     context_length: int | None = None  # stretch text positions to this length (Long-CLIP rule) when set
     keep_positions: int = 20  # Long-CLIP: rows kept verbatim and frozen when stretching
     text_encoder: str = "absolute"  # absolute | rope (CLIP-IN §3.3: rotary text tower, from `sharpclip distill`)
@@ -500,7 +504,62 @@ def _not_a_mapping(file: Path) -> str | None:
 
 def split_args(args: list[str] | tuple[str, ...]) -> tuple[list[str], list[str]]:
     """Command-line words -> (YAML files, key=value overrides): a word with '=' is an override."""
-    return [a for a in args if "=" not in a], [a for a in args if "=" in a]
+    overrides = [a for a in args if "=" in a]
+    check_typed_overrides(overrides)
+    return [a for a in args if "=" not in a], overrides
+
+
+def check_typed_overrides(overrides: list[str] | tuple[str, ...]) -> None:
+    """Refuse one key given several times in a row with different values: what the shell makes of an unquoted brace
+    pattern (`data.shards=[x-{0..3}.tar]` → four words, `data.shards=[x-0.tar]` ... `[x-3.tar]`, the last one
+    winning), which would otherwise train on one shard of four without a word."""
+    keys = [o.split("=", 1)[0] for o in overrides]
+    for i in range(1, len(keys)):
+        if keys[i] == keys[i - 1] and overrides[i] != overrides[i - 1]:
+            run = [o for o, k in zip(overrides, keys, strict=True) if k == keys[i]]
+            raise ConfigError(
+                f"override {keys[i]} is given {len(run)} times in a row ({', '.join(run)}): did the shell expand a "
+                "brace pattern? Quote the whole override (e.g. 'data.shards=[x-{0..3}.tar]') and give each key once"
+            )
+
+
+def _quoted_list(item: str) -> str | None:
+    """`key=[a-{0..3}.tar, b]` with each item that holds braces quoted (YAML reads `{` as a mapping); None when the
+    value is not a flat list."""
+    key, _, value = item.partition("=")
+    value = value.strip()
+    if not (value.startswith("[") and value.endswith("]")) or "[" in value[1:-1]:
+        return None
+    items, depth, current = [], 0, ""
+    for ch in value[1:-1]:
+        depth += (ch == "{") - (ch == "}")
+        if ch == "," and depth == 0:
+            items.append(current)
+            current = ""
+        else:
+            current += ch
+    items.append(current)
+    quoted = [json.dumps(t.strip()) if "{" in t and not t.strip().startswith(('"', "'")) else t for t in items]
+    return f"{key}=[{','.join(quoted)}]"
+
+
+def parse_override(item: str) -> DictConfig:
+    """One `key=value` as an OmegaConf layer; an unquoted brace pattern in a list is read as a string (what it
+    always means in a sharpclip setting); other values that are not YAML are a one-line ConfigError."""
+    try:
+        return OmegaConf.from_dotlist([item])
+    except yaml.YAMLError as err:
+        quoted = _quoted_list(item)
+        if quoted is not None:
+            try:
+                return OmegaConf.from_dotlist([quoted])
+            except yaml.YAMLError:
+                pass
+        reason = " ".join(str(err).split())
+        raise ConfigError(
+            f"override {item!r}: the value is not valid YAML ({reason}); quote strings holding braces, brackets or "
+            "commas, e.g. 'data.shards=[\"shards-{000000..000003}.tar\"]'"
+        ) from None
 
 
 def load_config(
@@ -532,7 +591,7 @@ def load_config(
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r}: expected key=value (e.g. train.lr=1e-4)")
-        merged = _merge(merged, OmegaConf.from_dotlist([item]), f"override {item!r}")
+        merged = _merge(merged, parse_override(item), f"override {item!r}")
     try:
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:

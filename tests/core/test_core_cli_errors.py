@@ -75,3 +75,74 @@ def test_a_refused_run_directory_and_a_config_error_are_one_line(data, tmp_path,
     assert "config error: train.micro_batch_size" in _one_line(capsys.readouterr().err)
     assert main(["train", "--resume", str(tmp_path / "nothing")]) == 2
     assert "not a run directory" in _one_line(capsys.readouterr().err)
+
+
+# --- what users type: overrides after flags, brace patterns, the same validation in `config` as in `train` ---------
+
+
+@pytest.mark.parametrize(
+    ("argv", "dest", "want"),
+    [
+        (["train", "a.b=1", "--overwrite", "train.output_dir=X"], "config_args", ["a.b=1", "train.output_dir=X"]),
+        (["train", "--resume", "RUN", "train.epochs=3", "train.lr=1"], "config_args", ["train.epochs=3", "train.lr=1"]),
+        (["eval", "--model", "M", "model.kind=open_clip", "--suite", "retrieval", "data.format=hf"], "config_args",
+         ["model.kind=open_clip", "data.format=hf"]),
+        (["validate-data", "DIR", "--format", "webdataset", "data.shards=[x]"], "overrides", ["data.shards=[x]"]),
+        (["config", "r.yaml", "--debug", "train.lr=2"], "config_args", ["r.yaml", "train.lr=2"]),
+    ],
+)  # fmt: skip
+def test_overrides_parse_after_flags_in_the_order_typed(argv, dest, want) -> None:
+    from sharpclip.cli import build_parser, parse_args
+
+    args = parse_args(build_parser(), argv)
+    assert getattr(args, dest) == want
+    if "--resume" in argv:
+        assert args.resume == "RUN"
+
+
+def test_an_unknown_flag_is_still_refused(capsys) -> None:
+    from sharpclip.cli import build_parser, parse_args
+
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(build_parser(), ["train", "a.b=1", "--bogus", "c.d=2"])
+    assert exit_.value.code == 2 and "unrecognized arguments: --bogus c.d=2" in capsys.readouterr().err
+
+
+def test_config_prints_overrides_given_after_a_flag(capsys) -> None:
+    assert main(["config", "--debug", "train.lr=0.5", "data.shards=[x-{0..3}.tar, y-{a,b}.tar]"]) == 0
+    out = capsys.readouterr().out
+    assert "lr: 0.5" in out and "- x-{0..3}.tar\n" in out and "- y-{a,b}.tar\n" in out
+
+
+@pytest.mark.parametrize(
+    ("words", "expect"),
+    [
+        (["data.shards=[x-0.tar]", "data.shards=[x-1.tar]", "data.shards=[x-2.tar]"], "given 3 times in a row"),
+        (["data.root=[x"], "override 'data.root=[x': the value is not valid YAML"),
+    ],
+)
+def test_a_shell_expanded_or_broken_override_is_one_line(capsys, words, expect) -> None:
+    assert main(["config", *words]) == 2
+    assert expect in _one_line(capsys.readouterr().err)
+
+
+def test_config_runs_trains_validation(tmp_path, capsys) -> None:
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("loss:\n  terms:\n    hn:\n      loss: hn_clip\n      params:\n        gamma: high\n")
+    assert main(["config", str(recipe)]) == 2
+    assert "loss.terms.hn.params.gamma: expected float, got 'high'" in _one_line(capsys.readouterr().err)
+    assert main(["config", "data.format=webdatset"]) == 2
+    assert "data.format: unknown format 'webdatset'" in _one_line(capsys.readouterr().err)
+
+
+def test_data_layer_messages_reach_the_console_and_train_log(data, tmp_path, capsys) -> None:
+    """The preload line is INFO on the `sharpclip.data` logger: before, no command had a handler for it."""
+    import logging
+
+    assert main(_train_args(data, tmp_path / "run", "data.preload=true", "train.eval_every=0")) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"\d\d:\d\d:\d\d INFO data: preloaded the \d+ images of 'train'", err), err
+    assert "data: preloaded the" in (tmp_path / "run" / "train.log").read_text()
+    assert err.count("data: preloaded the") == 1  # one console handler, not the command's and the run's
+    assert "requires torchvision" not in err  # transformers' backend notice is silenced (see sharpclip.models)
+    assert not logging.getLogger("sharpclip").handlers  # removed after the command

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -131,3 +132,51 @@ def test_validate_data_on_a_path_honours_overrides(tmp_path, capsys):
     assert json.loads((tmp_path / "r.json").read_text())["samples"] == 5
     assert main(["validate-data", str(root)]) == 2  # the default caption column is absent: a one-line error
     assert "data.caption_field" in capsys.readouterr().err
+
+
+# the layouts datasets.load_dataset(folder) reads from a folder of parquet files, as `Dataset.to_parquet` writes them
+LAYOUTS = {
+    "flat": {"train.parquet": (4, 0), "test.parquet": (2, 10)},
+    "data-folder": {"data/train.parquet": (4, 0), "data/test.parquet": (2, 10)},
+    "hub-shards": {"data/train-00000-of-00002.parquet": (2, 0), "data/train-00001-of-00002.parquet": (2, 2),
+                   "data/test-00000-of-00001.parquet": (2, 10)},
+    "numbered-files": {"train-0.parquet": (2, 0), "train-1.parquet": (2, 2), "test_0.parquet": (2, 10)},
+    "split-folders": {"training/part-0.parquet": (4, 0), "eval/part-0.parquet": (2, 10)},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_the_parquet_layouts_datasets_reads_are_read_by_split(tmp_path, layout):
+    root = tmp_path / layout
+    for name, (n, start) in LAYOUTS[layout].items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table(n, start), root / name)
+    assert [s.caption for s in read_samples(cfg(root), "train")] == [f"a photo of row {i}" for i in range(4)]
+    assert [s.caption for s in read_samples(cfg(root), "test")] == ["a photo of row 10", "a photo of row 11"]
+    with pytest.raises(FileNotFoundError, match=r"no Hugging Face dataset for split 'validation'"):
+        read_samples(cfg(root), "validation")
+
+
+def test_parquet_files_whose_names_say_no_split_are_the_train_split(tmp_path):
+    pq.write_table(table(2), tmp_path / "part-a.parquet")
+    pq.write_table(table(1, 2), tmp_path / "part-b.parquet")
+    assert len(read_samples(cfg(tmp_path), "train")) == 3
+    with pytest.raises(FileNotFoundError, match="split 'test'"):
+        read_samples(cfg(tmp_path), "test")
+
+
+def test_the_eval_manifest_counts_images_inside_parquet(tmp_path):
+    from sharpclip.eval.manifest import dataset_record
+
+    root = hub_parquet(tmp_path / "hub")
+    samples = read_samples(cfg(root), "train")
+    record = dataset_record([], [s.image for s in samples], hash_images=True)["images"]
+    assert record["count"] == record["embedded"] == 5 and record["bytes"] == 0
+    other = dataset_record([], [s.image for s in samples[:4]], hash_images=True)["images"]
+    assert other["sha256_of_sorted_list"] != record["sha256_of_sorted_list"]
+
+
+def test_validate_data_shows_a_bar_over_the_images(tmp_path, capsys):
+    root = hub_parquet(tmp_path / "hub")
+    assert main(["validate-data", str(root), "data.caption_field=text", "--json", str(tmp_path / "r.json")]) == 0
+    assert re.search(r"decode images: 100%.*5/5", capsys.readouterr().err)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -199,3 +200,23 @@ def test_validate_data_on_an_empty_folder_fails(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert main(["validate-data", str(tmp_path / "empty"), "--json", str(tmp_path / "r.json")]) == 2
     assert "no train.jsonl, train.csv or train.tsv" in capsys.readouterr().err  # names what it looked for
+
+
+def test_validate_data_shows_progress_and_says_how_many_shards_it_left_out(tmp_path, capsys):
+    """Shards as webdataset's own ShardWriter writes them (maxcount 2 → 10 shards of 20 samples)."""
+    import webdataset as wds
+
+    from sharpclip.cli import main
+
+    with wds.ShardWriter(str(tmp_path / "shards-%06d.tar"), maxcount=2, verbose=0) as sink:
+        for i in range(20):
+            sink.write({"__key__": f"{i:06d}", "jpg": _jpeg(i), "txt": f"a photo of number {i}"})
+    assert main(["validate-data", str(tmp_path), "--json", str(tmp_path / "r.json")]) == 0
+    captured = capsys.readouterr()
+    assert (
+        "10 shards: shards-000000.tar 2," in captured.out and ", ... and 2 more (see the JSON report)" in captured.out
+    )
+    assert re.search(r"read shards: 100%.*10/10.*samples=20", captured.err), captured.err
+    assert len(json.loads((tmp_path / "r.json").read_text())["shards"]) == 10
+    assert main(["validate-data", str(tmp_path), "--no-progress", "--json", str(tmp_path / "r.json")]) == 0
+    assert "read shards" not in capsys.readouterr().err

@@ -214,3 +214,126 @@ def test_model_kind_open_clip_routes_to_the_converter_and_is_refused_without_ope
     tiny_model("clip").hf_model.save_pretrained(hf)
     with pytest.raises(ModelNotFoundError, match=r"model\.kind=open_clip but .*hf holds no open_clip_config\.json"):
         create_model(ModelConfig(name=str(hf), kind="open_clip"))
+
+
+# --- every tensor accounted for: open_clip's custom-block options, each with its own tensors ------------------------
+
+HEAD_DIM = VWIDTH // HEAD_WIDTH
+
+
+def _option_tensors(prefix: str, option: str, width: int, heads: int, head_dim: int) -> dict[str, Tensor]:
+    """The tensors open_clip's CustomResidualAttentionBlock adds for `option` (its transformer.py names)."""
+    norm = {"weight": torch.ones, "bias": torch.zeros}
+    shapes = {
+        "qk_norm": {f"attn.ln_{x}.{p}": (head_dim,) for x in "qk" for p in norm},
+        "scaled_cosine_attn": {"attn.logit_scale": (heads, 1, 1)},
+        "scale_heads": {"attn.head_scale": (heads, 1, 1)},
+        "scale_attn_inner": {f"attn.ln_inner.{p}": (width,) for p in norm},
+        "scale_attn": {f"ln_attn.{p}": (width,) for p in norm},
+        "scale_fc": {f"mlp.ln.{p}": (4 * width,) for p in norm},
+        "ls_init_value": {f"ls_{i}.gamma": (width,) for i in (1, 2)},
+    }[option]
+    return {f"{prefix}transformer.resblocks.{i}.{k}": torch.randn(*s) for i in range(LAYERS) for k, s in shapes.items()}
+
+
+OPTIONS = ("qk_norm", "scaled_cosine_attn", "scale_heads", "scale_attn_inner", "scale_attn", "scale_fc",
+           "ls_init_value")  # fmt: skip
+
+
+@pytest.mark.parametrize("option", OPTIONS)
+@pytest.mark.parametrize("tower", ["vision_cfg", "text_cfg"])
+@pytest.mark.parametrize("in_config", [True, False], ids=["in-config", "tensors-only"])
+def test_every_tensor_is_used_or_the_option_is_named(tmp_path, option: str, tower: str, in_config: bool) -> None:
+    """A tensor the conversion would leave out is an error naming the option, whether or not the config says it."""
+    cfg = model_cfg(False)
+    if in_config:
+        cfg[tower][option] = 1e-4 if option == "ls_init_value" else True
+    folder, sd = write_folder(tmp_path, cfg)
+    prefix, heads = ("visual.", VWIDTH // HEAD_WIDTH) if tower == "vision_cfg" else ("", TEXT_HEADS)
+    extra = _option_tensors(prefix, option, VWIDTH, heads, VWIDTH // heads)
+    save_file({**sd, **extra}, str(folder / "open_clip_model.safetensors"))
+    with pytest.raises(UnsupportedOpenClipModel, match=rf"model_cfg\.{tower}\.{option}:") as err:
+        create_model(ModelConfig(name=str(folder)))
+    assert "\n" not in str(err.value) and str(folder) in str(err.value)
+    if not in_config:  # found from the tensors alone: the message names them
+        assert next(iter(extra)) in str(err.value) and f"{len(extra)} tensors" in str(err.value)
+
+
+def test_a_tensor_of_no_known_option_is_refused_too(tmp_path) -> None:
+    folder, sd = write_folder(tmp_path, model_cfg(False))
+    save_file({**sd, "visual.extra_head.weight": torch.zeros(3)}, str(folder / "open_clip_model.safetensors"))
+    with pytest.raises(UnsupportedOpenClipModel, match=r"1 tensors have no place .*visual\.extra_head\.weight"):
+        create_model(ModelConfig(name=str(folder)))
+
+
+# --- open_clip_train's epoch_N.pt: no config inside, the architecture by name or JSON -------------------------------
+
+
+def write_epoch_checkpoint(
+    tmp_path, sd: dict, name: str = "2026_12_01-10_00_00-model_tiny-oc-lr_0.0001-b_8-j_2-p_fp32"
+):
+    """What open_clip_train's `main.py` saves: a DDP-prefixed state dict beside the epoch, run name and optimiser."""
+    params = [torch.nn.Parameter(v.clone()) for v in list(sd.values())[:3]]
+    opt = torch.optim.AdamW(params, lr=1e-4)
+    sum(p.sum() for p in params).backward()
+    opt.step()
+    path = tmp_path / "epoch_2.pt"
+    torch.save({"epoch": 2, "name": name, "state_dict": {f"module.{k}": v for k, v in sd.items()},
+                "optimizer": opt.state_dict()}, path)  # fmt: skip
+    return path
+
+
+def test_epoch_checkpoint_without_a_config_is_refused_naming_the_setting(tmp_path) -> None:
+    path = write_epoch_checkpoint(tmp_path, open_clip_state_dict())
+    with pytest.raises(ValueError, match=r"epoch 2\).*--model tiny-oc\. Set model\.open_clip_config=tiny-oc") as err:
+        create_model(ModelConfig(name=str(path)))
+    assert "ViT-B-32" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("wrapped", [True, False], ids=["open_clip_config.json", "bare-model-json"])
+def test_epoch_checkpoint_with_its_json_config_computes_open_clips_function(tmp_path, wrapped: bool) -> None:
+    sd = open_clip_state_dict()
+    path = write_epoch_checkpoint(tmp_path, sd)
+    config = tmp_path / "tiny-oc.json"
+    config.write_text(json.dumps({"model_cfg": model_cfg(False)} if wrapped else model_cfg(False)))
+    model = create_model(ModelConfig(name=str(path), open_clip_config=str(config)))
+    assert model.vision_model.config.num_attention_heads == VWIDTH // HEAD_WIDTH  # not width / 64 = 1
+    assert model.text_model.config.num_attention_heads == TEXT_HEADS
+    pixels = torch.randn(2, 3, GRID * PATCH, GRID * PATCH, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        txt, img = model.encode_text(_ids()).embedding, model.encode_image(pixels).embedding
+    torch.testing.assert_close(txt, ref_text(sd, _ids(), quick=False), atol=2e-5, rtol=0)
+    torch.testing.assert_close(img, ref_image(sd, pixels, quick=False), atol=2e-5, rtol=0)
+
+
+def test_a_shipped_config_that_does_not_describe_the_weights_is_refused(tmp_path) -> None:
+    path = write_epoch_checkpoint(tmp_path, open_clip_state_dict())
+    with pytest.raises(
+        ValueError, match=r"ViT-B-32\.json: model_cfg\.vision_cfg\.width is 768 but the weights have 96"
+    ):
+        create_model(ModelConfig(name=str(path), open_clip_config="ViT-B-32"))
+    with pytest.raises(FileNotFoundError, match=r"model\.open_clip_config='ViT-X-1': neither a shipped config"):
+        create_model(ModelConfig(name=str(path), open_clip_config="ViT-X-1"))
+
+
+# what the transformers conversions of these architectures say (text heads, vision heads): head_width 80/88/104
+HEADS = {"ViT-B-32": (8, 12), "ViT-B-16": (8, 12), "ViT-L-14": (12, 16), "ViT-L-14-336": (12, 16),
+         "ViT-H-14": (16, 16), "ViT-g-14": (16, 16), "ViT-bigG-14": (20, 16)}  # fmt: skip
+
+
+def test_shipped_configs_are_convertible_vits_with_the_published_heads() -> None:
+    from sharpclip.models import open_clip
+
+    names = open_clip.bundled_configs()
+    assert set(HEADS) <= set(names)
+    for name in names:
+        model_cfg_, preprocess = open_clip.read_config_file(open_clip.find_config(name))
+        open_clip.check_convertible(model_cfg_)
+        vision, text = model_cfg_["vision_cfg"], model_cfg_["text_cfg"]
+        assert text["context_length"] == 77 and text["vocab_size"] == 49408 and preprocess == {}
+        assert vision["image_size"] % vision["patch_size"] == 0 and vision["width"] % vision.get("head_width", 64) == 0
+        base = name.removesuffix("-quickgelu")
+        assert open_clip._heads(model_cfg_) == HEADS[base]
+        if base != name:  # the QuickGELU variant is its base architecture plus the activation
+            base_cfg, _ = open_clip.read_config_file(open_clip.find_config(base))
+            assert model_cfg_ == {**base_cfg, "quick_gelu": True}

@@ -146,3 +146,36 @@ def test_pickled_objects_are_refused_not_executed(tmp_path) -> None:
     torch.save({"model": torch.nn.Linear(2, 2)}, path)
     with pytest.raises(ValueError, match="weights_only"):
         read_state_dict(path)
+
+
+@pytest.mark.parametrize("longclip", [False, True], ids=["openai", "longclip"])
+def test_a_tensor_the_conversion_would_drop_is_refused_naming_it(tmp_path, longclip: bool) -> None:
+    """OpenAI's own state dicts keep three integer entries (dropped, as OpenAI's build_model drops them); any other
+    tensor without a place in CLIPModel (here an attention-pool head left from another architecture) is refused."""
+    sd = openai_state_dict(248 if longclip else 77, longclip)
+    sd |= {k: torch.tensor(v) for k, v in {"input_resolution": 32, "context_length": 77, "vocab_size": VOCAB}.items()}
+    path = tmp_path / "model.pt"
+    torch.save(sd, path)
+    create_model(ModelConfig(name=str(path)))  # the integer entries alone are fine
+    torch.save({**sd, "visual.attnpool.q_proj.weight": torch.zeros(4, 4)}, path)
+    with pytest.raises(ValueError, match=r"model\.pt: 1 tensors have no place .*visual\.attnpool\.q_proj\.weight"):
+        create_model(ModelConfig(name=str(path)))
+
+
+def test_a_missing_block_tensor_is_one_line_naming_it(tmp_path) -> None:
+    sd = openai_state_dict()
+    del sd["visual.transformer.resblocks.1.ln_2.bias"]
+    path = tmp_path / "model.safetensors"
+    save_file(sd, str(path))
+    with pytest.raises(ValueError, match=r"missing tensor 'visual\.transformer\.resblocks\.1\.ln_2\.bias'"):
+        create_model(ModelConfig(name=str(path)))
+
+
+def test_a_sharpclip_checkpoint_with_a_foreign_tensor_is_refused(tmp_path) -> None:
+    from sharpclip.models import save_checkpoint
+    from sharpclip.models.factory import WEIGHTS, read_weights
+
+    directory = save_checkpoint(create_model(ModelConfig()), tmp_path / "ckpt", ModelConfig())
+    save_file({**read_weights(directory), "backbone.extra.weight": torch.zeros(2)}, str(directory / WEIGHTS))
+    with pytest.raises(ValueError, match=r"unexpected \['backbone\.extra\.weight'\]"):
+        create_model(ModelConfig(name=str(directory)))

@@ -260,7 +260,7 @@ def test_tensorboard_and_wandb_sinks_receive_every_step(tmp_path, monkeypatch):
     first = calls["init"][0]
     assert first["project"] == "proj" and first["name"] == "run" and first["config"] == {"train": {"lr": 0.001}}
     assert first["resume"] == "allow" and len(first["id"]) == 16
-    _trainer(tmp_path, epochs=1, max_steps=2, wandb=True)  # the same run directory again, as --resume does
+    _trainer(tmp_path, epochs=1, max_steps=2, wandb=True).fit()  # the same run directory again, as --resume does
     assert calls["init"][1]["id"] == first["id"]
 
 

@@ -19,7 +19,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sharpclip.config import DataConfig, SynthDenseConfig, load_config
+from tqdm.auto import tqdm
+
+from sharpclip.config import DataConfig, SynthDenseConfig, check_typed_overrides, load_config
 from sharpclip.data import data_root, read_samples
 from sharpclip.data.formats import ultraedit, webdataset
 from sharpclip.data.formats.hf import is_save_to_disk, resolve_hub_folder
@@ -27,6 +29,7 @@ from sharpclip.data.images import ImageLoadError, image_bytes, load_image
 from sharpclip.data.schema import BadSample, BadSampleReport, EditSample, ImageSource, Sample
 
 CONTEXTS = (77, 248)
+SHARDS_SHOWN = 8  # shards named in the summary line (all are in the JSON report)
 DETECT = (  # (a file or folder that identifies the format, format), first match wins
     ("manifest.json", "synthdense"),
     ("docci_descriptions.jsonlines", "docci"),
@@ -81,8 +84,10 @@ class ValidationReport:
             f"{self.captions} captions"
         ]
         if self.shards:
-            lines.append(f"{len(self.shards)} shards: " + ", ".join(f"{Path(u).name} {n}" for u, n in
-                                                                    list(self.shards.items())[:8]))  # fmt: skip
+            shown = ", ".join(f"{Path(u).name} {n}" for u, n in list(self.shards.items())[:SHARDS_SHOWN])
+            more = len(self.shards) - SHARDS_SHOWN
+            lines.append(f"{len(self.shards)} shards: {shown}" + (f", ... and {more} more (see the JSON report)"
+                                                                  if more > 0 else ""))  # fmt: skip
         kinds = ", ".join(f"{n} {k}" for k, n in sorted(self.error_counts.items())) or "none"
         lines.append(f"errors: {kinds}")
         lines += [f"  {e}" for e in self.errors[:20]]
@@ -202,18 +207,22 @@ def validate(
     split: str,
     count_tokens: Callable[[Sequence[str]], list[int]] | None = None,
     token_counter: str = "",
+    progress: bool = False,
 ) -> ValidationReport:
-    """Read every record of `split`, decode every image, and gather the report (nothing raises per sample)."""
+    """Read every record of `split`, decode every image, and gather the report (nothing raises per sample).
+
+    progress: a bar on stderr over the images decoded (over the shards for a stream)."""
     report = BadSampleReport("skip")
     rep = ValidationReport(cfg.format, str(data_root(cfg)), split)
     if cfg.format == "webdataset":  # streamed shard by shard: images are decoded and dropped, never all held
-        rep.images, captions, digests, bad, id_images = _stream_shards(cfg, split, rep, report)
+        rep.images, captions, digests, bad, id_images = _stream_shards(cfg, split, rep, report, progress)
     else:
         samples = read_samples(cfg, split, report)
         rep.samples = len(samples)
         images, captions = _images_and_captions(samples)
         rep.images, bad = len(images), list(report.items)
-        checked = (_check_image(src, s, bad, cfg.max_image_pixels) for src, s in images)
+        bar = tqdm(images, desc="decode images", unit="image", disable=not progress, dynamic_ncols=True)
+        checked = (_check_image(src, s, bad, cfg.max_image_pixels) for src, s in bar)
         digests = [hashlib.sha1(b).hexdigest() for b in checked if b is not None]
         id_images = sample_images(samples)
     if not rep.samples and not bad:
@@ -233,10 +242,12 @@ def validate(
     return rep
 
 
-def _stream_shards(cfg: DataConfig, split: str, rep: ValidationReport, report: BadSampleReport):
+def _stream_shards(cfg: DataConfig, split: str, rep: ValidationReport, report: BadSampleReport, progress: bool):
     """Per shard: samples read, each image decoded and hashed; bad samples are named by shard and key."""
     captions, digests, bad, images, id_images = [], [], [], 0, []
-    for url in webdataset.shard_urls(cfg, split):
+    urls = webdataset.shard_urls(cfg, split)
+    bar = tqdm(urls, desc="read shards", unit="shard", disable=not progress, dynamic_ncols=True)
+    for url in bar:
         count = 0
         for raw in webdataset.iter_raw(url, report):
             sample = webdataset.to_sample(raw, cfg, report, url)
@@ -250,6 +261,7 @@ def _stream_shards(cfg: DataConfig, split: str, rep: ValidationReport, report: B
                 digests.append(hashlib.sha1(data).hexdigest())
                 id_images.append((sample.id, digests[-1]))
         rep.shards[url] = count
+        bar.set_postfix(samples=images)
     rep.samples = sum(rep.shards.values())
     return images, captions, digests, report.items + bad, id_images
 
@@ -257,6 +269,7 @@ def _stream_shards(cfg: DataConfig, split: str, rep: ValidationReport, report: B
 def config_for(target: str, overrides: Sequence[str] = (), fmt: str | None = None) -> DataConfig:
     """The data config of a YAML recipe, or one for a data folder/file whose format is detected (or given)."""
     path = Path(target)
+    check_typed_overrides(overrides)
     if path.suffix in (".yaml", ".yml"):
         cfg = load_config(path, overrides).data
         return cfg if fmt is None else DataConfig(**{**vars(cfg), "format": fmt})

@@ -6,7 +6,8 @@ captions were truncated, the prompt set, the ranking tie policy and metric defin
 the annotation files each reader reports having opened (`files` of a RetrievalSet / ChoiceSet / ClassificationSet,
 filled by the format readers through `BadSampleReport.read_file`), with size and sha256, and nothing else under the
 suite's root; images counted with their total size, hashed only under `eval.hash_images` (a benchmark's images run
-to gigabytes).
+to gigabytes). Images held inside a dataset file (parquet / Arrow cells, a zip member read into memory) count as
+`embedded`: their bytes are part of the listed files, so the size counts image files only.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from typing import Any
 
 import torch
 
+from sharpclip.data.images import image_bytes
+from sharpclip.data.schema import ArrowCell, ParquetCell
 from sharpclip.eval.metrics import METRIC_DEFINITIONS, TIE_POLICY
 
 
@@ -53,13 +56,32 @@ def dataset_record(files: Iterable[Path], images: Sequence[Any] = (), hash_image
     record: dict[str, Any] = {"files": [file_record(p) for p in paths if p.is_file()]}
     image_paths = [Path(getattr(r, "path", r)) for r in images if isinstance(getattr(r, "path", r), str | Path)]
     existing = [p for p in dict.fromkeys(image_paths) if p.is_file()]
-    record["images"] = {"count": len(existing), "bytes": sum(p.stat().st_size for p in existing)}
+    embedded = [*dict.fromkeys(r for r in images if isinstance(r, ParquetCell | ArrowCell))]
+    embedded += [r for r in images if isinstance(r, bytes)]  # in-memory images (a zip's members): one each
+    record["images"] = {
+        "count": len(existing) + len(embedded),
+        "bytes": sum(p.stat().st_size for p in existing),
+        "embedded": len(embedded),
+    }
     if hash_images:
         h = hashlib.sha256()  # over "name|sha256" lines sorted, so the digest does not depend on reading order
-        for line in sorted(f"{p.name}|{sha256_file(p)}\n" for p in existing):
+        lines = [f"{p.name}|{sha256_file(p)}\n" for p in existing]
+        lines += [
+            f"{_cell_name(r, i)}|{hashlib.sha256(image_bytes(r) or b'').hexdigest()}\n" for i, r in enumerate(embedded)
+        ]
+        for line in sorted(lines):
             h.update(line.encode())
         record["images"]["sha256_of_sorted_list"] = h.hexdigest()
     return record
+
+
+def _cell_name(source: Any, index: int) -> str:
+    """A stable name of an embedded image: its file and position, or its index among in-memory images."""
+    if isinstance(source, ParquetCell):
+        return f"{Path(source.file).name}[{source.row_group},{source.row}]"
+    if isinstance(source, ArrowCell):
+        return f"{Path(source.file).name}[{source.row}]"
+    return f"embedded[{index}]"
 
 
 ALPHA_RECORD = {  # what each data.images.to_rgb policy does to a transparent pixel

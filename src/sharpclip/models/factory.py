@@ -8,7 +8,10 @@
   activation, heads and preprocessing its config names (models.open_clip);
 - an OpenAI-format state dict file (`.pt` / `.pth` / `.bin` / `.safetensors`, e.g. Long-CLIP's `longclip-L.pt`);
   its tokenizer and image processor come from `model.processor` (e.g. `openai/clip-vit-large-patch14`); with no
-  config beside it, QuickGELU is assumed unless `model.activation` says otherwise (a warning says so).
+  config beside it, QuickGELU is assumed unless `model.activation` says otherwise (a warning says so);
+- an open_clip checkpoint file without a config (open_clip_train's `epoch_N.pt`) with `model.open_clip_config`
+  naming its architecture; such a training checkpoint without that setting is refused (heads cannot be read from
+  tensors).
 
 Then, in order: the Long-CLIP stretch (`model.context_length`), the RoPE text tower (`model.text_encoder=rope`),
 adapters (`model.adapter`), the logit scale settings and freezing (`model.freeze`). Each structural step is
@@ -50,7 +53,7 @@ from sharpclip.config import ModelConfig
 from sharpclip.data.synthetic import vocabulary as synthdense_vocabulary
 from sharpclip.models import adapters, freezing, long_context, open_clip, rope
 from sharpclip.models.hf import HFDualEncoder, wrap
-from sharpclip.models.openai_format import clip_from_openai, read_state_dict
+from sharpclip.models.openai_format import clip_from_openai, read_checkpoint
 from sharpclip.models.tiny import TINY_WORDS, tiny_model
 
 log = logging.getLogger("sharpclip.models")
@@ -79,6 +82,9 @@ def _load_base(cfg: ModelConfig) -> HFDualEncoder:
     if (path / CHECKPOINT_CONFIG).is_file():
         return load_checkpoint(path)
     if open_clip.is_open_clip_folder(path) and (cfg.kind == "open_clip" or not (path / "config.json").is_file()):
+        if cfg.open_clip_config:
+            raise ValueError(f"{path}: the folder has its own {open_clip.CONFIG}; unset model.open_clip_config "
+                             "(it is for a bare checkpoint file)")  # fmt: skip
         return _from_open_clip(path, cfg)
     if cfg.kind == "open_clip":
         raise ModelNotFoundError(f"model.kind=open_clip but {path} holds no {open_clip.CONFIG}")
@@ -102,13 +108,18 @@ def tiny_words(vocabulary: str) -> tuple[str, ...]:
 
 
 def _from_openai(path: Path, cfg: ModelConfig) -> HFDualEncoder:
+    state, meta = read_checkpoint(path)
+    if cfg.open_clip_config:
+        return _from_open_clip_file(path, state, cfg)
+    if meta.get("training_checkpoint"):
+        raise ValueError(_needs_open_clip_config(path, meta))
     activation = cfg.activation or "quick_gelu"
-    backbone = clip_from_openai(read_state_dict(path), activation=activation)
+    backbone = clip_from_openai(state, activation=activation, source=str(path))
     tokenizer, processor = _processors(cfg.processor) if cfg.processor else (None, None)
     log.warning(
         "%s: a bare state dict, no %s beside it: assumed the %s activation%s, attention heads = width / 64 and "
-        "%s. Override with model.activation=gelu|quick_gelu (open_clip models not trained by OpenAI use gelu) and "
-        "model.processor=<folder with the image processor>, or load the open_clip folder (model.name=<folder>)",
+        "%s. For an open_clip model set model.open_clip_config=<its architecture, e.g. ViT-B-32> instead; "
+        "else override with model.activation=gelu|quick_gelu and model.processor=<folder with the image processor>",
         path, open_clip.CONFIG, activation, "" if cfg.activation else " (OpenAI's)",
         f"the preprocessing of {cfg.processor}" if processor is not None else "CLIP's preprocessing at the "
         "weights' image size (bicubic, centre crop, OpenAI mean/std)",
@@ -118,10 +129,38 @@ def _from_openai(path: Path, cfg: ModelConfig) -> HFDualEncoder:
     return wrap(backbone, tokenizer, processor)
 
 
+def _needs_open_clip_config(path: Path, meta: dict[str, Any]) -> str:
+    """The refusal of an open_clip_train checkpoint loaded without its architecture."""
+    arch = open_clip.run_name_architecture(str(meta.get("name", "")))
+    said = f"; its run name says --model {arch}" if arch else ""
+    example = arch or "ViT-B-32"
+    return (
+        f"{path}: an open_clip training checkpoint (epoch {meta.get('epoch', '?')}) holds no model config, and the "
+        f"attention heads cannot be read from its tensors{said}. Set model.open_clip_config={example} (the --model it "
+        "was trained with; shipped: " + ", ".join(open_clip.bundled_configs()) + ") or the path of its model JSON"
+    )
+
+
+def _from_open_clip_file(path: Path, state: dict[str, torch.Tensor], cfg: ModelConfig) -> HFDualEncoder:
+    """A bare open_clip checkpoint file with the architecture `model.open_clip_config` names."""
+    if cfg.activation:
+        raise ValueError("model.activation and model.open_clip_config both set the activation; drop model.activation "
+                         "(the open_clip config's quick_gelu decides)")  # fmt: skip
+    backbone, image_processor, activation = open_clip.clip_from_open_clip_file(path, state, cfg.open_clip_config)
+    return _open_clip_model(path, backbone, image_processor, activation, cfg, cfg.processor)
+
+
 def _from_open_clip(path: Path, cfg: ModelConfig) -> HFDualEncoder:
     """An open_clip folder converted to CLIPModel; tokenizer from model.processor, else the folder's own files."""
     backbone, image_processor, activation = open_clip.clip_from_open_clip(path)
-    tokenizer, processor = _processors(cfg.processor or str(path))
+    return _open_clip_model(path, backbone, image_processor, activation, cfg, cfg.processor or str(path))
+
+
+def _open_clip_model(
+    path: Path, backbone: CLIPModel, image_processor: Any, activation: str, cfg: ModelConfig, source: str
+) -> HFDualEncoder:
+    """Wrap a converted open_clip model with its tokenizer (from `source`) and the config's image processor."""
+    tokenizer, processor = _processors(source) if source else (None, None)
     if tokenizer is not None:
         tokenizer.model_max_length = backbone.config.text_config.max_position_embeddings
     else:

@@ -19,12 +19,18 @@ Long-CLIP (docs/method-notes.md §4) stores two 248-row tables, `positional_embe
 `positional_embedding_res` (rows ≥ 20); the effective table is their masked sum, and the kept count (20) is recorded
 so fine-tuning keeps those rows frozen (models.long_context). Files are read with `torch.load(weights_only=True)`
 (no pickle code runs) or from safetensors.
+
+A checkpoint converts completely or not at all: every tensor of the state dict must land in the CLIPModel (only
+OpenAI's integer bookkeeping entries `input_resolution`, `context_length`, `vocab_size` are dropped, as OpenAI's
+`build_model` drops them). A tensor left over means a layer CLIPModel does not have; dropping it would load a
+different function without a word, so `UnusedTensors` names them instead.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
@@ -34,14 +40,49 @@ from transformers import CLIPConfig, CLIPModel
 from sharpclip.models.long_context import KEEP_KEY, restore_kept_positions
 
 LONGCLIP_KEEP = 20
+IGNORED = frozenset({"input_resolution", "context_length", "vocab_size"})  # OpenAI's ints, not weights
 
 
-def read_state_dict(path: str | Path) -> dict[str, Tensor]:
-    """Tensors from a `.safetensors` file or a plain `torch.save`d state dict (never unpickles code)."""
+class UnusedTensors(ValueError):
+    """Tensors of a state dict that no CLIPModel parameter takes (`keys`); the message lists a few."""
+
+    def __init__(self, keys: list[str], source: str = "") -> None:
+        self.keys = keys
+        shown = ", ".join(keys[:6]) + (f", ... ({len(keys)} in all)" if len(keys) > 6 else "")
+        super().__init__(
+            f"{source or 'state dict'}: {len(keys)} tensors have no place in a transformers CLIPModel ({shown}); "
+            "the checkpoint has layers this converter cannot express, so it is refused rather than loaded without them"
+        )
+
+
+class _Reads(dict):
+    """A state dict that remembers which keys were read, so the converter can prove it used every tensor."""
+
+    def __init__(self, state: dict[str, Tensor]) -> None:
+        super().__init__(state)
+        self.used: set[str] = set()
+
+    def __getitem__(self, key: str) -> Tensor:
+        if key not in self:
+            raise ValueError(f"missing tensor {key!r}: not a complete OpenAI-format ViT CLIP state dict")
+        self.used.add(key)
+        return super().__getitem__(key)
+
+
+TRAINING_KEYS = ("epoch", "name", "optimizer")  # what open_clip_train saves beside "state_dict" in epoch_N.pt
+
+
+def read_checkpoint(path: str | Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """(tensors, metadata) of a `.safetensors` file or a `torch.save`d state dict (never unpickles code).
+
+    A training checkpoint's wrapper, e.g. open_clip_train's `epoch_N.pt` = {"state_dict": {"module.…": …},
+    "epoch", "name", "optimizer", ...}, is unwrapped (and a DDP `module.` prefix dropped); metadata then holds
+    its `epoch` and `name` (the run name), else it is empty.
+    """
     path = Path(path)
     if path.suffix == ".safetensors":
         try:
-            return load_file(str(path))
+            return load_file(str(path)), {}
         except Exception as err:  # safetensors' own error type: bad header, truncated file
             raise ValueError(f"{path}: corrupt or truncated safetensors file ({err})") from None
     try:
@@ -52,10 +93,19 @@ def read_state_dict(path: str | Path) -> dict[str, Tensor]:
             "OpenAI's original TorchScript .pt files are not supported: use the HF folder "
             "(e.g. openai/clip-vit-large-patch14) instead, or re-save the state dict as safetensors"
         ) from None
-    state = obj.get("state_dict", obj) if isinstance(obj, dict) else None
+    wrapped = isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict)
+    state = obj["state_dict"] if wrapped else obj
     if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
         raise ValueError(f"{path}: expected a dict of tensors (an OpenAI-format CLIP state dict)")
-    return {k.removeprefix("module."): v for k, v in state.items()}
+    meta = {k: obj[k] for k in ("epoch", "name") if k in obj} if wrapped else {}
+    if wrapped and any(k in obj for k in TRAINING_KEYS):
+        meta["training_checkpoint"] = True
+    return {k.removeprefix("module."): v for k, v in state.items()}, meta
+
+
+def read_state_dict(path: str | Path) -> dict[str, Tensor]:
+    """The tensors of `read_checkpoint(path)`."""
+    return read_checkpoint(path)[0]
 
 
 def _count_blocks(state: dict[str, Tensor], prefix: str) -> int:
@@ -158,11 +208,22 @@ def clip_from_openai(
     text_heads: int | None = None,
     vision_heads: int | None = None,
     activation: str = "quick_gelu",
+    source: str = "",
 ) -> CLIPModel:
-    """An HF CLIPModel computing the same function as the OpenAI-format `state` (Long-CLIP's 248 positions kept)."""
-    config = config_from_state_dict(state, text_heads, vision_heads, activation)
+    """An HF CLIPModel computing the same function as the OpenAI-format `state` (Long-CLIP's 248 positions kept).
+
+    Raises `UnusedTensors` when a tensor of `state` has no place in the model; `source` names the file in errors.
+    """
+    try:
+        config = config_from_state_dict(state, text_heads, vision_heads, activation)
+    except KeyError as err:
+        raise ValueError(f"{source or 'state dict'}: missing tensor {err}: not an OpenAI-format ViT CLIP") from None
     model = CLIPModel(config)
-    mapped = hf_state_dict(state, config)
+    reads = _Reads(state)
+    mapped = hf_state_dict(reads, config)
+    unused = sorted(set(state) - reads.used - IGNORED)
+    if unused:
+        raise UnusedTensors(unused, source)
     missing, unexpected = model.load_state_dict(mapped, strict=False)
     if missing or unexpected:
         raise ValueError(f"OpenAI → HF conversion left keys unmapped: missing {missing}, unexpected {unexpected}")

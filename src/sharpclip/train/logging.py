@@ -6,9 +6,11 @@ crashed run keeps everything up to its last step. Only rank 0 writes. In every r
 of the epoch the record belongs to; an evaluation after epoch e says `epoch: e`.
 
 TensorBoard and W&B get the same numbers under grouped names: `eval/…` and `diag/…` as recorded, everything else
-`train/…`. W&B gets the resolved config (the run directory's config.yaml), `train.wandb_project` and
-`train.wandb_name` (default: the run directory's name), and a run id kept in `<run>/wandb_id`, so a resumed run
-continues the same W&B run.
+`train/…`; `train/epoch` once per step (step, epoch-end and evaluation records all carry the epoch). W&B gets the
+resolved config (the run directory's config.yaml), `train.wandb_project` and `train.wandb_name` (default: the run
+directory's name), and a run id kept in `<run>/wandb_id`, so a resumed run continues the same W&B run. The W&B run
+starts at the first record, not when the logger is built: the trainer is built before `config.yaml` is written
+(it holds the values the run really uses, after a resume's changes), and a fresh run must still get its config.
 """
 
 from __future__ import annotations
@@ -61,7 +63,8 @@ class RunLogger:
     ):
         self.metrics = JsonlWriter(run_dir / "metrics.jsonl", enabled)
         self.diagnostics = JsonlWriter(run_dir / "diagnostics.jsonl", enabled)
-        self._tb = self._wandb = None
+        self._tb = self._wandb = self._wandb_init = None
+        self._epoch_step = -1  # the last step whose train/epoch went to the sinks
         if enabled and tensorboard:
             try:  # optional extra, imported only when asked for
                 from torch.utils.tensorboard import SummaryWriter
@@ -73,7 +76,7 @@ class RunLogger:
                 import wandb as wandb_module
             except ImportError as err:
                 raise ImportError("train.wandb needs the extra: pip install 'sharpclip[wandb]'") from err
-            self._wandb = wandb_module.init(
+            self._wandb_init = lambda: wandb_module.init(
                 project=wandb_project, name=wandb_name or run_dir.name, dir=str(run_dir), config=_resolved(run_dir),
                 id=_wandb_id(run_dir), resume="allow",
             )  # fmt: skip
@@ -88,9 +91,15 @@ class RunLogger:
 
     def _sinks(self, record: dict[str, Any], step: int) -> None:
         numbers = {tag(k): v for k, v in record.items() if isinstance(v, int | float) and k != "step"}
+        if "train/epoch" in numbers:  # once per step: later records of the same step repeat it
+            if step == self._epoch_step:
+                del numbers["train/epoch"]
+            self._epoch_step = step
         if self._tb is not None:
             for key, value in numbers.items():
                 self._tb.add_scalar(key, value, step)
+        if self._wandb is None and self._wandb_init is not None:
+            self._wandb, self._wandb_init = self._wandb_init(), None
         if self._wandb is not None:
             self._wandb.log(numbers, step=step)
 

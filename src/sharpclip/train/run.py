@@ -29,9 +29,11 @@ import torch
 from sharpclip import devices
 from sharpclip.config import Config, ConfigError, DataConfig, to_yaml
 from sharpclip.data import build_loader, data_root, read_samples
+from sharpclip.data.formats import FORMATS
 from sharpclip.data.overlap import check_overlap, sample_images
 from sharpclip.eval.evaluator import Evaluate, retrieval_validator
 from sharpclip.eval.guards import evaluate_guards, guard_metrics
+from sharpclip.losses import Objective
 from sharpclip.models.base import DualEncoder
 from sharpclip.models.factory import create_model, save_checkpoint
 from sharpclip.models.preprocessing import model_transforms
@@ -54,24 +56,39 @@ def seed_everything(seed: int) -> None:
 
 @contextlib.contextmanager
 def _run_logging(directory: Path) -> Iterator[None]:
-    """The trainer's log to stderr and to `directory`/train.log for this run (rank 0), removed afterwards."""
-    if distributed.rank() != 0 or any(getattr(h, "sharpclip", False) for h in log.handlers):
+    """Every sharpclip logger's messages (training, data, models) into `directory`/train.log for this run (rank 0),
+    and to stderr unless the command line already prints them there; removed afterwards."""
+    root = logging.getLogger("sharpclip")
+    if distributed.rank() != 0 or any(getattr(h, "sharpclip", False) for h in root.handlers):
         yield
         return
     directory.mkdir(parents=True, exist_ok=True)
-    handlers = (logging.StreamHandler(), logging.FileHandler(directory / "train.log"))
+    on_stderr = any(isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
+                    for h in root.handlers)  # fmt: skip
+    handlers = [logging.FileHandler(directory / "train.log")] + ([] if on_stderr else [logging.StreamHandler()])
     for handler in handlers:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
         handler.sharpclip = True  # type: ignore[attr-defined]
-        log.addHandler(handler)
-    level, log.level = log.level, logging.INFO
+        root.addHandler(handler)
+    level, root.level = root.level, logging.INFO
     try:
         yield
     finally:
         for handler in handlers:
-            log.removeHandler(handler)
+            root.removeHandler(handler)
             handler.close()
-        log.setLevel(level)
+        root.setLevel(level)
+
+
+def check_config(cfg: Config) -> Objective:
+    """What training refuses before it builds anything, for `sharpclip config` to refuse as well: the objective
+    (every term's loss, parameters and inputs typed and checked against the feature table; returned) and the data
+    formats."""
+    objective = build_objective(cfg.loss)
+    for fmt, key in ((cfg.data.format, "data.format"), (cfg.data.edits_format, "data.edits_format")):
+        if fmt and fmt not in FORMATS:
+            raise ConfigError(f"{key}: unknown format {fmt!r}; known: {', '.join(FORMATS)}")
+    return objective
 
 
 def checked_validation_samples(data: DataConfig, train_samples: list | None) -> list:
@@ -162,7 +179,7 @@ def build_trainer(cfg: Config, evaluate: Evaluate | None = None) -> Trainer:
         raise ConfigError(f"train.batch_size ({cfg.train.batch_size}) must be divisible by the {world} processes")
     device = devices.resolve_device(cfg.train.device, "train.device")
     devices.check_precision(cfg.train.precision, device, "train.precision")  # before the model is built
-    objective = build_objective(cfg.loss)  # every input against the feature table, every parameter typed
+    objective = check_config(cfg)  # every input against the feature table, every parameter typed, formats known
     seed_everything(cfg.train.seed)
     model = create_model(cfg.model).to(device)
     log_model(model, cfg.model.name)

@@ -107,6 +107,7 @@ class Trainer:
         self._resume_rng: dict | None = None  # RNG states to restore once the resumed epoch's iterator exists
         self._weights = largest_weight(self.params)  # max |w| after the last update
         self._last_update: dict[str, float] = {}  # the last successful update: step, lr, max |w| before and after
+        self._data_wait = 0.0  # seconds the current step waited for its batch (progress bar)
         self.is_main = distributed.rank() == 0
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -157,15 +158,27 @@ class Trainer:
             if MATRICES_MONITOR in record:
                 saturated.append((record[SATURATED_MONITOR] * record[MATRICES_MONITOR], record[MATRICES_MONITOR]))
             bar.update(1)
-            bar.set_postfix(loss=f"{record['loss']:.4f}", scale=f"{record['logit_scale']:.1f}")
+            bar.set_postfix(
+                {
+                    "loss": f"{record['loss']:.4f}",
+                    "scale": f"{record['logit_scale']:.1f}",
+                    "samples/s": f"{record['samples_per_s']:.1f}",
+                    "data": f"{self._data_wait:.3f}s",
+                }
+            )
             if self.cfg.checkpoint_every and self.state.step % self.cfg.checkpoint_every == 0:
                 self.save()
             checkpoint.fault_point("step", self.state.step)
         self._end_epoch(saturated)
 
     def _steps(self, batches: Iterable[Batch]) -> Iterable[Batch]:
-        for batch in batches:
-            if self.state.step >= self.total_steps:
+        batches = iter(batches)
+        while True:
+            # data wait for the progress bar (open_clip's "Data (t)"): how long the step waited for its batch
+            start = time.perf_counter()
+            batch = next(batches, None)
+            self._data_wait = time.perf_counter() - start
+            if batch is None or self.state.step >= self.total_steps:
                 return
             yield batch
 

@@ -4,7 +4,12 @@ Layouts (`data.root`; a hub cache folder `datasets--owner--name` resolves to its
 - `save_to_disk` of a `DatasetDict`: `dataset_dict.json` + `<split>/` folders; of a `Dataset`: `state.json` +
   `data-0000x-of-0000y.arrow` (Arrow stream files, memory-mapped: pages are read only when a cell is);
 - hub parquet: `data/<split>-0000x-of-0000y[-hash].parquet`, `data/<split>/*.parquet`, `<split>/*.parquet`,
-  `default/<split>/*.parquet` (the `refs/convert/parquet` layout), or one `.parquet` file as data.root.
+  `default/<split>/*.parquet` (the `refs/convert/parquet` layout), or one `.parquet` file as data.root; else the
+  split-name rules `datasets.load_dataset(folder)` applies to a folder of parquet files: a folder name, else a file
+  name, holding the split's keyword between separators (`-._ ` or digits) anywhere below data.root
+  (`train.parquet`, `data/train.parquet`, `test-0.parquet`, `val/part-1.parquet`), where `train` also reads
+  `training`, `validation` reads `valid`, `dev`, `val`, and `test` reads `testing`, `eval`, `evaluation`; when no
+  name says a split, every parquet file is the train split. Several files of one split are its shards, in name order.
 
 Columns, renamable as in the generic format: `data.image_field` (an HF Image struct `{bytes, path}`, binary, or a
 path string relative to data.root), `data.caption_field` (a string, or a list = several captions),
@@ -16,6 +21,7 @@ worker decodes them, so memory does not grow with the dataset. An Image struct w
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,6 +46,15 @@ def is_save_to_disk(root: Path) -> bool:
     return (root / "dataset_dict.json").is_file() or (root / "state.json").is_file()
 
 
+# datasets' split keywords (data_files.SPLIT_KEYWORDS): each group names one split
+SPLIT_KEYWORDS = (
+    ("train", "training"),
+    ("validation", "valid", "dev", "val"),
+    ("test", "testing", "eval", "evaluation"),
+)
+SEPARATORS = "-._ 0-9"  # what may stand around a keyword in a file or folder name
+
+
 def parquet_files(root: Path, split: str) -> list[Path]:
     """The split's parquet shards in the hub layouts of the module docstring (sorted); [] when none."""
     if root.is_file() and root.suffix == ".parquet":
@@ -54,7 +69,27 @@ def parquet_files(root: Path, split: str) -> list[Path]:
         files = sorted(folder.glob(pattern)) if folder.is_dir() else []
         if files:
             return files
-    return []
+    return _files_by_keyword(root, split) if root.is_dir() else []
+
+
+def _keywords(split: str) -> tuple[str, ...]:
+    return next((group for group in SPLIT_KEYWORDS if split in group), (split,))
+
+
+def _says(name: str, keywords: tuple[str, ...]) -> bool:
+    """True when `name` holds one of `keywords` between separators (or the name's ends)."""
+    return any(re.search(rf"(^|[{SEPARATORS}]){re.escape(k)}($|[{SEPARATORS}])", name) for k in keywords)
+
+
+def _files_by_keyword(root: Path, split: str) -> list[Path]:
+    """The split's files by datasets' rules: folder names first, then file names, else all files are train."""
+    files = sorted(p for p in root.rglob("*.parquet") if p.is_file())
+    groups = {*SPLIT_KEYWORDS, _keywords(split)}
+    for names in (lambda p: p.relative_to(root).parts[:-1], lambda p: (p.name,)):
+        found = {g: [p for p in files if any(_says(n, g) for n in names(p))] for g in groups}
+        if any(found.values()):
+            return found[_keywords(split)]
+    return files if _keywords(split) == SPLIT_KEYWORDS[0] else []
 
 
 def _arrow_files(root: Path, split: str) -> list[Path]:
@@ -172,7 +207,9 @@ def read(root: Path, split: str, cfg: DataConfig, report: BadSampleReport) -> li
     if not files:
         raise FileNotFoundError(
             f"{root}: no Hugging Face dataset for split {split!r} (a save_to_disk folder with state.json or "
-            f"dataset_dict.json, or parquet shards data/{split}-*.parquet)"
+            f"dataset_dict.json, or parquet files whose folder or file name says the split, e.g. "
+            f"data/{split}-00000-of-00001.parquet or {split}.parquet); set data.train_split / data.eval_split to a "
+            "split the folder has"
         )
     samples, n = [], 0
     base = root if root.is_dir() else root.parent
