@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -41,21 +42,27 @@ def world_size() -> int:
     return dist.get_world_size() if is_distributed() else 1
 
 
-def init_from_env(device: torch.device | None = None) -> bool:
+def init_from_env(device: torch.device | None = None, timeout_min: float | None = None) -> bool:
     """Join the process group that torchrun describes in the environment; False when not launched by torchrun.
 
-    device: the training device of this rank; a CUDA device is made current before the group is created and the
-    backend is NCCL, otherwise gloo (the default device: CUDA's when available).
+    device: the training device of this rank; a CUDA device is made current (with or without torchrun: the pin
+    thread and every allocation without an explicit device then go to it, not to GPU 0) and the backend is NCCL,
+    otherwise gloo (the default device: CUDA's when available). timeout_min: how long a collective may wait for the
+    slowest rank (train.dist_timeout_min; None: torch's default of 10 minutes).
     """
+    if device is not None and device.type == "cuda":
+        torch.cuda.set_device(device)  # before the first allocation: NCCL's communicator and every tensor go here
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ or is_distributed():
         return is_distributed()
     if device is None:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else None
+        if device is not None:
+            torch.cuda.set_device(device)
+    timeout = {"timeout": timedelta(minutes=timeout_min)} if timeout_min else {}
     if device is not None and device.type == "cuda":
-        torch.cuda.set_device(device)  # before the first allocation: NCCL's communicator and every tensor go here
-        dist.init_process_group(backend="nccl", device_id=device)
+        dist.init_process_group(backend="nccl", device_id=device, **timeout)
     else:
-        dist.init_process_group(backend="gloo")
+        dist.init_process_group(backend="gloo", **timeout)
     return True
 
 

@@ -199,7 +199,7 @@ def run_train(cfg: Config, resume: str | Path | None = None, overwrite: bool = F
     directory; `cfg` may change only what train.resume applies (the rest is an error listing saved → new).
     """
     device = devices.resolve_device(cfg.train.device, "train.device")
-    distributed.init_from_env(device)
+    distributed.init_from_env(device, cfg.train.dist_timeout_min)
     directory, named = resume_policy.locate(resume) if resume is not None else (Path(cfg.train.output_dir), None)
     mode = "resume" if resume is not None else "overwrite" if overwrite else "fresh"
     try:
