@@ -57,10 +57,9 @@ def resolve_device(spec: str, key: str, rank_on_node: int | None = None) -> torc
     if not torch.cuda.is_available():
         raise ConfigError(f"{key}: {spec!r} but this machine has no usable CUDA; available: {available_devices()}")
     visible = torch.cuda.device_count()
-    if ":" in spec:
-        index = int(spec.split(":")[1])
-    else:  # one GPU visible to a process of a multi-GPU node: the cluster has already chosen it for this rank
-        index = 0 if visible == 1 else rank_on_node
+    # one GPU visible to a process of a multi-GPU node: the cluster has already chosen it for this rank
+    own = 0 if visible == 1 else rank_on_node
+    index = int(spec.split(":")[1]) if ":" in spec else own
     if index >= visible:
         raise ConfigError(
             f"{key}: cuda:{index} does not exist (local rank {rank_on_node}); available: {available_devices()}"

@@ -22,12 +22,15 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+T = TypeVar("T")
 
 
 def is_distributed() -> bool:
@@ -71,11 +74,12 @@ def backend() -> str:
     return str(dist.get_backend()) if is_distributed() else "none"
 
 
-def all_ranks(value: str) -> list[str]:
-    """Every rank's `value`, in rank order (for the log: each rank's device); [value] on one process."""
+def all_ranks(value: T) -> list[T]:
+    """Every rank's `value` (picklable), in rank order: each rank's device for the log, each rank's loader and RNG
+    state for a checkpoint; [value] on one process."""
     if world_size() == 1:
         return [value]
-    out: list[str] = [""] * world_size()
+    out: list = [None] * world_size()
     dist.all_gather_object(out, value)
     return out
 
@@ -197,11 +201,26 @@ def barrier() -> None:
         dist.barrier()
 
 
+def _flag_device() -> torch.device:
+    """Where a collective on a few host flags runs: NCCL reduces only CUDA tensors."""
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
 def all_true(flag: bool) -> bool:
     """True on every rank when `flag` is true on every rank (so that all ranks stop together); `flag` on one."""
     if world_size() == 1:
         return flag
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-    value = torch.tensor([float(flag)], device=device)
+    value = torch.tensor([float(flag)], device=_flag_device())
     dist.all_reduce(value, op=dist.ReduceOp.MIN)
     return bool(value.item() == 1.0)
+
+
+def all_flags(flag: bool) -> list[bool]:
+    """Every rank's `flag` in rank order, from one all-reduce of W numbers (the trainer asks it once a step: does
+    every rank hold a batch?); [flag] on one process, with no collective."""
+    if world_size() == 1:
+        return [flag]
+    value = torch.zeros(world_size(), device=_flag_device())
+    value[rank()] = float(flag)
+    dist.all_reduce(value)
+    return [v == 1.0 for v in value.tolist()]

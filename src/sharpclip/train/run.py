@@ -19,11 +19,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from sharpclip import devices
@@ -35,7 +33,7 @@ from sharpclip.eval.guards import evaluate_guards, guard_metrics
 from sharpclip.models.base import DualEncoder
 from sharpclip.models.factory import create_model, save_checkpoint
 from sharpclip.models.preprocessing import model_transforms
-from sharpclip.train import distributed, run_dir
+from sharpclip.train import checkpoint, distributed, run_dir
 from sharpclip.train import resume as resume_policy
 from sharpclip.train.features import build_objective, check_provided
 from sharpclip.train.logging import log
@@ -44,12 +42,6 @@ from sharpclip.train.trainer import Trainer, TrainerState
 RESOLVED_CONFIG = resume_policy.RESOLVED_CONFIG
 RESUMES = "resumes.jsonl"  # one line per resume: the step, the checkpoint and the settings it changed
 GUARDS_INITIAL = "guards_initial.json"  # the guards' evaluation report of the initial model (train.guards)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 @contextlib.contextmanager
@@ -163,7 +155,7 @@ def build_trainer(cfg: Config, evaluate: Evaluate | None = None) -> Trainer:
     device = devices.resolve_device(cfg.train.device, "train.device")
     devices.check_precision(cfg.train.precision, device, "train.precision")  # before the model is built
     objective = build_objective(cfg.loss)  # every input against the feature table, every parameter typed
-    seed_everything(cfg.train.seed)
+    checkpoint.seed_rngs(cfg.train.seed)  # the same weights on every rank (then broadcast from rank 0 anyway)
     model = create_model(cfg.model).to(device)
     log_model(model, cfg.model.name)
     distributed.broadcast_parameters(model)
