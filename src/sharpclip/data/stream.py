@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import logging
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -292,10 +293,13 @@ def build_stream_loader(
         log.warning("data: %d shards for %d ranks × %d workers: some readers get none", len(urls), world_size, workers)
     counts = [wds_format.count_samples(u) for u in urls]
     length = epoch_length(cfg, counts, batch_size, world_size, workers) if train else _eval_length(counts, batch_size)
-    unused = sum(counts) // world_size - length * batch_size
-    if train and unused > 0:
-        log.info("data: each epoch uses %d batches of %d per rank; about %d samples per rank wait for a later "
-                 "epoch or are dropped with the last partial batches", length, batch_size, unused)  # fmt: skip
+    unused = sum(counts) - length * batch_size * world_size
+    if train and unused > 0 and rank == 0:  # every rank computes the same numbers: rank 0 speaks for all
+        level = logging.WARNING if unused > 0.1 * sum(counts) else logging.INFO
+        log.log(level, "data: each epoch uses %d batches of %d per rank (%d of %d samples); %d samples (%.0f%%) are "
+                "not seen that epoch (the ranks' shares are uneven, or the last partial batches are dropped)",
+                length, batch_size, length * batch_size * world_size, sum(counts), unused,
+                100 * unused / sum(counts))  # fmt: skip
     with_short = _has_short(urls[0], cfg)
     settings = StreamSettings(batch_size, rank, world_size, seed, train)
     stream = ShardStream(urls, cfg, image_transform, Collator(tokenize, with_short), settings)

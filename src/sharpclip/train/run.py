@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -44,26 +45,36 @@ RESUMES = "resumes.jsonl"  # one line per resume: the step, the checkpoint and t
 GUARDS_INITIAL = "guards_initial.json"  # the guards' evaluation report of the initial model (train.guards)
 
 
+RUN_LOGGERS = ("sharpclip.train", "sharpclip.data")  # the trainer's and the data layer's (unseen samples, skips)
+
+
 @contextlib.contextmanager
 def _run_logging(directory: Path) -> Iterator[None]:
-    """The trainer's log to stderr and to `directory`/train.log for this run (rank 0), removed afterwards."""
+    """The trainer's and the data layer's logs to stderr and to `directory`/train.log for this run (rank 0), removed
+    afterwards."""
     if distributed.rank() != 0 or any(getattr(h, "sharpclip", False) for h in log.handlers):
         yield
         return
     directory.mkdir(parents=True, exist_ok=True)
     handlers = (logging.StreamHandler(), logging.FileHandler(directory / "train.log"))
+    loggers = [logging.getLogger(name) for name in RUN_LOGGERS]
+    levels = [logger.level for logger in loggers]
     for handler in handlers:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
         handler.sharpclip = True  # type: ignore[attr-defined]
-        log.addHandler(handler)
-    level, log.level = log.level, logging.INFO
+        for logger in loggers:
+            logger.addHandler(handler)
+    for logger in loggers:
+        logger.setLevel(logging.INFO)
     try:
         yield
     finally:
         for handler in handlers:
-            log.removeHandler(handler)
+            for logger in loggers:
+                logger.removeHandler(handler)
             handler.close()
-        log.setLevel(level)
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 def checked_validation_samples(data: DataConfig, train_samples: list | None) -> list:
@@ -231,7 +242,48 @@ def _open(cfg: Config, directory: Path, mode: str) -> tuple[dict, run_dir.RunLoc
 
     changed = _together(check)
     lock = _together(lambda: run_dir.open_run_dir(directory, mode) if distributed.rank() == 0 else None)
+    try:
+        check_shared_dir(directory)
+    except run_dir.RunDirError:
+        if lock is not None:
+            lock.release()
+        raise
     return changed, lock
+
+
+SHARED_CHECK = ".shared-dir-check"  # rank 0's token, read back by every rank, then removed
+
+
+def check_shared_dir(directory: Path) -> None:
+    """Refuse a run whose ranks do not all see `directory` as rank 0 writes it (every rank must call it).
+
+    Rank 0 writes the checkpoints and logs, and every rank reads them back on resume, so the ranks of several nodes
+    need one shared file system path as `train.output_dir`. Rank 0 writes a random token there; every rank reads it
+    back; a rank that finds another or none raises `RunDirError` on every rank. Nothing to check on one process."""
+    if distributed.world_size() == 1:
+        return
+    token = distributed.all_ranks(secrets.token_hex(8))[0]
+    path, wrote = directory / SHARED_CHECK, True
+    if distributed.rank() == 0:
+        try:
+            path.write_text(token)
+        except OSError:
+            wrote = False
+    if not distributed.all_true(wrote):  # also the barrier: no rank reads before rank 0 has written
+        raise run_dir.RunDirError(f"{directory}: rank 0 cannot write the run directory; check its permissions")
+    try:
+        seen = path.read_text()
+    except OSError:
+        seen = None
+    same = distributed.all_flags(seen == token)
+    if distributed.rank() == 0:
+        path.unlink(missing_ok=True)
+    if not all(same):
+        others = ", ".join(str(r) for r, ok in enumerate(same) if not ok)
+        raise run_dir.RunDirError(
+            f"{directory}: rank {others} does not see the run directory rank 0 writes; the ranks of several nodes "
+            "need one shared file system path as train.output_dir (and for --resume)"
+        )
 
 
 def _together(step):
@@ -267,7 +319,8 @@ def _start(
 
 
 def _record_resume(directory: Path, step: int, path: Path, changed: dict) -> None:
-    record = {"step": step, "checkpoint": path.name, "changed": {k: list(v) for k, v in changed.items()}}
+    record = {"step": step, "checkpoint": path.name, "changed": {k: list(v) for k, v in changed.items()},
+              "world_size": distributed.world_size()}  # fmt: skip
     with open(directory / RESUMES, "a", encoding="utf-8") as f:
         f.write(json.dumps(record, default=str) + "\n")
 
