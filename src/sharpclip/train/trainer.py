@@ -204,7 +204,9 @@ class Trainer:
         if resumed or not budget or self.state.step >= self.total_steps:
             return
         report = getattr(self.loader, "report", None)
-        bad = f"; bad samples so far: {report.summary()}" if report is not None and report.items else ""
+        bad = ""
+        if report is not None and report.items:  # the counts per reason and the first one, on one line
+            bad = f"; {report.summary().splitlines()[0].rstrip(':')}, the first {report.items[0]}"
         if not taken:
             raise ValueError(
                 f"epoch {self.state.epoch} yielded no training batch of {self.cfg.batch_size} rows{bad}: the data "
