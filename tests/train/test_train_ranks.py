@@ -153,7 +153,8 @@ def test_skipped_all_bad_batches_do_not_add_epochs(tmp_path):
 @pytest.mark.slow
 def test_two_ranks_killed_mid_epoch_resume_to_the_uninterrupted_weights_and_samples(tmp_path):
     """webdataset with the default shuffle buffer (larger than every shard), 4 steps an epoch, a checkpoint every 3
-    steps, SIGKILL after step 5: the resume from step 3 (mid-epoch 0) trains what each rank would have trained."""
+    steps and at each epoch's end, SIGKILL after step 7: the resume from step 6 (mid-epoch 1) trains what each rank
+    would have trained."""
     data = write_shards(tmp_path / "wds", [8, 8, 8, 8])
     args = [*TINY, "data.format=webdataset", f"data.root={data}", "train.batch_size=8", "train.epochs=2",
             "train.checkpoint_every=3", "train.keep_last=5"]  # fmt: skip
@@ -161,11 +162,11 @@ def test_two_ranks_killed_mid_epoch_resume_to_the_uninterrupted_weights_and_samp
     proc = _run([*TORCHRUN, str(WORKER), str(tmp_path / "ids_ref"), "train", *args, f"train.output_dir={ref}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     killed = _run([*TORCHRUN, str(WORKER), str(tmp_path / "ids"), "train", *args, f"train.output_dir={run}"],
-                  SHARPCLIP_FAULT="step:5")  # fmt: skip
-    assert killed.returncode != 0 and not (run / "checkpoints" / "step-000006").exists()
+                  SHARPCLIP_FAULT="step:7")  # fmt: skip
+    assert killed.returncode != 0 and not (run / "checkpoints" / "step-000008").exists()
     resumed = _run([*TORCHRUN, str(WORKER), str(tmp_path / "ids"), "train", "--resume", str(run)])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resumed from" in (run / "train.log").read_text() and "step 3 (epoch 0)" in (run / "train.log").read_text()
+    assert "step-000006 at step 6 (epoch 1)" in (run / "train.log").read_text()
     for rank in (0, 1):
         assert _ids(tmp_path / "ids", rank) == _ids(tmp_path / "ids_ref", rank), f"rank {rank}"
     assert len({i for ids in _ids(tmp_path / "ids", 0).values() for i in ids}) == 16  # rank 0's shards, each epoch
@@ -179,8 +180,8 @@ def test_two_ranks_killed_mid_epoch_resume_to_the_uninterrupted_weights_and_samp
     assert json.loads((run / "resumes.jsonl").read_text())["world_size"] == 2
 
 
-def _trainer_run(tmp_path: Path, name: str, *args: str, procs: int = 2, fault: str | None = None):
-    launcher = TORCHRUN[:-1] + [str(procs)] if procs > 1 else [sys.executable]
+def _trainer_run(tmp_path: Path, name: str, *args: str, procs: int = 2, fault: str | None = None):  # 1 or 2
+    launcher = TORCHRUN if procs > 1 else [sys.executable]
     cmd = [*launcher, str(TRAINER_WORKER), str(tmp_path / name), str(tmp_path / f"{name}.safetensors"),
            "checkpoint_every=2", "dropout", *args]  # fmt: skip
     return _run(cmd, **({"SHARPCLIP_FAULT": fault} if fault else {}))

@@ -157,6 +157,7 @@ class Trainer:
     def _epoch(self, bar) -> None:
         self.model.train()
         self.loader.set_epoch(self.state.epoch)
+        announced = len(self.loader)  # before iterating: a sampler's len() counts the batches still to come
         batches = iter(self.loader)
         if self._resume_rng is not None:  # after the iterator drew its seed (see resume)
             checkpoint.set_rng_state(self._resume_rng, self.device)
@@ -177,7 +178,7 @@ class Trainer:
             if self.cfg.checkpoint_every and self.state.step % self.cfg.checkpoint_every == 0:
                 self.save()
             checkpoint.fault_point("step", self.state.step)
-        self._check_epoch_length(taken, budget)
+        self._check_epoch_length(taken, announced, budget)
         self._end_epoch(saturated)
 
     def _steps(self, batches: Iterator[Batch]) -> Iterator[Batch]:
@@ -197,7 +198,7 @@ class Trainer:
                 return
             yield batch
 
-    def _check_epoch_length(self, taken: int, budget: bool) -> None:
+    def _check_epoch_length(self, taken: int, announced: int, budget: bool) -> None:
         """Stop on an epoch with no batch at all (every sample bad: otherwise the run would loop over empty epochs);
         warn on one shorter than announced. A resumed epoch starts part-way, so only its emptiness is expected."""
         resumed, self._resumed_epoch = self._resumed_epoch, False
@@ -212,14 +213,14 @@ class Trainer:
                 f"epoch {self.state.epoch} yielded no training batch of {self.cfg.batch_size} rows{bad}: the data "
                 "holds no usable samples under data.on_bad_sample=skip; check it with `sharpclip validate-data`"
             )
-        if taken < len(self.loader) and self.is_main:
+        if taken < announced and self.is_main:
             who = "the loader ran out"
             if distributed.world_size() > 1:
                 ranks = ", ".join(map(str, self._ran_out))
                 who = f"rank {ranks} ran out, so every rank stopped; the others' remaining batches go unseen"
             log.warning(
                 "epoch %d ended after %d of %d batches: %s (skipped bad samples, uneven shards or shard sizes that "
-                "overstate the data)%s", self.state.epoch, taken, len(self.loader), who, bad,
+                "overstate the data)%s", self.state.epoch, taken, announced, who, bad,
             )  # fmt: skip
 
     def _end_epoch(self, saturated: list[tuple[float, float]]) -> None:
