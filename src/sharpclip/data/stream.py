@@ -11,7 +11,9 @@ encoded samples (webdataset's), decodes, and batches; a slot's last partial batc
 Epoch length: every rank yields the same number of batches, or a collective would wait forever: the smallest of the
 ranks' capacities (from the shards' sample counts: `sizes.json`, img2dataset's `*_stats.json`, else the tar
 headers), capped by `data.epoch_samples / (batch × world size)` when that is set. What a larger rank holds beyond
-the common length is not seen that epoch (logged).
+the common length is not seen that epoch (logged; a warning past 10 % of the samples). Bad samples, or counts that
+overstate a shard, leave a rank short of that length at run time: the trainer then ends the epoch on every rank
+together (train.trainer).
 
 Resume: every batch carries its slot's read position (shard, samples read in it, samples taken from the slot's
 shuffled stream). `state_dict()` holds the position of the last consumed batch of each slot; `load_state_dict`

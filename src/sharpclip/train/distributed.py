@@ -11,6 +11,10 @@ DDP wrapper: the cached-gradient step runs one no-grad pass, a loss backward tha
 towers (the logit scale) and k replays per step, a pattern DDP's one-forward-one-backward pairing does not express.
 Averaging after the last replay is exactly what DDP with `no_sync` on the first k − 1 replays computes.
 
+Every rank must enter every collective: the trainer asks `all_flags` once a step whether every rank holds a batch
+and ends the epoch on all ranks together when one does not, and `check_shared_dir` (train.run) refuses ranks that
+see different run directories. `train.dist_timeout_min` bounds how long a collective waits for the slowest rank.
+
 Devices: the backend follows the training device (NCCL for CUDA, gloo for the CPU), each rank binds its GPU
 (`torch.cuda.set_device(LOCAL_RANK)`) before the process group allocates anything, and every collective runs on the
 tensors' own device. Several nodes need nothing here: torchrun's rendezvous (`--nnodes`, `--rdzv-backend`,

@@ -9,6 +9,13 @@ Before the loop the trainer puts everything that computes on `train.device`: the
 frozen towers (batches follow in train.features, the one place that moves them); it compiles the towers under
 `train.compile` and turns on activation checkpointing under `train.grad_checkpointing`.
 
+Ranks stay in step: before each step every rank says whether it holds a batch (one all-reduce of W flags; none on
+one process), and when one has run out every rank ends the epoch there, with a warning. The budget is
+`train.epochs` passes (or `train.max_steps` steps), however many batches skipped samples removed; an epoch with no
+batch at all stops the run. Checkpoints hold every rank's loader position and random streams and the world size; a
+resume on another number of ranks continues at the next epoch boundary (`Trainer.resume`). With several ranks, each
+reseeds its generators with `seed + rank` once the weights are equal, so ranks draw different dropout noise.
+
 Numerical faults are told apart: a step with a non-finite loss or gradient is skipped (bad data, or bf16 overflow);
 an update that leaves a weight non-finite stops the run at once, before anything is checkpointed; and when every
 step after one update fails and that update blew up the weights (`DIVERGED_GROWTH`), the stop message blames the
