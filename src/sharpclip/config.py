@@ -331,6 +331,9 @@ class TrainConfig:
     min_lr_ratio: float = 0.0  # the cosine schedule ends at lr * min_lr_ratio
     grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
     device: str = "auto"  # auto (cuda:<LOCAL_RANK> when CUDA is available, else cpu) | cpu | cuda | cuda:N
+    # minutes a collective may wait for the slowest rank before the run stops (torch's default is 10): rank 0
+    # counts shards and writes checkpoints while the others wait, which takes minutes for large data or models
+    dist_timeout_min: float = 60.0
     precision: str = "fp32"  # fp32 | bf16 (autocast on the towers; losses in fp32)
     tf32: bool = True  # TF32 matmuls on CUDA (fp32 accumulation); no effect on the CPU
     compile: bool = False  # torch.compile the two towers (the first steps pay for compilation)
@@ -382,6 +385,8 @@ class TrainConfig:
         for key in ("epochs", "max_steps", "warmup_steps", "checkpoint_every", "eval_every", "diagnostics_every",
                     "grad_clip", "weight_decay", "encode_batch_size"):  # fmt: skip
             _check_min(f"train.{key}", getattr(self, key), 0)
+        if not self.dist_timeout_min > 0:
+            raise ConfigError(f"train.dist_timeout_min: must be > 0 minutes, got {self.dist_timeout_min}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError(f"train.min_lr_ratio: must be in [0, 1], got {self.min_lr_ratio}")
         _check_lr("train.lr", self.lr)

@@ -43,8 +43,10 @@ def available_devices() -> str:
 def resolve_device(spec: str, key: str, rank_on_node: int | None = None) -> torch.device:
     """The torch device `spec` names on this machine; `auto` is `cuda:<LOCAL_RANK>` with CUDA, else `cpu`.
 
-    `cuda` without an index means this rank's GPU (`cuda:<LOCAL_RANK>`), as torchrun runs one process per GPU.
-    Raises `ConfigError` naming `key` when CUDA is absent or the index is past the GPUs there are.
+    `cuda` without an index means this rank's GPU: `cuda:<LOCAL_RANK>` when the process sees every GPU of its node
+    (torchrun), `cuda:0` when it sees exactly one (a cluster that sets `CUDA_VISIBLE_DEVICES` per task, as SLURM's
+    `--gpus-per-task=1` does). Raises `ConfigError` naming `key` when CUDA is absent or the index is past the GPUs
+    there are.
     """
     check_device_spec(spec, key)
     rank_on_node = local_rank() if rank_on_node is None else rank_on_node
@@ -54,8 +56,11 @@ def resolve_device(spec: str, key: str, rank_on_node: int | None = None) -> torc
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise ConfigError(f"{key}: {spec!r} but this machine has no usable CUDA; available: {available_devices()}")
-    index = int(spec.split(":")[1]) if ":" in spec else rank_on_node
-    if index >= torch.cuda.device_count():
+    visible = torch.cuda.device_count()
+    # one GPU visible to a process of a multi-GPU node: the cluster has already chosen it for this rank
+    own = 0 if visible == 1 else rank_on_node
+    index = int(spec.split(":")[1]) if ":" in spec else own
+    if index >= visible:
         raise ConfigError(
             f"{key}: cuda:{index} does not exist (local rank {rank_on_node}); available: {available_devices()}"
         )

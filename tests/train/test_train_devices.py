@@ -117,6 +117,46 @@ def test_auto_is_the_local_rank_gpu_with_cuda_and_the_cpu_without(monkeypatch):
     assert devices.resolve_device("cpu", "train.device") == torch.device("cpu")
 
 
+def test_one_visible_gpu_per_rank_is_cuda_0_whatever_the_local_rank(monkeypatch):
+    """SLURM-style start-up: CUDA_VISIBLE_DEVICES leaves each task its own single GPU, which it sees as cuda:0."""
+    _fake_cuda(monkeypatch, 1)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert devices.resolve_device("auto", "train.device") == torch.device("cuda", 0)
+    assert devices.resolve_device("cuda", "train.device") == torch.device("cuda", 0)
+    _fake_cuda(monkeypatch, 2)  # several GPUs visible but fewer than the local ranks: a real misconfiguration
+    with pytest.raises(ConfigError, match=r"^train\.device: cuda:3 does not exist \(local rank 3\)"):
+        devices.resolve_device("auto", "train.device")
+
+
+def test_any_cuda_device_is_made_current_with_or_without_torchrun(monkeypatch):
+    from sharpclip.train import distributed
+
+    current = []
+    monkeypatch.setattr(torch.cuda, "set_device", current.append)
+    for key in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    assert distributed.init_from_env(torch.device("cuda", 1)) is False  # no torchrun: no process group
+    assert current == [torch.device("cuda", 1)]  # but cuda:1 is current, so nothing lands on GPU 0
+
+
+def test_the_process_group_timeout_is_train_dist_timeout_min(monkeypatch):
+    from datetime import timedelta
+
+    from sharpclip.config import TrainConfig
+    from sharpclip.train import distributed
+
+    calls = []
+    monkeypatch.setattr(distributed.dist, "init_process_group", lambda **kw: calls.append(kw))
+    monkeypatch.setattr(distributed, "is_distributed", lambda: False)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert distributed.init_from_env(torch.device("cpu"), 0.5)
+    assert calls == [{"backend": "gloo", "timeout": timedelta(seconds=30)}]
+    assert TrainConfig().dist_timeout_min == 60  # rank 0 may count shards or write a ViT-L checkpoint meanwhile
+    with pytest.raises(ConfigError, match=r"^train\.dist_timeout_min: must be > 0"):
+        load_config(overrides=["train.dist_timeout_min=0"])
+
+
 def test_cuda_without_cuda_and_a_missing_index_are_config_errors(monkeypatch):
     _fake_cuda(monkeypatch, 0)
     with pytest.raises(

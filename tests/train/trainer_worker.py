@@ -1,6 +1,8 @@
 """Runs a tiny training (optionally under torchrun, optionally resuming) and writes the final weights.
 
-python trainer_worker.py RUN_DIR OUT.safetensors [resume] [key=value ...]   (train config overrides)
+python trainer_worker.py RUN_DIR OUT.safetensors [resume] [dropout] [probe] [key=value ...]   (train config overrides)
+
+probe: OUT also holds `probe/rank<R>`, each rank's next torch.rand(4) after training.
 """
 
 import sys
@@ -41,8 +43,11 @@ def main(run_dir: str, out: str, args: list[str]) -> None:
     if resume:
         trainer.resume(checkpoint.latest(Path(run_dir) / "checkpoints"))
     trainer.fit()
+    weights = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if "probe" in args:  # each rank's next random draw after training: equal only if the ranks share one stream
+        weights |= {f"probe/rank{r}": p for r, p in enumerate(distributed.all_ranks(torch.rand(4)))}
     if distributed.rank() == 0:
-        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, out)
+        save_file(weights, out)
     distributed.shutdown()
 
 

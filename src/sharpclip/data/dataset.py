@@ -12,9 +12,11 @@ under `skip` is dropped from its batch and listed in `Batch.skipped`. `SampleLoa
 counts the skips. The summary is logged at the end of an epoch that met a bad sample not reported before.
 
 A batch whose every sample is bad is not yielded at all: `loader.batches_skipped` counts it (the resume position
-still moves past it). Skipped samples shrink their batch rather than borrowing rows from the next one (which would
-change every later batch and break exact resume); instead, each epoch that shrank a batch logs the effective batch
-size (`loader.epoch_sizes`: batches, smallest, mean, nominal), so a run never trains on smaller batches silently.
+still moves past it). That rank then yields one batch fewer than its `len()`; on several ranks the trainer ends the
+epoch on every rank when the first runs out (train.trainer), so no rank waits in a collective the others never join.
+Skipped samples shrink their batch rather than borrowing rows from the next one (which would change every later
+batch and break exact resume); instead, each epoch that shrank a batch logs the effective batch size
+(`loader.epoch_sizes`: batches, smallest, mean, nominal), so a run never trains on smaller batches silently.
 """
 
 from __future__ import annotations

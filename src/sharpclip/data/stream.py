@@ -11,20 +11,26 @@ encoded samples (webdataset's), decodes, and batches; a slot's last partial batc
 Epoch length: every rank yields the same number of batches, or a collective would wait forever: the smallest of the
 ranks' capacities (from the shards' sample counts: `sizes.json`, img2dataset's `*_stats.json`, else the tar
 headers), capped by `data.epoch_samples / (batch × world size)` when that is set. What a larger rank holds beyond
-the common length is not seen that epoch (logged).
+the common length is not seen that epoch (logged; a warning past 10 % of the samples). Bad samples, or counts that
+overstate a shard, leave a rank short of that length at run time: the trainer then ends the epoch on every rank
+together (train.trainer).
 
-Resume: every batch carries its slot's read position (shard, samples read in it). `state_dict()` holds the position
-of the last consumed batch of each slot; `load_state_dict` restarts each slot there, in the same shard order. Exact:
-the epoch, the shards already read, the samples consumed (with `shuffle_buffer: 0`, the rest of the epoch is what the
-uninterrupted run would have seen, in its order; batches prefetched but not consumed are read again). Not exact: the
-samples that sat in a worker's shuffle buffer when its last consumed batch was made are not seen in that epoch (at
-most `shuffle_buffer` per worker), and the buffer's draws differ from the uninterrupted run's; resuming with another
-worker count restarts the epoch from its start.
+Resume: every batch carries its slot's read position (shard, samples read in it, samples taken from the slot's
+shuffled stream). `state_dict()` holds the position of the last consumed batch of each slot; `load_state_dict`
+restarts each slot there, in the same shard order, so the rest of the epoch is what the uninterrupted run would have
+seen, in its order (batches prefetched but not consumed are read again). Without a shuffle buffer the reader seeks to
+the saved shard and sample; through one (`data.shuffle_buffer` > 1, the default) the slot's stream is replayed from
+the epoch's start with the same seeded draw and the samples taken before the position are read but not decoded, so
+the samples that sat in the buffer are neither lost nor seen twice (the cost: reading that part of the epoch's tars
+again). Resuming with another worker count restarts the epoch from its start. Each rank has its own position; the
+trainer saves and restores every rank's.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
+import logging
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -82,11 +88,18 @@ class ShardStream(IterableDataset):
     def __init__(self, urls, cfg: DataConfig, transform, collate: Collator, settings: StreamSettings):
         self.urls, self.cfg, self.transform, self.collate, self.settings = list(urls), cfg, transform, collate, settings
         self.epoch = 0
-        self.start: dict[int, tuple[int, int]] = {}  # worker -> (position in its shard order, samples read there)
+        # worker -> (position in its shard order, samples read there, samples taken from the (shuffled) stream;
+        # None in a position saved before the last was recorded)
+        self.start: dict[int, tuple[int, int, int | None]] = {}
+        self.rotation = 0  # DataLoader worker i reads worker (i + rotation) mod workers's slot (see StreamLoader)
 
-    def _raw(self, order: list[int], worker: int, report: BadSampleReport, cursor: list[int]):
-        """Raw samples in shard order from the resume position; `cursor` follows the read position."""
-        first, skip = self.start.get(worker, (0, 0))
+    @property
+    def shuffled(self) -> bool:
+        """Whether samples pass webdataset's shuffle buffer (training, data.shuffle, data.shuffle_buffer > 1)."""
+        return self.settings.train and self.cfg.shuffle and self.cfg.shuffle_buffer > 1
+
+    def _raw(self, order: list[int], first: int, skip: int, report: BadSampleReport, cursor: list[int]):
+        """Raw samples in shard order from shard `first`, sample `skip`; `cursor` follows the read position."""
         for pos in range(first, len(order)):
             url = self.urls[order[pos]]
             cursor[:] = [pos, skip if pos == first else 0]
@@ -108,34 +121,49 @@ class ShardStream(IterableDataset):
     def __iter__(self) -> Iterator[Batch | list[BadSample]]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        worker = (worker + self.rotation) % workers
         s = self.settings
         slot = s.rank * workers + worker
         shards = slot_shards(len(self.urls), slot, s.world_size * workers)
         order = shard_order(shards, s.seed, self.epoch, slot, s.train and self.cfg.shuffle)
         report = BadSampleReport("skip")  # bad samples travel to StreamLoader, which raises them under `error`
         cursor = [0, 0]
-        raw = self._raw(order, worker, report, cursor)
-        if s.train and self.cfg.shuffle and self.cfg.shuffle_buffer > 1:
-            from webdataset.filters import _shuffle  # heavy: loads only when a streamed split is shuffled
-
-            rng = random.Random(f"{s.seed}:{self.epoch}:{slot}:buffer")
-            raw = _shuffle(raw, self.cfg.shuffle_buffer, self.cfg.shuffle_buffer, rng=rng)
         items = []
-        for serial, (url, sample) in enumerate(raw):
+        for serial, (url, sample) in self._positioned(order, worker, slot, report, cursor):
             item = self._item(url, sample, serial, report)
             if item is not None:
                 items.append(item)
             if sum(isinstance(it, Item) for it in items) == s.batch_size:
-                yield self._batch(items, worker, cursor)
+                yield self._batch(items, worker, cursor, serial + 1)
                 items = []
         if any(isinstance(it, Item) for it in items) and not s.train:
-            yield self._batch(items, worker, cursor)
+            yield self._batch(items, worker, cursor, -1)  # an evaluation batch: never resumed
         elif any(isinstance(it, BadSample) for it in items):  # the bad samples of a dropped partial batch
             yield [it for it in items if isinstance(it, BadSample)]
 
-    def _batch(self, items: list, worker: int, cursor: list[int]) -> Batch:
+    def _positioned(self, order: list[int], worker: int, slot: int, report: BadSampleReport, cursor: list[int]):
+        """(serial, (url, raw sample)) of this worker from its resume position, through the shuffle buffer if any.
+
+        Unshuffled, the reader seeks to the saved shard and sample. Through a shuffle buffer the samples after the
+        position are those the buffer would have drawn next, so the epoch's stream is replayed from its start with
+        the same seeded draw and its first `taken` samples are read but neither decoded nor batched: exact, at the
+        cost of reading the epoch's shards up to the position again."""
+        first, skip, taken = self.start.get(worker, (0, 0, 0))
+        replay = self.shuffled and taken is not None
+        raw = self._raw(order, 0, 0, report, cursor) if replay else self._raw(order, first, skip, report, cursor)
+        if self.shuffled:
+            from webdataset.filters import _shuffle  # heavy: loads only when a streamed split is shuffled
+
+            s = self.settings
+            rng = random.Random(f"{s.seed}:{self.epoch}:{slot}:buffer")
+            raw = _shuffle(raw, self.cfg.shuffle_buffer, self.cfg.shuffle_buffer, rng=rng)
+        if replay:
+            return itertools.islice(enumerate(raw), taken, None)
+        return enumerate(raw, taken or 0)
+
+    def _batch(self, items: list, worker: int, cursor: list[int], taken: int) -> Batch:
         batch = self.collate(items)
-        batch.stream_position = (worker, cursor[0], cursor[1])
+        batch.stream_position = (worker, cursor[0], cursor[1], taken)
         return batch
 
 
@@ -151,7 +179,8 @@ class StreamLoader(DataLoader):
         self.stream, self.length, self.workers = stream, length, max(num_workers, 1)
         self.report = BadSampleReport("skip")
         self.consumed = 0
-        self.positions: dict[int, tuple[int, int]] = {}
+        self.positions: dict[int, tuple[int, int, int | None]] = {}
+        self.next_worker = 0  # the worker whose batch comes next (the DataLoader takes them in turn)
         self._resumed_epoch: int | None = None
 
     def __len__(self) -> int:
@@ -165,15 +194,16 @@ class StreamLoader(DataLoader):
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch's shard order and buffer draw; a resumed epoch keeps its start positions."""
         if epoch != self._resumed_epoch:
-            self.stream.start, self.consumed, self.positions = {}, 0, {}
+            self.stream.start, self.consumed, self.positions, self.next_worker = {}, 0, {}, 0
             self._resumed_epoch = None
         self.stream.epoch = epoch
 
     def state_dict(self) -> dict:
-        """Epoch, batches consumed in it and each worker's read position after its last consumed batch."""
+        """Epoch, batches consumed in it, each worker's read position after its last consumed batch, and the worker
+        whose batch comes next."""
         positions = {str(w): list(p) for w, p in self.positions.items()}
         return {"epoch": self.stream.epoch, "batches_done": self.consumed, "workers": self.workers,
-                "positions": positions}  # fmt: skip
+                "positions": positions, "next_worker": self.next_worker}  # fmt: skip
 
     def load_state_dict(self, state: dict) -> None:
         """Continue the saved epoch from the saved positions (from its start if the worker count changed)."""
@@ -184,12 +214,17 @@ class StreamLoader(DataLoader):
             log.warning("data: resumed with %d loader workers (saved: %s); the epoch restarts", self.workers, saved)
             self.consumed = 0
             return
-        self.positions = {int(w): (int(p[0]), int(p[1])) for w, p in state.get("positions", {}).items()}
+        self.positions = {int(w): (int(p[0]), int(p[1]), int(p[2]) if len(p) > 2 else None)
+                          for w, p in state.get("positions", {}).items()}  # fmt: skip
         self.stream.start = dict(self.positions)
+        self.next_worker = int(state.get("next_worker", 0))
 
     def __iter__(self) -> Iterator[Batch]:
         if self.consumed >= self.length:
             return
+        # the DataLoader asks its workers in turn from worker 0: rotate the slots so that worker 0 reads the one
+        # whose batch came next in the interrupted run, and a resumed epoch keeps its batch order
+        self.stream.rotation = self.next_worker
         for batch in super().__iter__():
             bads = batch if isinstance(batch, list) else batch.skipped
             if bads and self.stream.cfg.on_bad_sample != "skip":  # raised here, not in a worker's traceback
@@ -198,14 +233,16 @@ class StreamLoader(DataLoader):
                 self._record(batch)
                 continue
             self.consumed += 1
-            worker, shard_pos, offset = batch.stream_position
-            self.positions[worker] = (shard_pos, offset)
+            worker, shard_pos, offset, taken = batch.stream_position
+            self.positions[worker] = (shard_pos, offset, taken)
+            self.next_worker = (worker + 1) % self.workers
             self._record(batch.skipped)
             yield batch
             if self.consumed >= self.length:
                 break
         self.stream.epoch += 1
         self.stream.start, self.consumed, self.positions, self._resumed_epoch = {}, 0, {}, None
+        self.next_worker = 0
 
     def _record(self, bads: list[BadSample]) -> None:
         known = {(b.where, b.record) for b in self.report.items}
@@ -258,10 +295,13 @@ def build_stream_loader(
         log.warning("data: %d shards for %d ranks × %d workers: some readers get none", len(urls), world_size, workers)
     counts = [wds_format.count_samples(u) for u in urls]
     length = epoch_length(cfg, counts, batch_size, world_size, workers) if train else _eval_length(counts, batch_size)
-    unused = sum(counts) // world_size - length * batch_size
-    if train and unused > 0:
-        log.info("data: each epoch uses %d batches of %d per rank; about %d samples per rank wait for a later "
-                 "epoch or are dropped with the last partial batches", length, batch_size, unused)  # fmt: skip
+    unused = sum(counts) - length * batch_size * world_size
+    if train and unused > 0 and rank == 0:  # every rank computes the same numbers: rank 0 speaks for all
+        level = logging.WARNING if unused > 0.1 * sum(counts) else logging.INFO
+        log.log(level, "data: each epoch uses %d batches of %d per rank (%d of %d samples); %d samples (%.0f%%) are "
+                "not seen that epoch (the ranks' shares are uneven, or the last partial batches are dropped)",
+                length, batch_size, length * batch_size * world_size, sum(counts), unused,
+                100 * unused / sum(counts))  # fmt: skip
     with_short = _has_short(urls[0], cfg)
     settings = StreamSettings(batch_size, rank, world_size, seed, train)
     stream = ShardStream(urls, cfg, image_transform, Collator(tokenize, with_short), settings)

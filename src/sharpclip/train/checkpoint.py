@@ -77,6 +77,13 @@ def rng_state(device: torch.device | None = None) -> dict[str, Any]:
     }
 
 
+def seed_rngs(seed: int) -> None:
+    """Seed every generator `rng_state` saves: torch's CPU and CUDA ones, numpy's, Python's."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
 def set_rng_state(state: dict[str, Any], device: torch.device | None = None) -> None:
     """Restore `rng_state`'s generators; the CUDA one onto `device` when that is a GPU (a run saved on the CPU, or
     resumed there, has no CUDA state to restore: the device's generator keeps its seed)."""

@@ -11,6 +11,10 @@ DDP wrapper: the cached-gradient step runs one no-grad pass, a loss backward tha
 towers (the logit scale) and k replays per step, a pattern DDP's one-forward-one-backward pairing does not express.
 Averaging after the last replay is exactly what DDP with `no_sync` on the first k − 1 replays computes.
 
+Every rank must enter every collective: the trainer asks `all_flags` once a step whether every rank holds a batch
+and ends the epoch on all ranks together when one does not, and `check_shared_dir` (train.run) refuses ranks that
+see different run directories. `train.dist_timeout_min` bounds how long a collective waits for the slowest rank.
+
 Devices: the backend follows the training device (NCCL for CUDA, gloo for the CPU), each rank binds its GPU
 (`torch.cuda.set_device(LOCAL_RANK)`) before the process group allocates anything, and every collective runs on the
 tensors' own device. Several nodes need nothing here: torchrun's rendezvous (`--nnodes`, `--rdzv-backend`,
@@ -21,12 +25,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
+from datetime import timedelta
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+T = TypeVar("T")
 
 
 def is_distributed() -> bool:
@@ -41,21 +49,27 @@ def world_size() -> int:
     return dist.get_world_size() if is_distributed() else 1
 
 
-def init_from_env(device: torch.device | None = None) -> bool:
+def init_from_env(device: torch.device | None = None, timeout_min: float | None = None) -> bool:
     """Join the process group that torchrun describes in the environment; False when not launched by torchrun.
 
-    device: the training device of this rank; a CUDA device is made current before the group is created and the
-    backend is NCCL, otherwise gloo (the default device: CUDA's when available).
+    device: the training device of this rank; a CUDA device is made current (with or without torchrun: the pin
+    thread and every allocation without an explicit device then go to it, not to GPU 0) and the backend is NCCL,
+    otherwise gloo (the default device: CUDA's when available). timeout_min: how long a collective may wait for the
+    slowest rank (train.dist_timeout_min; None: torch's default of 10 minutes).
     """
+    if device is not None and device.type == "cuda":
+        torch.cuda.set_device(device)  # before the first allocation: NCCL's communicator and every tensor go here
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ or is_distributed():
         return is_distributed()
     if device is None:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else None
+        if device is not None:
+            torch.cuda.set_device(device)
+    timeout = {"timeout": timedelta(minutes=timeout_min)} if timeout_min else {}
     if device is not None and device.type == "cuda":
-        torch.cuda.set_device(device)  # before the first allocation: NCCL's communicator and every tensor go here
-        dist.init_process_group(backend="nccl", device_id=device)
+        dist.init_process_group(backend="nccl", device_id=device, **timeout)
     else:
-        dist.init_process_group(backend="gloo")
+        dist.init_process_group(backend="gloo", **timeout)
     return True
 
 
@@ -64,11 +78,12 @@ def backend() -> str:
     return str(dist.get_backend()) if is_distributed() else "none"
 
 
-def all_ranks(value: str) -> list[str]:
-    """Every rank's `value`, in rank order (for the log: each rank's device); [value] on one process."""
+def all_ranks(value: T) -> list[T]:
+    """Every rank's `value` (picklable), in rank order: each rank's device for the log, each rank's loader and RNG
+    state for a checkpoint; [value] on one process."""
     if world_size() == 1:
         return [value]
-    out: list[str] = [""] * world_size()
+    out: list = [None] * world_size()
     dist.all_gather_object(out, value)
     return out
 
@@ -190,11 +205,26 @@ def barrier() -> None:
         dist.barrier()
 
 
+def _flag_device() -> torch.device:
+    """Where a collective on a few host flags runs: NCCL reduces only CUDA tensors."""
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
 def all_true(flag: bool) -> bool:
     """True on every rank when `flag` is true on every rank (so that all ranks stop together); `flag` on one."""
     if world_size() == 1:
         return flag
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-    value = torch.tensor([float(flag)], device=device)
+    value = torch.tensor([float(flag)], device=_flag_device())
     dist.all_reduce(value, op=dist.ReduceOp.MIN)
     return bool(value.item() == 1.0)
+
+
+def all_flags(flag: bool) -> list[bool]:
+    """Every rank's `flag` in rank order, from one all-reduce of W numbers (the trainer asks it once a step: does
+    every rank hold a batch?); [flag] on one process, with no collective."""
+    if world_size() == 1:
+        return [flag]
+    value = torch.zeros(world_size(), device=_flag_device())
+    value[rank()] = float(flag)
+    dist.all_reduce(value)
+    return [v == 1.0 for v in value.tolist()]

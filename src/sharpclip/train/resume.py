@@ -9,10 +9,10 @@ by its longest prefix in `APPLIED` or `REFUSED` (tests/train/test_train_resume.p
 
 - applied: the learning rate and its schedule (`train.lr`, `warmup_steps`, `min_lr_ratio`, `epochs`, `max_steps`),
   the evaluation and checkpoint cadence, clipping, diagnostics, progress and sinks, the device, TF32 and compilation,
-  loader workers and prefetching, `eval.*`. The
-  optimiser's moments are kept; the learning rate becomes the new config's warmup-cosine schedule evaluated at the
-  current step (`lr × warmup_cosine(step; warmup_steps, total steps, min_lr_ratio)`), as if the run had used that
-  schedule from the start;
+  the process-group timeout, loader workers and prefetching, `eval.*`. The optimiser's moments are kept; the
+  learning rate becomes the new config's warmup-cosine schedule evaluated at the current step
+  (`lr × warmup_cosine(step; warmup_steps, total steps, min_lr_ratio)`), as if the run had used that schedule from
+  the start;
 - refused (the saved state would not mean what the new value says): the model, the data, the objective, the batch
   and micro-batch sizes, accumulation, seed, precision, weight decay, per-module learning rates, the best metric,
   the guards. A refused change is an error listing saved → new for each key; start a new run from the checkpoint
@@ -39,6 +39,7 @@ APPLIED = (
     "train.eval_every", "train.checkpoint_every", "train.keep_last", "train.grad_clip", "train.grad_checkpointing",
     "train.diagnostics_every", "train.nan_patience", "train.progress",
     "train.tensorboard", "train.wandb", "train.wandb_project", "train.wandb_name", "train.device", "train.tf32",
+    "train.dist_timeout_min",
     "train.compile", "train.encode_batch_size", "data.num_workers", "data.prefetch_factor", "data.preload", "eval",
 )  # fmt: skip
 REFUSED = (

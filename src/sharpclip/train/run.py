@@ -19,11 +19,10 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import random
+import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from sharpclip import devices
@@ -37,7 +36,7 @@ from sharpclip.losses import Objective
 from sharpclip.models.base import DualEncoder
 from sharpclip.models.factory import create_model, save_checkpoint
 from sharpclip.models.preprocessing import model_transforms
-from sharpclip.train import distributed, run_dir
+from sharpclip.train import checkpoint, distributed, run_dir
 from sharpclip.train import resume as resume_policy
 from sharpclip.train.features import build_objective, check_provided
 from sharpclip.train.logging import log
@@ -46,12 +45,6 @@ from sharpclip.train.trainer import Trainer, TrainerState
 RESOLVED_CONFIG = resume_policy.RESOLVED_CONFIG
 RESUMES = "resumes.jsonl"  # one line per resume: the step, the checkpoint and the settings it changed
 GUARDS_INITIAL = "guards_initial.json"  # the guards' evaluation report of the initial model (train.guards)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 @contextlib.contextmanager
@@ -180,7 +173,7 @@ def build_trainer(cfg: Config, evaluate: Evaluate | None = None) -> Trainer:
     device = devices.resolve_device(cfg.train.device, "train.device")
     devices.check_precision(cfg.train.precision, device, "train.precision")  # before the model is built
     objective = check_config(cfg)  # every input against the feature table, every parameter typed, formats known
-    seed_everything(cfg.train.seed)
+    checkpoint.seed_rngs(cfg.train.seed)  # the same weights on every rank (then broadcast from rank 0 anyway)
     model = create_model(cfg.model).to(device)
     log_model(model, cfg.model.name)
     distributed.broadcast_parameters(model)
@@ -216,7 +209,7 @@ def run_train(cfg: Config, resume: str | Path | None = None, overwrite: bool = F
     directory; `cfg` may change only what train.resume applies (the rest is an error listing saved → new).
     """
     device = devices.resolve_device(cfg.train.device, "train.device")
-    distributed.init_from_env(device)
+    distributed.init_from_env(device, cfg.train.dist_timeout_min)
     directory, named = resume_policy.locate(resume) if resume is not None else (Path(cfg.train.output_dir), None)
     mode = "resume" if resume is not None else "overwrite" if overwrite else "fresh"
     try:
@@ -256,7 +249,48 @@ def _open(cfg: Config, directory: Path, mode: str) -> tuple[dict, run_dir.RunLoc
 
     changed = _together(check)
     lock = _together(lambda: run_dir.open_run_dir(directory, mode) if distributed.rank() == 0 else None)
+    try:
+        check_shared_dir(directory)
+    except run_dir.RunDirError:
+        if lock is not None:
+            lock.release()
+        raise
     return changed, lock
+
+
+SHARED_CHECK = ".shared-dir-check"  # rank 0's token, read back by every rank, then removed
+
+
+def check_shared_dir(directory: Path) -> None:
+    """Refuse a run whose ranks do not all see `directory` as rank 0 writes it (every rank must call it).
+
+    Rank 0 writes the checkpoints and logs, and every rank reads them back on resume, so the ranks of several nodes
+    need one shared file system path as `train.output_dir`. Rank 0 writes a random token there; every rank reads it
+    back; a rank that finds another or none raises `RunDirError` on every rank. Nothing to check on one process."""
+    if distributed.world_size() == 1:
+        return
+    token = distributed.all_ranks(secrets.token_hex(8))[0]
+    path, wrote = directory / SHARED_CHECK, True
+    if distributed.rank() == 0:
+        try:
+            path.write_text(token)
+        except OSError:
+            wrote = False
+    if not distributed.all_true(wrote):  # also the barrier: no rank reads before rank 0 has written
+        raise run_dir.RunDirError(f"{directory}: rank 0 cannot write the run directory; check its permissions")
+    try:
+        seen = path.read_text()
+    except OSError:
+        seen = None
+    same = distributed.all_flags(seen == token)
+    if distributed.rank() == 0:
+        path.unlink(missing_ok=True)
+    if not all(same):
+        others = ", ".join(str(r) for r, ok in enumerate(same) if not ok)
+        raise run_dir.RunDirError(
+            f"{directory}: rank {others} does not see the run directory rank 0 writes; the ranks of several nodes "
+            "need one shared file system path as train.output_dir (and for --resume)"
+        )
 
 
 def _together(step):
@@ -292,7 +326,8 @@ def _start(
 
 
 def _record_resume(directory: Path, step: int, path: Path, changed: dict) -> None:
-    record = {"step": step, "checkpoint": path.name, "changed": {k: list(v) for k, v in changed.items()}}
+    record = {"step": step, "checkpoint": path.name, "changed": {k: list(v) for k, v in changed.items()},
+              "world_size": distributed.world_size()}  # fmt: skip
     with open(directory / RESUMES, "a", encoding="utf-8") as f:
         f.write(json.dumps(record, default=str) + "\n")
 

@@ -9,6 +9,13 @@ Before the loop the trainer puts everything that computes on `train.device`: the
 frozen towers (batches follow in train.features, the one place that moves them); it compiles the towers under
 `train.compile` and turns on activation checkpointing under `train.grad_checkpointing`.
 
+Ranks stay in step: before each step every rank says whether it holds a batch (one all-reduce of W flags; none on
+one process), and when one has run out every rank ends the epoch there, with a warning. The budget is
+`train.epochs` passes (or `train.max_steps` steps), however many batches skipped samples removed; an epoch with no
+batch at all stops the run. Checkpoints hold every rank's loader position and random streams and the world size; a
+resume on another number of ranks continues at the next epoch boundary (`Trainer.resume`). With several ranks, each
+reseeds its generators with `seed + rank` once the weights are equal, so ranks draw different dropout noise.
+
 Numerical faults are told apart: a step with a non-finite loss or gradient is skipped (bad data, or bf16 overflow);
 an update that leaves a weight non-finite stops the run at once, before anything is checkpointed; and when every
 step after one update fails and that update blew up the weights (`DIVERGED_GROWTH`), the stop message blames the
@@ -22,7 +29,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -105,10 +112,15 @@ class Trainer:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.state = TrainerState()
         self._resume_rng: dict | None = None  # RNG states to restore once the resumed epoch's iterator exists
+        self._resumed_epoch = False  # the next epoch continues a checkpoint's epoch part-way
+        self._ran_out: list[int] = []  # the ranks whose loader ended the last epoch early
+        self._end_at_once = False  # the resumed epoch ends without a batch (resumed on another world size)
         self._weights = largest_weight(self.params)  # max |w| after the last update
         self._last_update: dict[str, float] = {}  # the last successful update: step, lr, max |w| before and after
         self._data_wait = 0.0  # seconds the current step waited for its batch (progress bar)
         self.is_main = distributed.rank() == 0
+        if distributed.world_size() > 1:  # the weights are equal on every rank by now: from here ranks draw apart
+            checkpoint.seed_rngs(cfg.seed + distributed.rank())  # dropout, augmentation in the main process, workers
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         sinks = (cfg.tensorboard, cfg.wandb, cfg.wandb_project, cfg.wandb_name)
@@ -130,7 +142,7 @@ class Trainer:
             f", encoded {self.cfg.encode_batch_size} rows a pass" if self.cfg.encode_batch_size else "",
         )  # fmt: skip
         bar = progress(self.total_steps, self.state.step, self.cfg.progress and self.is_main)
-        while self.state.step < self.total_steps:
+        while self._budget_left():
             self._epoch(bar)
         bar.close()
         self.logger.close()
@@ -143,15 +155,27 @@ class Trainer:
         per_rank = self.cfg.batch_size // distributed.world_size()
         return self.cfg.batch_size if self.cfg.accumulation == "exact" else min(self.micro, per_rank)
 
+    def _budget_left(self) -> bool:
+        """train.max_steps counts steps; otherwise the budget is train.epochs passes over the data, however many
+        steps skipped samples or batches left in each (the schedule's length is only the announced count)."""
+        if self.cfg.max_steps:
+            return self.state.step < self.total_steps
+        return self.state.epoch < self.cfg.epochs
+
     def _epoch(self, bar) -> None:
         self.model.train()
         self.loader.set_epoch(self.state.epoch)
+        announced = len(self.loader)  # before iterating: a sampler's len() counts the batches still to come
         batches = iter(self.loader)
         if self._resume_rng is not None:  # after the iterator drew its seed (see resume)
             checkpoint.set_rng_state(self._resume_rng, self.device)
             self._resume_rng = None
         saturated = []  # (saturated, all) contrastive matrices of each step
+        taken, budget = 0, self.state.step < self.total_steps
+        if self._end_at_once:  # resumed on another world size part-way through this epoch (see _change_world)
+            self._end_at_once, batches = False, iter(())
         for batch in self._steps(batches):
+            taken += 1
             record = self._train_step(batch)
             if record is None:  # a skipped (non-finite) step: nothing to count, log or save
                 continue
@@ -169,18 +193,53 @@ class Trainer:
             if self.cfg.checkpoint_every and self.state.step % self.cfg.checkpoint_every == 0:
                 self.save()
             checkpoint.fault_point("step", self.state.step)
+        self._check_epoch_length(taken, announced, budget)
         self._end_epoch(saturated)
 
-    def _steps(self, batches: Iterable[Batch]) -> Iterable[Batch]:
-        batches = iter(batches)
-        while True:
-            # data wait for the progress bar (open_clip's "Data (t)"): how long the step waited for its batch
+    def _steps(self, batches: Iterator[Batch]) -> Iterator[Batch]:
+        """The epoch's batches while the step budget lasts and every rank holds one.
+
+        Each rank asks the others before every step (one all-reduce of W flags; no collective on one process): when
+        any rank's loader is exhausted early (a batch of only bad samples skipped, uneven shards, a shard count that
+        overstates the data), every rank ends the epoch here together, rather than pairing one rank's gather with
+        another's barrier and waiting forever. The wait for each batch is timed for the progress bar (open_clip's
+        "Data (t)").
+        """
+        self._ran_out = []
+        while self.state.step < self.total_steps:
             start = time.perf_counter()
             batch = next(batches, None)
             self._data_wait = time.perf_counter() - start
-            if batch is None or self.state.step >= self.total_steps:
+            ready = distributed.all_flags(batch is not None)
+            if not all(ready):
+                self._ran_out = [r for r, has in enumerate(ready) if not has]
                 return
             yield batch
+
+    def _check_epoch_length(self, taken: int, announced: int, budget: bool) -> None:
+        """Stop on an epoch with no batch at all (every sample bad: otherwise the run would loop over empty epochs);
+        warn on one shorter than announced. A resumed epoch starts part-way, so only its emptiness is expected."""
+        resumed, self._resumed_epoch = self._resumed_epoch, False
+        if resumed or not budget or self.state.step >= self.total_steps:
+            return
+        report = getattr(self.loader, "report", None)
+        bad = ""
+        if report is not None and report.items:  # the counts per reason and the first one, on one line
+            bad = f"; {report.summary().splitlines()[0].rstrip(':')}, the first {report.items[0]}"
+        if not taken:
+            raise ValueError(
+                f"epoch {self.state.epoch} yielded no training batch of {self.cfg.batch_size} rows{bad}: the data "
+                "holds no usable samples under data.on_bad_sample=skip; check it with `sharpclip validate-data`"
+            )
+        if taken < announced and self.is_main:
+            who = "the loader ran out"
+            if distributed.world_size() > 1:
+                ranks = ", ".join(map(str, self._ran_out))
+                who = f"rank {ranks} ran out, so every rank stopped; the others' remaining batches go unseen"
+            log.warning(
+                "epoch %d ended after %d of %d batches: %s (skipped bad samples, uneven shards or shard sizes that "
+                "overstate the data)%s", self.state.epoch, taken, announced, who, bad,
+            )  # fmt: skip
 
     def _end_epoch(self, saturated: list[tuple[float, float]]) -> None:
         if saturated:  # image-caption objectives: HN-CLIP §2.1's saturation share of this epoch's batches
@@ -320,18 +379,24 @@ class Trainer:
 
     # -- checkpoints ------------------------------------------------------------------------------------------
     def save(self, best: bool = False) -> Path:
-        """Write a checkpoint of the current step (rank 0), including the loader position and all RNG states;
-        `best`: mark it best (before pruning). The checkpoint just written and the best are never pruned."""
+        """Write a checkpoint of the current step (rank 0), including every rank's loader position and RNG states,
+        the world size and the per-rank batch; `best`: mark it best (before pruning). The checkpoint just written and
+        the best are never pruned. Every rank must call it (the per-rank states are gathered)."""
         path = self.ckpt_dir / checkpoint.checkpoint_name(self.state.step)
+        world = distributed.world_size()
+        loaders = distributed.all_ranks(self.loader.state_dict())  # each rank's position and RNG: no collective on 1
+        rngs = distributed.all_ranks(checkpoint.rng_state(self.device))
         if self.is_main:
             if not math.isfinite(largest_weight(self.params)):  # _check_weights stops earlier; never save such weights
                 raise TrainingDiverged(f"refusing to checkpoint non-finite weights at step {self.state.step}")
             training_state = {
                 "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(),
-                "rng": checkpoint.rng_state(self.device),
+                "rng": rngs[0],
+                "rank_rng": rngs,
             }
-            trainer_state = {**asdict(self.state), "loader": self.loader.state_dict(), "logs": self._log_sizes()}
+            trainer_state = {**asdict(self.state), "loader": loaders[0], "loaders": loaders, "world_size": world,
+                             "rank_batch": self.cfg.batch_size // world, "logs": self._log_sizes()}  # fmt: skip
             path = checkpoint.save(self.ckpt_dir, self.state.step, self.write_model, training_state, trainer_state)
             if best:
                 checkpoint.mark_best(self.ckpt_dir, path, self.state.best)
@@ -345,7 +410,8 @@ class Trainer:
         return {w.path.name: w.path.stat().st_size for w in writers if w.path.is_file()}
 
     def resume(self, path: Path, loaded: tuple | None = None) -> None:
-        """Continue exactly from checkpoint `path`: weights, optimiser, schedule, loader position, RNG.
+        """Continue exactly from checkpoint `path`: weights, optimiser, schedule, each rank's loader position and RNG
+        (on another number of ranks: from the next clean boundary, see `_change_world`).
 
         `loaded`: `checkpoint.load(path)` already read (and checked). The learning rate then follows this trainer's
         config at the restored step (train.resume documents what may change); the JSONL logs are cut back to what
@@ -355,15 +421,52 @@ class Trainer:
         self.model.load_state_dict(weights)
         self.optimizer.load_state_dict(training["optimizer"])
         self.scheduler.load_state_dict(training["scheduler"])
-        self.loader.load_state_dict(trainer_state.pop("loader"))
+        ranks, saved_world, first = self._rank_states(trainer_state, training)
         logs = trainer_state.pop("logs", None)
         self.state = TrainerState(**trainer_state)
-        self._resume_rng = training["rng"]
+        self._resumed_epoch = True
+        if ranks is not None:  # the same world size: each rank continues its own position and random streams
+            self.loader.load_state_dict(ranks[0])
+            self._resume_rng = ranks[1]
+        else:
+            self._change_world(saved_world, first)
         self._reschedule()
         self._weights = largest_weight(self.params)
         if self.is_main:
             self._cut_logs(logs)
         log.info("resumed from %s at step %d (epoch %d)", path, self.state.step, self.state.epoch)
+
+    def _rank_states(self, trainer_state: dict, training: dict) -> tuple[tuple[dict, dict] | None, int, dict]:
+        """(this rank's (loader state, RNG state), or None when the world size changed; the saved world size; rank
+        0's loader state), taken out of `trainer_state`. A checkpoint that predates per-rank states holds rank 0's,
+        which every rank then takes."""
+        world, rank = distributed.world_size(), distributed.rank()
+        first = trainer_state.pop("loader")
+        saved = int(trainer_state.pop("world_size", world))
+        loaders = trainer_state.pop("loaders", None) or [first] * world
+        trainer_state.pop("rank_batch", None)
+        rngs = training.get("rank_rng") or [training["rng"]] * world
+        return ((loaders[rank], rngs[rank]) if saved == world else None), saved, first
+
+    def _change_world(self, ranks_saved: int, saved: dict) -> None:
+        """Resume on another number of ranks at the next clean boundary: the saved epoch's start when the checkpoint
+        is there, else the end of the saved epoch (validated and saved at once), then the next epoch from its start.
+        Each rank's batches differ in size and content on another world size, so the saved epoch cannot continue
+        part-way; the global batch and the step count are unchanged. Random streams restart from (seed, rank, step)."""
+        world, rank = distributed.world_size(), distributed.rank()
+        done = int(saved.get("batches_done", saved.get("start", 0)))
+        if done:
+            self._end_at_once = True
+        if self.is_main:
+            rest = (f"the rest of epoch {self.state.epoch} after its {done} batches done is skipped (that epoch is "
+                    f"validated and saved now), training continues at the start of epoch {self.state.epoch + 1}"
+                    if done else f"training continues at the start of epoch {self.state.epoch}")  # fmt: skip
+            log.warning(
+                "resumed on %d ranks, saved on %d (per-rank batch %d, was %d): %s, with the same global batch of %d",
+                world, ranks_saved, self.cfg.batch_size // world, self.cfg.batch_size // ranks_saved, rest,
+                self.cfg.batch_size,
+            )  # fmt: skip
+        checkpoint.seed_rngs(self.cfg.seed + rank + 1_000_003 * self.state.step)
 
     def _reschedule(self) -> None:
         """Each group's base rate from this config, times this config's schedule at the restored step."""
