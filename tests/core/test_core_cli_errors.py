@@ -67,6 +67,7 @@ def test_a_missing_eval_split_names_the_file_and_both_ways_out(tmp_path, capsys)
 
 def test_a_refused_run_directory_and_a_config_error_are_one_line(data, tmp_path, capsys):
     (tmp_path / "run").mkdir()
+    (tmp_path / "run" / ".sharpclip-run").write_text("{}\n")  # a run directory by sharpclip's own marker
     (tmp_path / "run" / "metrics.jsonl").write_text("{}\n")
     assert main(_train_args(data, tmp_path / "run")) == 2
     err = _one_line(capsys.readouterr().err)

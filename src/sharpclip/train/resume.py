@@ -31,6 +31,7 @@ from omegaconf import OmegaConf
 
 from sharpclip.config import Config, ConfigError, load_config
 from sharpclip.train import checkpoint
+from sharpclip.train.run_dir import MARKER
 from sharpclip.train.logging import log
 
 RESOLVED_CONFIG = "config.yaml"
@@ -89,6 +90,11 @@ def locate(target: str | Path) -> tuple[Path, Path | None]:
                 f"new run from it use model.name={path} with a new train.output_dir"
             )
         return run_dir, path
+    if not (path / RESOLVED_CONFIG).is_file() and (path / MARKER).is_file():
+        raise ConfigError(
+            f"--resume {path}: this run stopped during start-up, before it wrote {RESOLVED_CONFIG} or any "
+            "checkpoint; start it again with --overwrite"
+        )
     if not (path / RESOLVED_CONFIG).is_file():
         raise ConfigError(f"--resume {path}: not a run directory (no {RESOLVED_CONFIG}) nor RUN/checkpoints/step-N")
     return path, None
