@@ -237,10 +237,12 @@ def resolve_source(source: str | Path, best: bool = False) -> Path:
 
 def model_source(name: str, best: bool = False) -> tuple[str, str | None]:
     """(model.name, default report folder) for `sharpclip eval --model NAME [--best]`: a run directory becomes its
-    newest complete checkpoint (or best) with reports in `<run>/eval`; anything else is passed on as it is."""
+    newest complete checkpoint (or best) with reports in `<run>/eval/<checkpoint>` (one folder per checkpoint, so
+    the reports of different checkpoints never overwrite each other); anything else is passed on as it is."""
     path = Path(name).expanduser()
     if (path / "checkpoints").is_dir() and not (path / CHECKPOINT_CONFIG).is_file():
-        return str(resolve_source(path, best)), str(path / "eval")
+        found = resolve_source(path, best)
+        return str(found), str(path / "eval" / found.name)
     if best:
         raise CheckpointError(f"{name}: --best picks a checkpoint of a run directory (one with checkpoints/)")
     return name, None
