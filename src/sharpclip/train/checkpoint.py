@@ -168,8 +168,14 @@ def all_checkpoints(directory: Path) -> list[Path]:
 
 
 def mark_diverged(checkpoint: Path, reason: str) -> None:
-    """Keep `checkpoint` for inspection but out of resume, export and pruning: its weights made training fail."""
+    """Keep `checkpoint` for inspection but out of resume, export and pruning: its weights made training fail.
+    A best.json naming it is removed (the metric it recorded was measured on weights that then diverged)."""
     (checkpoint / DIVERGED).write_text(json.dumps({"reason": reason}, indent=2) + "\n")
+    if best(checkpoint.parent) == checkpoint:
+        (checkpoint.parent / BEST).unlink()
+        logging.getLogger("sharpclip.train").warning(
+            "removed %s: it named %s, which is marked diverged", checkpoint.parent / BEST, checkpoint.name
+        )
 
 
 def latest(directory: Path) -> Path | None:
@@ -232,6 +238,11 @@ def resolve_source(source: str | Path, best: bool = False) -> Path:
     found = pick(checkpoints) if checkpoints.is_dir() else None
     if found is None or not (found / CHECKPOINT_CONFIG).is_file():
         raise CheckpointError(_no_checkpoint(source, found, best))
+    if (found / DIVERGED).is_file():  # a best.json older than the divergence (written before it was dropped)
+        raise CheckpointError(
+            f"{source}: best.json names {found.name}, which is marked diverged ({found / DIVERGED}); drop --best to "
+            "use the newest complete checkpoint"
+        )
     return found
 
 

@@ -188,8 +188,13 @@ class Trainer:
         if self.evaluate is None or not every or (self.state.epoch + 1) % every:
             return None
         self.model.eval()
-        with torch.no_grad():
-            metrics = self.evaluate(self.model)
+        try:
+            with torch.no_grad():
+                metrics = self.evaluate(self.model)
+        except (ValueError, RuntimeError) as err:  # e.g. non-finite embeddings: blame a blown-up update if it was one
+            if (message := self._diverged_update()) is not None:
+                raise TrainingDiverged(message) from err
+            raise
         self.model.train()
         evals = {f"eval/{k}": v for k, v in metrics.items()}
         self.logger.step({"step": self.state.step, "epoch": self.state.epoch, **evals})
@@ -283,10 +288,14 @@ class Trainer:
         suspect = self.ckpt_dir / checkpoint.checkpoint_name(step)
         if self.is_main and suspect.is_dir():
             checkpoint.mark_diverged(suspect, f"every step after the update of step {step} failed")
+        since = (
+            f"each of the {self.state.bad_steps} steps since then had a non-finite loss or gradient"
+            if self.state.bad_steps
+            else "the validation after it failed on non-finite outputs"
+        )
         return (
             f"the update of step {step} diverged: it grew the largest |weight| from {last['before']:.3g} to "
-            f"{last['after']:.3g} (learning rate {last['lr']:.3g}), and each of the {self.state.bad_steps} steps "
-            "since then had a non-finite loss or gradient. Lower train.lr or lengthen "
+            f"{last['after']:.3g} (learning rate {last['lr']:.3g}), and {since}. Lower train.lr or lengthen "
             "train.warmup_steps. Checkpoints holding those weights are marked diverged; a resume uses the one before"
         )
 
