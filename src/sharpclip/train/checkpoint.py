@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 
 from sharpclip.models.factory import CHECKPOINT_CONFIG, WEIGHTS, read_weights
 
@@ -39,6 +40,7 @@ TRAINING_STATE = "training_state.pt"
 TRAINER_STATE = "trainer_state.json"
 BEST = "best.json"
 DIVERGED = "diverged.json"
+LOW_SPACE = 1 << 20  # bytes free below which a failed write is put down to a full disk
 
 
 class CheckpointError(RuntimeError):
@@ -109,11 +111,29 @@ def save(
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-    except OSError as err:  # disk full, read-only file system, permissions: the run stops with one clear line
+    except (OSError, RuntimeError, SafetensorError) as err:  # disk full, read-only, permissions: one clear line
+        reason = _write_failure(err, tmp)
         shutil.rmtree(tmp, ignore_errors=True)
-        reason = err.strerror or str(err) or type(err).__name__
-        raise CheckpointError(f"cannot write checkpoint to {directory}: {reason.lower()}") from err
+        if reason is None:
+            raise
+        raise CheckpointError(f"cannot write checkpoint to {directory}: {reason}") from err
     return final
+
+
+def _write_failure(err: Exception, tmp: Path) -> str | None:
+    """Why writing into `tmp` failed, in words; None for an error that is not about the file system (a bug).
+
+    torch.save reports a full disk as a RuntimeError ("unexpected pos ..."), safetensors as a SafetensorError:
+    either counts as a full disk when the message says so or the file system has (next to) no space left."""
+    if isinstance(err, OSError):
+        return (err.strerror or str(err) or type(err).__name__).lower()
+    try:
+        free = shutil.disk_usage(tmp if tmp.exists() else tmp.parent).free
+    except OSError:
+        free = None
+    if "no space left" in str(err).lower() or (free is not None and free < LOW_SPACE):
+        return "no space left on device"
+    return None
 
 
 def load_training_state(checkpoint: Path) -> dict[str, Any]:
