@@ -11,6 +11,7 @@ from dataclasses import fields, is_dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 from _support.tiny_files import tiny_config, write_generic
 from sharpclip.cli import main
@@ -150,3 +151,73 @@ def test_a_run_written_by_an_older_version_stays_readable_without_its_removed_ke
     assert sum("no longer a setting" in m for m in ignored) == 3 and any("data.image_size" in m for m in ignored)
     with pytest.raises(ConfigError, match=r"data\.image_size' is no longer a setting"):  # a recipe still refuses it
         load_config(run / "config.yaml")
+
+
+def _recipe(data: Path, path: Path, *extra: str) -> Path:
+    """The recipe `trained` was started from, without its cadence overrides (keep_last, checkpoint_every, steps)."""
+    lines = ["model:", "  name: tiny-clip", "data:", "  format: generic", f"  root: {data}", "  num_workers: 0",
+             "train:", "  batch_size: 4", "  micro_batch_size: 4", "  lr: 0.001", "  epochs: 1", "  warmup_steps: 1",
+             "  progress: false", *extra]  # fmt: skip
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_the_recipe_given_again_on_resume_keeps_the_runs_own_settings(data, trained, tmp_path):
+    run = _copy(trained, tmp_path / "run")  # started with train.keep_last=5 train.checkpoint_every=1
+    cfg = load_resume_config(run, [str(_recipe(data, tmp_path / "recipe.yaml"))], ["train.max_steps=4"])
+    assert cfg.train.keep_last == 5 and cfg.train.checkpoint_every == 1
+    run_train(cfg, resume=run)
+    names = [p.name for p in checkpoint.all_checkpoints(run / "checkpoints")]
+    assert names == [f"step-00000{i}" for i in (1, 2, 3, 4)]  # nothing pruned behind the user's back
+    assert set(json.loads((run / RESUMES).read_text().splitlines()[-1])["changed"]) == {"train.max_steps"}
+
+
+def test_a_recipe_that_lowers_keep_last_needs_the_override(data, trained, tmp_path):
+    run = _copy(trained, tmp_path / "run")
+    recipe = str(_recipe(data, tmp_path / "recipe.yaml", "  keep_last: 1"))
+    with pytest.raises(ConfigError, match=r"train\.keep_last would drop from 5 to 1.*train\.keep_last=1 to confirm"):
+        load_resume_config(run, [recipe], ["train.max_steps=3"])
+    cfg = load_resume_config(run, [recipe], ["train.max_steps=3", "train.keep_last=1"])
+    run_train(cfg, resume=run)
+    kept = [p.name for p in checkpoint.all_checkpoints(run / "checkpoints")]
+    assert "step-000001" not in kept and "step-000003" in kept  # confirmed: pruned to the newest and the best
+
+
+def _edit(run: Path, key: str, value) -> None:
+    """Change one dotted key of the run's config.yaml by hand."""
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    *path, last = key.split(".")
+    node = config
+    for part in path:
+        node = node[part]
+    assert last in node
+    node[last] = value
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+
+
+def test_hand_edits_of_config_yaml_are_reconciled_against_the_checkpoints_own_config(trained, tmp_path):
+    run = _copy(trained, tmp_path / "seed")
+    _edit(run, "train.seed", 5)  # a refused key cannot be changed by editing the file
+    with pytest.raises(ConfigError, match="train.seed: 0 → 5"):
+        run_train(load_resume_config(run, [], ["train.max_steps=3"]), resume=run)
+    run = _copy(trained, tmp_path / "width")
+    _edit(run, "model.tiny.width", 64)  # one line naming the key, not a state-dict traceback
+    with pytest.raises(ConfigError, match="model.tiny.width: 32 → 64"):
+        run_train(load_resume_config(run, [], []), resume=run)
+    run = _copy(trained, tmp_path / "lr")
+    _edit(run, "train.lr", 0.0005)  # an applied key: used, and recorded like an override
+    run_train(load_resume_config(run, [], ["train.max_steps=3"]), resume=run)
+    changed = json.loads((run / RESUMES).read_text().splitlines()[-1])["changed"]
+    assert changed["train.lr"] == [1e-3, 5e-4]
+
+
+def test_a_newest_checkpoint_whose_weights_do_not_fit_the_model_falls_back(data, trained, tmp_path, caplog):
+    run = _copy(trained, tmp_path / "run")
+    other = tmp_path / "other"  # another model's weights copied over the newest checkpoint's
+    run_train(tiny_config(data, other, "model.tiny.width=64", "train.max_steps=1"))
+    bad = run / "checkpoints" / "step-000002" / "model.safetensors"
+    shutil.copy(other / "checkpoints" / "step-000001" / "model.safetensors", bad)
+    with caplog.at_level(logging.WARNING, logger="sharpclip.train"):
+        assert run_train(load_resume_config(run, [], ["train.max_steps=3"]), resume=run).step == 3
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(str(bad) in w and "does not fit the model" in w and "falling back" in w for w in warnings), warnings
