@@ -11,6 +11,7 @@ from dataclasses import fields, is_dataclass
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from _support.tiny_files import tiny_config, write_generic
@@ -221,3 +222,81 @@ def test_a_newest_checkpoint_whose_weights_do_not_fit_the_model_falls_back(data,
         assert run_train(load_resume_config(run, [], ["train.max_steps=3"]), resume=run).step == 3
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any(str(bad) in w and "does not fit the model" in w and "falling back" in w for w in warnings), warnings
+
+
+def _without_speed(records: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "samples_per_s"} for r in records]
+
+
+def test_a_kill_after_the_last_checkpoint_before_the_epochs_end_runs_the_final_validation_on_resume(
+    data, trained, tmp_path, monkeypatch
+):
+    run = tmp_path / "run"
+    fault = checkpoint.fault_point
+
+    def killed_after_step_2(where, step):  # as SHARPCLIP_FAULT=step:2: after step 2's checkpoint, before validation
+        if (where, step) == ("step", 2):
+            raise KeyboardInterrupt
+        fault(where, step)
+
+    monkeypatch.setattr(checkpoint, "fault_point", killed_after_step_2)
+    with pytest.raises(KeyboardInterrupt):
+        run_train(tiny_config(data, run, "train.warmup_steps=1"))
+    monkeypatch.undo()
+    assert not any("eval/" in k for r in _records(run) for k in r)
+    state = run_train(load_resume_config(run, [], []), resume=run)
+    assert state.step == 2 and state.epoch == 1  # the epoch was ended: validated, best chosen
+    assert _without_speed(_records(run)) == _without_speed(_records(trained))  # the uninterrupted run's records
+    assert checkpoint.best(run / "checkpoints").name == checkpoint.best(trained / "checkpoints").name
+
+
+def _dropout_model(tmp_path: Path) -> Path:
+    """The tiny CLIP as a sharpclip checkpoint folder with dropout 0.1 in both towers."""
+    from sharpclip.config import ModelConfig
+    from sharpclip.models import create_model, save_checkpoint
+
+    folder = tmp_path / "dropout-model"
+    save_checkpoint(create_model(ModelConfig()), folder, ModelConfig())
+    config = json.loads((folder / "config.json").read_text())
+    for tower in ("text_config", "vision_config"):
+        config[tower].update(attention_dropout=0.1, dropout=0.1)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_a_mid_epoch_resume_with_dropout_is_bit_identical(data, tmp_path):
+    from safetensors.torch import load_file
+
+    model = _dropout_model(tmp_path)
+    reference = tmp_path / "reference"
+    run_train(tiny_config(data, reference, f"model.name={model}", "train.max_steps=0", "train.epochs=2"))
+    run = _copy(reference, tmp_path / "run")
+    shutil.rmtree(run / "checkpoints" / "step-000004")  # as if killed after step 3 (mid-epoch: 2 steps an epoch)
+    run_train(load_resume_config(run, [], []), resume=run / "checkpoints" / "step-000001")
+    want = load_file(reference / "checkpoints" / "step-000004" / "model.safetensors")
+    got = load_file(run / "checkpoints" / "step-000004" / "model.safetensors")
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+    assert _without_speed(_records(run)) == _without_speed(_records(reference))
+
+
+def test_tensorboard_drops_the_replayed_steps_on_resume(trained, tmp_path, monkeypatch):
+    import sys
+    import types
+
+    made = []
+
+    class Writer:  # stands in for torch.utils.tensorboard.SummaryWriter (an optional extra)
+        def __init__(self, log_dir, purge_step=None):
+            made.append(purge_step)
+
+        def add_scalar(self, *args):
+            pass
+
+        def close(self):
+            pass
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=Writer))
+    run = _copy(trained, tmp_path / "run")
+    run_train(load_resume_config(run, [], ["train.tensorboard=true", "train.max_steps=3"]), resume=run / "checkpoints"
+              / "step-000001")  # fmt: skip
+    assert made == [None, 2]  # reopened to purge every event after step 1, which the resume replays

@@ -105,6 +105,8 @@ class Trainer:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.state = TrainerState()
         self._resume_rng: dict | None = None  # RNG states to restore once the resumed epoch's iterator exists
+        self._epoch_open = False  # steps of the current epoch were taken but its end (validation, best) is not done
+        self._saturated: list[tuple[float, float]] = []  # (saturated, all) contrastive matrices of this epoch's steps
         self._weights = largest_weight(self.params)  # max |w| after the last update
         self._last_update: dict[str, float] = {}  # the last successful update: step, lr, max |w| before and after
         self.is_main = distributed.rank() == 0
@@ -131,6 +133,8 @@ class Trainer:
         bar = progress(self.total_steps, self.state.step, self.cfg.progress and self.is_main)
         while self.state.step < self.total_steps:
             self._epoch(bar)
+        if self._epoch_open:  # resumed from a checkpoint of the last step, written before its epoch's end ran
+            self._end_epoch()
         bar.close()
         self.logger.close()
         report = getattr(self.loader, "report", None)  # data.SampleLoader: samples skipped under on_bad_sample: skip
@@ -149,19 +153,20 @@ class Trainer:
         if self._resume_rng is not None:  # after the iterator drew its seed (see resume)
             checkpoint.set_rng_state(self._resume_rng, self.device)
             self._resume_rng = None
-        saturated = []  # (saturated, all) contrastive matrices of each step
         for batch in self._steps(batches):
             record = self._train_step(batch)
             if record is None:  # a skipped (non-finite) step: nothing to count, log or save
                 continue
+            self._epoch_open = True
             if MATRICES_MONITOR in record:
-                saturated.append((record[SATURATED_MONITOR] * record[MATRICES_MONITOR], record[MATRICES_MONITOR]))
+                monitored = (record[SATURATED_MONITOR] * record[MATRICES_MONITOR], record[MATRICES_MONITOR])
+                self._saturated.append(monitored)
             bar.update(1)
             bar.set_postfix(loss=f"{record['loss']:.4f}", scale=f"{record['logit_scale']:.1f}")
             if self.cfg.checkpoint_every and self.state.step % self.cfg.checkpoint_every == 0:
                 self.save()
             checkpoint.fault_point("step", self.state.step)
-        self._end_epoch(saturated)
+        self._end_epoch()
 
     def _steps(self, batches: Iterable[Batch]) -> Iterable[Batch]:
         for batch in batches:
@@ -169,13 +174,15 @@ class Trainer:
                 return
             yield batch
 
-    def _end_epoch(self, saturated: list[tuple[float, float]]) -> None:
+    def _end_epoch(self) -> None:
+        saturated, self._saturated = self._saturated, []
         if saturated:  # image-caption objectives: HN-CLIP §2.1's saturation share of this epoch's batches
             share = sum(s for s, _ in saturated) / sum(n for _, n in saturated)
             log.info("epoch %d: %.1f%% of contrastive batches had InfoNCE < 1e-3", self.state.epoch, 100 * share)
             self.logger.step({"step": self.state.step, "epoch": self.state.epoch, "saturated_batches": share})
         metrics = self._evaluate()  # recorded under this epoch's index, as its steps are
         self.state.epoch += 1
+        self._epoch_open = False
         # every rank evaluates the same model on the same data, so every rank takes the same decision below
         held = metrics is not None and metrics.get(GUARDS_HOLD, 1.0) == 1.0  # train.guards' floors (if any) hold
         improved = held and metrics.get(self.cfg.best_metric, -math.inf) > self.state.best
@@ -327,7 +334,8 @@ class Trainer:
                 "scheduler": self.scheduler.state_dict(),
                 "rng": checkpoint.rng_state(self.device),
             }
-            trainer_state = {**asdict(self.state), "loader": self.loader.state_dict(), "logs": self._log_sizes()}
+            trainer_state = {**asdict(self.state), "loader": self.loader.state_dict(), "logs": self._log_sizes(),
+                             "epoch_open": self._epoch_open, "saturated": self._saturated}  # fmt: skip
             path = checkpoint.save(self.ckpt_dir, self.state.step, self.write_model, training_state, trainer_state)
             if best:
                 checkpoint.mark_best(self.ckpt_dir, path, self.state.best)
@@ -353,12 +361,15 @@ class Trainer:
         self.scheduler.load_state_dict(training["scheduler"])
         self.loader.load_state_dict(trainer_state.pop("loader"))
         logs = trainer_state.pop("logs", None)
+        self._epoch_open = bool(trainer_state.pop("epoch_open", False))  # then fit() owes that epoch its end
+        self._saturated = [tuple(pair) for pair in trainer_state.pop("saturated", [])]
         self.state = TrainerState(**trainer_state)
         self._resume_rng = training["rng"]
         self._reschedule()
         self._weights = largest_weight(self.params)
         if self.is_main:
             self._cut_logs(logs)
+            self.logger.resume_at(self.state.step)
         log.info("resumed from %s at step %d (epoch %d)", path, self.state.step, self.state.epoch)
 
     def _reschedule(self) -> None:
