@@ -149,3 +149,27 @@ def test_an_unsafe_training_state_is_refused_without_suggesting_weights_only_fal
         checkpoint.load_training_state(ckpt)
     assert str(ckpt / checkpoint.TRAINING_STATE) in str(err.value)
     assert "weights_only=False" not in str(err.value) and "weights_only" not in str(err.value)
+
+
+class _Payload:
+    """A pickle that would run code when loaded unsafely."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_a_pickle_payload_in_a_transformers_folder_is_refused_in_one_line_without_unsafe_advice(tmp_path, capsys):
+    folder = tmp_path / "hf"
+    create_model(ModelConfig()).hf_model.save_pretrained(folder)
+    (folder / "model.safetensors").unlink()
+    marker = tmp_path / "ran"
+    torch.save({"weight": _Payload(marker)}, folder / "pytorch_model.bin")
+    with pytest.raises(ValueError, match="hold objects other than tensors") as err:
+        create_model(ModelConfig(name=str(folder)))
+    assert "weights_only" not in str(err.value) and not marker.exists()
+    assert main(["eval", "--model", str(folder), "--suite", "retrieval"]) == 2
+    out = capsys.readouterr().err
+    assert "hold objects other than tensors" in out and "weights_only" not in out and not marker.exists()
