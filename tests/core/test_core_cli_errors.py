@@ -65,9 +65,9 @@ def test_a_full_disk_in_torch_save_or_safetensors_is_one_line_and_leaves_no_part
     """What a full disk really raises: torch.save a RuntimeError, safetensors a SafetensorError."""
     import shutil
 
-    import sharpclip.models.factory as factory
     from safetensors import SafetensorError
 
+    import sharpclip.models.factory as factory
     from sharpclip.train import checkpoint
 
     def torch_full(*args, **kwargs):

@@ -338,7 +338,8 @@ def test_eval_without_a_data_root_says_eval_data_root_is_empty(capsys: pytest.Ca
 def test_suite_lists_with_empty_entries_parse_and_a_bad_name_is_one_line(capsys: pytest.CaptureFixture) -> None:
     from sharpclip.cli import main, suite_names
 
-    assert suite_names("generic,,mmvp") == ["generic", "mmvp"] and suite_names(" docci , urban1k,") == ["docci", "urban1k"]
+    assert suite_names("generic,,mmvp") == ["generic", "mmvp"]
+    assert suite_names(" docci , urban1k,") == ["docci", "urban1k"]
     assert main(["eval", "--model", "tiny-clip", "--suite", "mmvp,,", "eval.progress=false"]) == 2
     assert "eval.data_root is empty" in capsys.readouterr().err  # parsed: it got as far as the missing data
     assert main(["eval", "--model", "tiny-clip", "--suite", "generic]", "eval.progress=false"]) == 2

@@ -178,7 +178,8 @@ def test_gamma_of_the_diagnostics_is_the_configured_hn_term_s():
 @pytest.mark.parametrize(
     ("override", "key"),
     [("loss.terms.hn.weight=-1", "loss.terms.hn.weight"), ("loss.terms.hn.weight=nan", "loss.terms.hn.weight"),
-     ("loss.terms.hn.weight=inf", "loss.terms.hn.weight"), ("loss.terms.hn.params.gamma=-1", "loss.terms.hn.params.gamma"),
+     ("loss.terms.hn.weight=inf", "loss.terms.hn.weight"),
+     ("loss.terms.hn.params.gamma=-1", "loss.terms.hn.params.gamma"),
      ("loss.terms.sig.params.gamma=-0.5", "loss.terms.sig.params.gamma")],
 )  # fmt: skip
 def test_a_negative_or_non_finite_weight_or_gamma_is_refused_naming_the_key(override, key):

@@ -14,8 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from sharpclip.cli import main
 from sharpclip.config import ModelConfig
-from sharpclip.models import create_model, save_checkpoint
-from sharpclip.models import export
+from sharpclip.models import create_model, export, save_checkpoint
 from sharpclip.models.export import EXPORT_RECORD, ExportError, export_model
 from sharpclip.train import checkpoint
 
@@ -66,7 +65,7 @@ def test_force_refuses_another_run_or_a_folder_of_user_files_and_names_them(ckpt
     exported = tmp_path / "hf"
     export_model(ckpt, exported)
     (exported / "notes.txt").write_text("mine")  # an earlier export with a file of the user's in it
-    with pytest.raises(ExportError, match="notes.txt"):
+    with pytest.raises(ExportError, match=r"notes\.txt"):
         export_model(ckpt, exported, force=True)
     assert (exported / "notes.txt").is_file() and (exported / "config.json").is_file()
 

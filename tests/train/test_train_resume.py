@@ -199,11 +199,11 @@ def _edit(run: Path, key: str, value) -> None:
 def test_hand_edits_of_config_yaml_are_reconciled_against_the_checkpoints_own_config(trained, tmp_path):
     run = _copy(trained, tmp_path / "seed")
     _edit(run, "train.seed", 5)  # a refused key cannot be changed by editing the file
-    with pytest.raises(ConfigError, match="train.seed: 0 → 5"):
+    with pytest.raises(ConfigError, match=r"train\.seed: 0 → 5"):
         run_train(load_resume_config(run, [], ["train.max_steps=3"]), resume=run)
     run = _copy(trained, tmp_path / "width")
     _edit(run, "model.tiny.width", 64)  # one line naming the key, not a state-dict traceback
-    with pytest.raises(ConfigError, match="model.tiny.width: 32 → 64"):
+    with pytest.raises(ConfigError, match=r"model\.tiny\.width: 32 → 64"):
         run_train(load_resume_config(run, [], []), resume=run)
     run = _copy(trained, tmp_path / "lr")
     _edit(run, "train.lr", 0.0005)  # an applied key: used, and recorded like an override

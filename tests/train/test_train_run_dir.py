@@ -19,8 +19,8 @@ import pytest
 from _support.tiny_files import tiny_config, write_generic
 from sharpclip.config import ConfigError, load_config
 from sharpclip.train import checkpoint
-from sharpclip.train.run import run_train
 from sharpclip.train.resume import load_resume_config
+from sharpclip.train.run import run_train
 from sharpclip.train.run_dir import LOCK, MARKER, RunDirError, RunLock, contents, open_run_dir
 
 

@@ -236,4 +236,3 @@ def fixed_inputs(model: HFDualEncoder, batch: int = 4, seed: int = 0) -> tuple[T
 
 def _maxdiff(a: Tensor, b: Tensor) -> float:
     return (a.float() - b.float()).abs().max().item()
-

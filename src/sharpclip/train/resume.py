@@ -38,8 +38,8 @@ from omegaconf import OmegaConf
 
 from sharpclip.config import Config, ConfigError, load_config
 from sharpclip.train import checkpoint
-from sharpclip.train.run_dir import MARKER
 from sharpclip.train.logging import log
+from sharpclip.train.run_dir import MARKER
 
 RESOLVED_CONFIG = "config.yaml"
 CHECKPOINT_RUN_CONFIG = "run_config.yaml"  # in each checkpoint: the resolved config its weights were trained with
@@ -184,7 +184,10 @@ def _checked(path: Path, loaded: tuple, expected: dict[str, Any] | None) -> tupl
     missing, unexpected = sorted(expected.keys() - weights.keys()), sorted(weights.keys() - expected.keys())
     shapes = [k for k in expected.keys() & weights.keys() if tuple(expected[k].shape) != tuple(weights[k].shape)]
     if missing or unexpected or shapes:
-        parts = [f"{what} {names[:3]}{' ...' if len(names) > 3 else ''}" for what, names in
-                 (("missing", missing), ("unexpected", unexpected), ("other shapes for", sorted(shapes))) if names]
+        parts = [
+            f"{what} {names[:3]}{' ...' if len(names) > 3 else ''}"
+            for what, names in (("missing", missing), ("unexpected", unexpected), ("other shapes for", sorted(shapes)))
+            if names
+        ]
         raise checkpoint.CorruptCheckpoint(path / checkpoint.WEIGHTS, f"does not fit the model ({'; '.join(parts)})")
     return loaded

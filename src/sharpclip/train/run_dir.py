@@ -162,7 +162,7 @@ class RunLock:
                     continue
                 break
             else:
-                raise RunDirError(f"{self.path}: could not take the run directory's lock; another run is starting there")
+                raise RunDirError(f"{self.path}: could not take the lock; another run is starting there")
         except BaseException:
             os.close(fd)
             raise
