@@ -233,6 +233,9 @@ def test_overwrite_refuses_a_run_directory_that_also_holds_other_files_and_names
     _fake_old_run(run, (40,))
     (run / "thesis.tex").write_text("years of work")
     (run / "checkpoints" / "notes.txt").write_text("mine")
+    with pytest.raises(RunDirError, match="--resume") as fresh:
+        run_train(tiny_config(data, run))
+    assert "--overwrite" not in str(fresh.value)  # it would refuse: not suggested
     with pytest.raises(RunDirError, match=r"checkpoints/notes\.txt, thesis\.tex"):
         run_train(tiny_config(data, run), overwrite=True)
     assert (run / "thesis.tex").is_file() and (run / "checkpoints" / "step-000040").is_dir()

@@ -90,7 +90,12 @@ def check_run_dir(path: Path, mode: str) -> None:
     found = contents(path)
     if not found or mode == "resume":
         return
-    run = is_run_dir(path)
+    run, extra = is_run_dir(path), foreign(path)
+    if mode == "fresh" and run and extra:  # --overwrite would refuse: do not suggest it
+        raise RunDirError(
+            f"train.output_dir={path} holds a run and files a run does not write ({_shown(extra)}); continue the "
+            f"run with `--resume {path}`, or choose a new train.output_dir"
+        )
     if mode == "fresh" and run:
         raise RunDirError(
             f"train.output_dir={path} is not empty ({_shown(found)}); continue that run with `--resume {path}`, "
@@ -102,7 +107,6 @@ def check_run_dir(path: Path, mode: str) -> None:
             f"{MARKER} nor checkpoints/step-*/trainer_state.json); sharpclip will not write into it or empty it: "
             "choose a new train.output_dir"
         )
-    extra = foreign(path)
     if mode == "overwrite" and extra:
         raise RunDirError(
             f"--overwrite: the run directory {path} also holds files a run does not write ({_shown(extra)}); "
