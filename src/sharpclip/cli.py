@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import logging
 import os
+import re
 import sys
 import traceback
 from collections.abc import Sequence
@@ -254,6 +255,16 @@ def _eval_config(args: argparse.Namespace, overrides: list[str], run_out: str | 
     return _load(args, overrides)
 
 
+def suite_names(text: str) -> list[str]:
+    """`--suite a,,b` → ['a', 'b']: split on commas here, empty entries dropped; a name that is not a plain word
+    (letters, digits, _ . -) is a one-line error rather than YAML's."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if not re.fullmatch(r"[\w.-]+", n)]
+    if bad or not names:
+        raise ValueError(f"--suite {text!r}: {bad[0]!r} is not a suite name" if bad else f"--suite {text!r}: no suite")
+    return names
+
+
 def _add_eval(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="evaluate a model on benchmark suites: JSON + markdown report and eval manifest")
     _config_args(p, "eval.recall_k=[1,5,10]")
@@ -273,7 +284,7 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
             flags = {"model.name": model, "eval.data_root": args.data_root, "eval.output_dir": args.out or out}
             overrides = [f"{k}={v}" for k, v in flags.items() if v is not None]
             if args.suite:
-                overrides.append(f"eval.suites=[{args.suite}]")
+                overrides.append(f"eval.suites=[{','.join(suite_names(args.suite))}]")
             paths = run_eval(_eval_config(args, overrides, out))
         except (OSError, ValueError, CheckpointError) as err:  # no checkpoint, missing benchmark files, unknown suite
             print(f"sharpclip eval: {err}", file=sys.stderr)

@@ -58,6 +58,36 @@ def test_a_full_disk_says_which_checkpoint_directory_could_not_be_written(data, 
     assert not list((tmp_path / "run" / "checkpoints").glob(".step-*.tmp"))  # the partial write is cleaned up
 
 
+@pytest.mark.parametrize("where", ["training state", "weights"])
+def test_a_full_disk_in_torch_save_or_safetensors_is_one_line_and_leaves_no_partial_folder(
+    data, tmp_path, capsys, monkeypatch, where
+):
+    """What a full disk really raises: torch.save a RuntimeError, safetensors a SafetensorError."""
+    import shutil
+
+    from safetensors import SafetensorError
+
+    import sharpclip.models.factory as factory
+    from sharpclip.train import checkpoint
+
+    def torch_full(*args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1344 vs 1232")
+
+    def safetensors_full(*args, **kwargs):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    if where == "weights":
+        monkeypatch.setattr(factory, "save_weights", safetensors_full)
+    else:
+        monkeypatch.setattr(checkpoint.torch, "save", torch_full)
+        usage = shutil.disk_usage(tmp_path)
+        monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: usage._replace(free=4096))  # a full disk
+    assert main(_train_args(data, tmp_path / "run", "train.eval_every=0")) == 2
+    err = _one_line(capsys.readouterr().err)
+    assert f"cannot write checkpoint to {tmp_path / 'run' / 'checkpoints'}: no space left on device" in err
+    assert not list((tmp_path / "run" / "checkpoints").glob(".step-*"))
+
+
 def test_a_missing_eval_split_names_the_file_and_both_ways_out(tmp_path, capsys):
     root = write_generic(tmp_path / "d", splits=("train",))
     assert main(_train_args(root, tmp_path / "run", "data.eval_split=val")) == 2
@@ -67,6 +97,7 @@ def test_a_missing_eval_split_names_the_file_and_both_ways_out(tmp_path, capsys)
 
 def test_a_refused_run_directory_and_a_config_error_are_one_line(data, tmp_path, capsys):
     (tmp_path / "run").mkdir()
+    (tmp_path / "run" / ".sharpclip-run").write_text("{}\n")  # a run directory by sharpclip's own marker
     (tmp_path / "run" / "metrics.jsonl").write_text("{}\n")
     assert main(_train_args(data, tmp_path / "run")) == 2
     err = _one_line(capsys.readouterr().err)

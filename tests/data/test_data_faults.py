@@ -121,3 +121,31 @@ def test_a_batch_whose_every_sample_is_bad_is_skipped_and_counted(tmp_path):
     assert [b.ids for b in batches] == [["r2", "r3"]]
     assert loader.batches_skipped == 1 and len(loader.report.items) == 2
     assert loader.epoch_sizes["skipped_batches"] == 1
+
+
+def test_an_empty_csv_caption_is_an_empty_caption_not_a_missing_field(tmp_path):
+    rows = [b"id,image,caption,group\n", b"r0,0.png,a red square,\n", b"r1,1.png,,\n", b"r2,2.png,a red square,\n"]
+    cfg = _generic(tmp_path / "d", rows, suffix=".csv")
+    report = validate(cfg, "train")
+    assert report.samples == 2
+    assert any("train.csv:row 2" in e and "empty caption" in e for e in report.errors), report.errors
+    assert not any("missing field" in e for e in report.errors)
+
+
+def test_a_missing_split_beside_other_split_files_names_the_split_file(tmp_path):
+    cfg = _generic(tmp_path / "d", [_jsonl(0), _jsonl(1)])
+    (tmp_path / "d" / "words.txt").write_text("a\nred\nsquare\n")  # a vocabulary beside the data, as documented
+    with pytest.raises(FileNotFoundError, match=r"no val\.jsonl, val\.csv or val\.tsv \(the split files there: "
+                                                r"train\.jsonl\)"):  # fmt: skip
+        read_samples(cfg, "val")
+
+
+def test_a_truncated_synthdense_manifest_names_the_file(tmp_path):
+    from sharpclip.config import SynthDenseConfig
+    from sharpclip.data import synthetic
+
+    root = tmp_path / "synth"
+    root.mkdir()
+    (root / "manifest.json").write_text('{"config": {"seed')
+    with pytest.raises(ValueError, match=rf"{root / 'manifest.json'}: unreadable SynthDense manifest.*delete the"):
+        synthetic.ensure(root, SynthDenseConfig())

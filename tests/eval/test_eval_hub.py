@@ -139,10 +139,13 @@ def test_eval_of_a_run_directory_uses_its_newest_or_best_checkpoint(tmp_path, ca
             z.writestr(f"Urban1k/caption/{n}.txt", f"a {colour} thing\n")
     argv = ["eval", "--model", str(run), "--suite", "urban1k", f"eval.roots.urban1k={tmp_path}", "eval.progress=false"]
     assert main(argv) == 0
-    manifest = json.loads((run / "eval" / "eval_manifest.json").read_text())
+    manifest = json.loads((run / "eval" / "step-000004" / "eval_manifest.json").read_text())
     assert manifest["model"]["name"].endswith("checkpoints/step-000004")
-    assert main([*argv, "--best"]) == 0
-    assert json.loads((run / "eval" / "eval_manifest.json").read_text())["model"]["name"].endswith("step-000002")
+    assert main([*argv, "--best"]) == 0  # its own folder: the newest checkpoint's report stays
+    assert json.loads((run / "eval" / "step-000002" / "eval_manifest.json").read_text())["model"]["name"].endswith(
+        "step-000002"
+    )
+    assert json.loads((run / "eval" / "step-000004" / "eval_manifest.json").read_text()) == manifest
     assert main(["eval", "--model", "tiny-clip", "--best", "--suite", "urban1k"]) == 2
     assert "--best picks a checkpoint of a run directory" in capsys.readouterr().err
 
@@ -172,5 +175,5 @@ def test_eval_of_a_run_directory_reads_the_runs_own_data_config(tmp_path):
     resolved = load_config(None, ["data.format=generic", f"data.root={data}", "data.eval_split=val"])
     (run / "config.yaml").write_text(to_yaml(resolved))  # what run_train writes
     assert main(["eval", "--model", str(run), "--suite", "retrieval", "eval.progress=false"]) == 0
-    report = json.loads((run / "eval" / "eval_report.json").read_text())
+    report = json.loads((run / "eval" / "step-000003" / "eval_report.json").read_text())
     assert report["retrieval"]["images"] == 2

@@ -333,3 +333,50 @@ def test_eval_without_a_data_root_says_eval_data_root_is_empty(capsys: pytest.Ca
         run_suite(ColourEmbedder(), EvalConfig(suites=["mmvp"], progress=False))
     assert main(["eval", "--model", "tiny-clip", "--suite", "mmvp", "eval.progress=false"]) == 2
     assert "eval.data_root is empty" in capsys.readouterr().err
+
+
+def test_suite_lists_with_empty_entries_parse_and_a_bad_name_is_one_line(capsys: pytest.CaptureFixture) -> None:
+    from sharpclip.cli import main, suite_names
+
+    assert suite_names("generic,,mmvp") == ["generic", "mmvp"]
+    assert suite_names(" docci , urban1k,") == ["docci", "urban1k"]
+    assert main(["eval", "--model", "tiny-clip", "--suite", "mmvp,,", "eval.progress=false"]) == 2
+    assert "eval.data_root is empty" in capsys.readouterr().err  # parsed: it got as far as the missing data
+    assert main(["eval", "--model", "tiny-clip", "--suite", "generic]", "eval.progress=false"]) == 2
+    err = capsys.readouterr().err
+    assert "'generic]' is not a suite name" in err and err.count("\n") == 1
+
+
+def test_a_killed_report_rewrite_never_leaves_a_mix_that_looks_complete(tmp_path: Path, monkeypatch) -> None:
+    """A kill between the renames of a re-write: no manifest (the set is visibly incomplete), and a rerun completes
+    it with a manifest that names the hashes of the two files beside it."""
+    import hashlib
+    import os
+
+    from sharpclip.eval import report as report_module
+    from sharpclip.eval.suite import SuiteResult
+
+    def result(score: float) -> SuiteResult:
+        return SuiteResult(results={"x": {"task": "other", "score": score}})
+
+    out = tmp_path / "out"
+    write_report(result(1.0), {"model": {"name": "A"}}, out, [1])
+    calls, replace = [], os.replace
+
+    def killed_after_the_first(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # SIGINT between the report's rename and the markdown's
+        replace(src, dst)
+
+    monkeypatch.setattr(report_module.os, "replace", killed_after_the_first)
+    with pytest.raises(KeyboardInterrupt):
+        write_report(result(2.0), {"model": {"name": "B"}}, out, [1])
+    assert not (out / "eval_manifest.json").exists()  # model A's manifest never stands beside model B's numbers
+    assert sorted(p.name for p in out.iterdir()) == ["eval_report.json", "eval_report.md"]  # no temporary left
+    monkeypatch.undo()
+    paths = write_report(result(2.0), {"model": {"name": "B"}}, out, [1])
+    manifest = json.loads(paths[2].read_text())
+    assert manifest["model"]["name"] == "B" and json.loads(paths[0].read_text())["x"]["score"] == 2.0
+    for p in paths[:2]:
+        assert manifest["report_sha256"][p.name] == hashlib.sha256(p.read_bytes()).hexdigest()

@@ -173,3 +173,30 @@ def test_gamma_of_the_diagnostics_is_the_configured_hn_term_s():
     objective = build_objective(LossConfig(terms={"hn": TermConfig("hn_clip", params={"gamma": 0.25})}))
     assert objective.param_of("hn_clip", "gamma") == 0.25
     assert build_objective(LossConfig(terms={"c": TermConfig("infonce")})).param_of("hn_clip", "gamma") == 0.5
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [("loss.terms.hn.weight=-1", "loss.terms.hn.weight"), ("loss.terms.hn.weight=nan", "loss.terms.hn.weight"),
+     ("loss.terms.hn.weight=inf", "loss.terms.hn.weight"),
+     ("loss.terms.hn.params.gamma=-1", "loss.terms.hn.params.gamma"),
+     ("loss.terms.sig.params.gamma=-0.5", "loss.terms.sig.params.gamma")],
+)  # fmt: skip
+def test_a_negative_or_non_finite_weight_or_gamma_is_refused_naming_the_key(override, key):
+    terms = "loss.terms={hn: {loss: hn_clip}, sig: {loss: sigmoid}}"
+    cfg = load_config(None, [terms, override])
+    with pytest.raises(ConfigError, match=rf"^{re.escape(key)}: must be a finite number >= 0, got "):
+        build_objective(cfg.loss)
+    with pytest.raises(ConfigError, match=re.escape(key)):  # in Python too, where float('nan') needs no parsing
+        value = float(override.split("=")[1])
+        build_terms_with(key, value)
+
+
+def build_terms_with(key: str, value: float) -> None:
+    name = key.split(".")[2]
+    term = TermConfig("sigmoid" if name == "sig" else "hn_clip")
+    if key.endswith("weight"):
+        term.weight = value
+    else:
+        term.params = {"gamma": value}
+    build_objective(LossConfig(terms={name: term}))

@@ -83,4 +83,8 @@ def test_cli_blend_writes_a_loadable_checkpoint_and_refuses_a_non_empty_target(t
     capsys.readouterr()
     assert main(["blend", str(init), str(tmp_path / "run"), "--alpha", "0.5", "--to", str(out)]) == 2
     assert "not empty" in capsys.readouterr().err and (out / "model.safetensors").is_file()
+    assert main(["blend", str(init), str(tmp_path / "run"), "--alpha", "0.25", "--to", str(out), "--force"]) == 0
+    (out / "thesis.tex").write_text("years of work")  # --force replaces an earlier blend, never the user's files
+    assert main(["blend", str(init), str(tmp_path / "run"), "--alpha", "0.5", "--to", str(out), "--force"]) == 2
+    assert "thesis.tex" in capsys.readouterr().err and (out / "thesis.tex").is_file()
     assert main(["blend", str(init), str(tmp_path / "run"), "--alpha", "1.5", "--to", str(tmp_path / "x")]) == 2

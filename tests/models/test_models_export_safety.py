@@ -1,8 +1,12 @@
-"""Export targets and model loading: no export over old files unless --force (which empties
-first), never into a run's checkpoints/ or onto its source or a file; weights that do not fit their model, and
+"""Export targets and model loading: no export over old files unless --force, which replaces only an earlier
+export's own files (never another run or a user's files); a killed export leaves nothing at the target; never into
+a run's checkpoints/ or onto its source or a file; weights that do not fit their model, and
 corrupt safetensors, are errors naming the keys or the file; no message suggests weights_only=False."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,8 +14,8 @@ from safetensors.torch import load_file, save_file
 
 from sharpclip.cli import main
 from sharpclip.config import ModelConfig
-from sharpclip.models import create_model, save_checkpoint
-from sharpclip.models.export import ExportError, export_model
+from sharpclip.models import create_model, export, save_checkpoint
+from sharpclip.models.export import EXPORT_RECORD, ExportError, export_model
 from sharpclip.train import checkpoint
 
 
@@ -25,17 +29,69 @@ def ckpt(tmp_path):
     return path
 
 
-def test_a_non_empty_target_is_refused_and_force_empties_it_first(ckpt, tmp_path, capsys):
+def test_a_non_empty_target_is_refused_and_force_replaces_only_an_earlier_export(ckpt, tmp_path, capsys):
     target = tmp_path / "hf"
-    target.mkdir()
-    (target / "model-00001-of-00002.safetensors").write_bytes(b"stale shard of an older export")
+    export_model(ckpt, target)
+    record = json.loads((target / EXPORT_RECORD).read_text())
+    assert "config.json" in record["files"] and "model.safetensors" in record["files"]
+    (target / "model.safetensors").write_bytes(b"stale weights of an older export")
+    capsys.readouterr()
     assert main(["export", str(ckpt), "--to", str(target)]) == 1
     err = capsys.readouterr().err
     assert "not empty" in err and "--force" in err and err.count("\n") == 1
-    assert (target / "model-00001-of-00002.safetensors").is_file()  # left alone
+    assert (target / "model.safetensors").read_bytes() == b"stale weights of an older export"  # left alone
     assert main(["export", str(ckpt), "--to", str(target), "--force"]) == 0
-    assert not (target / "model-00001-of-00002.safetensors").exists()
-    assert (target / "config.json").is_file()
+    assert (target / "model.safetensors").read_bytes() != b"stale weights of an older export"
+    assert sorted(p.name for p in target.iterdir()) == sorted(record["files"] + [EXPORT_RECORD])
+
+
+def _user_folder(folder: Path) -> None:
+    (folder / "mydata").mkdir(parents=True)
+    (folder / "mydata" / "a.csv").write_text("1,2\n")
+    (folder / "thesis.tex").write_text("years of work")
+
+
+def test_force_refuses_another_run_or_a_folder_of_user_files_and_names_them(ckpt, tmp_path, capsys):
+    users = tmp_path / "users"
+    _user_folder(users)
+    other_run = ckpt.parent.parent  # a run directory: config.yaml, checkpoints/
+    for target, shown in ((users, "mydata, thesis.tex"), (other_run, "checkpoints, config.yaml")):
+        before = sorted(p.relative_to(target) for p in target.rglob("*"))
+        capsys.readouterr()
+        assert main(["export", str(_other_ckpt(tmp_path)), "--to", str(target), "--force"]) == 1
+        err = capsys.readouterr().err
+        assert shown in err and "refusing to delete" in err and "--force" not in err.split("refusing")[1]
+        assert sorted(p.relative_to(target) for p in target.rglob("*")) == before
+    exported = tmp_path / "hf"
+    export_model(ckpt, exported)
+    (exported / "notes.txt").write_text("mine")  # an earlier export with a file of the user's in it
+    with pytest.raises(ExportError, match=r"notes\.txt"):
+        export_model(ckpt, exported, force=True)
+    assert (exported / "notes.txt").is_file() and (exported / "config.json").is_file()
+
+
+def _other_ckpt(tmp_path: Path) -> Path:
+    cfg = ModelConfig()
+    folder = tmp_path / "elsewhere" / "model"
+    if not folder.is_dir():
+        save_checkpoint(create_model(cfg), folder, cfg)
+    return folder
+
+
+def test_a_killed_export_leaves_nothing_at_the_target_and_the_next_export_goes_through(ckpt, tmp_path, monkeypatch):
+    target = tmp_path / "hf"
+
+    def killed(*args, **kwargs):  # the process dies while the folder is being checked
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(export, "AutoModel", type("Killed", (), {"from_pretrained": staticmethod(killed)}))
+    with pytest.raises(KeyboardInterrupt):
+        export_model(ckpt, target)
+    assert not target.exists()  # nothing that loads without having passed the check
+    assert (tmp_path / ".hf.export-tmp" / "config.json").is_file()  # the unchecked write, under its temporary name
+    monkeypatch.undo()
+    print(export_model(ckpt, target))
+    assert (target / EXPORT_RECORD).is_file() and not (tmp_path / ".hf.export-tmp").exists()
 
 
 def test_a_target_inside_a_runs_checkpoints_is_refused_even_with_force(ckpt, tmp_path):
@@ -92,3 +148,27 @@ def test_an_unsafe_training_state_is_refused_without_suggesting_weights_only_fal
         checkpoint.load_training_state(ckpt)
     assert str(ckpt / checkpoint.TRAINING_STATE) in str(err.value)
     assert "weights_only=False" not in str(err.value) and "weights_only" not in str(err.value)
+
+
+class _Payload:
+    """A pickle that would run code when loaded unsafely."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_a_pickle_payload_in_a_transformers_folder_is_refused_in_one_line_without_unsafe_advice(tmp_path, capsys):
+    folder = tmp_path / "hf"
+    create_model(ModelConfig()).hf_model.save_pretrained(folder)
+    (folder / "model.safetensors").unlink()
+    marker = tmp_path / "ran"
+    torch.save({"weight": _Payload(marker)}, folder / "pytorch_model.bin")
+    with pytest.raises(ValueError, match="hold objects other than tensors") as err:
+        create_model(ModelConfig(name=str(folder)))
+    assert "weights_only" not in str(err.value) and not marker.exists()
+    assert main(["eval", "--model", str(folder), "--suite", "retrieval"]) == 2
+    out = capsys.readouterr().err
+    assert "hold objects other than tensors" in out and "weights_only" not in out and not marker.exists()

@@ -1,4 +1,5 @@
-"""Numerical faults: a diverged update is reported as such and its weights never resumed from,
+"""Numerical faults: a diverged update is reported as such (also when a validation meets it first), its weights never
+resumed from nor exported or evaluated as the best,
 non-finite weights stop the run before any checkpoint, and the logit scale is clamped to [0, ln 100]."""
 
 from __future__ import annotations
@@ -8,9 +9,12 @@ import math
 import pytest
 import torch
 
+from _support.tiny_files import tiny_config, write_generic
 from _support.tiny_run import ToyLoader, toy_model
+from sharpclip.cli import main
 from sharpclip.train import checkpoint
 from sharpclip.train.optim import clamp_logit_scale
+from sharpclip.train.run import run_train
 from sharpclip.train.trainer import TrainingDiverged
 from train.test_train_trainer import _trainer
 
@@ -82,3 +86,38 @@ def test_a_runaway_scale_update_is_clamped_in_training(tmp_path):
     trainer.optimizer.step = shrink_scale
     trainer.fit()
     assert float(trainer.model.logit_scale.detach()) == 0.0
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return write_generic(tmp_path_factory.mktemp("data"))
+
+
+def _diverging(data, run, lr: str):
+    """Tiny CLIP, 2 steps an epoch, validated after each: the first update blows the weights up."""
+    cfg = tiny_config(data, run, f"train.lr={lr}", "train.warmup_steps=0", "train.max_steps=0", "train.epochs=4")
+    with pytest.raises(TrainingDiverged) as err:
+        run_train(cfg)
+    return str(err.value)
+
+
+def test_lr_1e6_with_validation_every_epoch_ends_with_the_diverged_update_message(data, tmp_path):
+    message = _diverging(data, tmp_path / "run", "1e6")  # the epoch-end validation meets the NaN first
+    assert "update of step 1 diverged" in message and "train.lr" in message
+    assert "fp16" not in message and "embeddings contain" not in message
+
+
+def test_a_diverged_checkpoint_is_never_best_for_export_or_eval(data, tmp_path, capsys):
+    run = tmp_path / "run"
+    message = _diverging(data, run, "1e3")  # step 1 is validated (best), then every later step fails
+    ckpts = run / "checkpoints"
+    assert "update of step 1 diverged" in message and (ckpts / "step-000001" / checkpoint.DIVERGED).is_file()
+    assert checkpoint.best(ckpts) is None  # best.json named the diverged checkpoint: dropped
+    checkpoint.mark_best(ckpts, ckpts / "step-000001", 0.5)  # a best.json from before the divergence was marked
+    with pytest.raises(checkpoint.CheckpointError, match="marked diverged"):
+        checkpoint.resolve_source(run, best=True)
+    capsys.readouterr()
+    assert main(["export", str(run), "--best", "--to", str(tmp_path / "hf")]) == 1
+    assert "marked diverged" in capsys.readouterr().err and not (tmp_path / "hf").exists()
+    assert main(["eval", "--model", str(run), "--best", "--suite", "retrieval"]) == 2
+    assert "marked diverged" in capsys.readouterr().err

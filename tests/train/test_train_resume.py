@@ -11,6 +11,8 @@ from dataclasses import fields, is_dataclass
 from pathlib import Path
 
 import pytest
+import torch
+import yaml
 
 from _support.tiny_files import tiny_config, write_generic
 from sharpclip.cli import main
@@ -150,3 +152,151 @@ def test_a_run_written_by_an_older_version_stays_readable_without_its_removed_ke
     assert sum("no longer a setting" in m for m in ignored) == 3 and any("data.image_size" in m for m in ignored)
     with pytest.raises(ConfigError, match=r"data\.image_size' is no longer a setting"):  # a recipe still refuses it
         load_config(run / "config.yaml")
+
+
+def _recipe(data: Path, path: Path, *extra: str) -> Path:
+    """The recipe `trained` was started from, without its cadence overrides (keep_last, checkpoint_every, steps)."""
+    lines = ["model:", "  name: tiny-clip", "data:", "  format: generic", f"  root: {data}", "  num_workers: 0",
+             "train:", "  batch_size: 4", "  micro_batch_size: 4", "  lr: 0.001", "  epochs: 1", "  warmup_steps: 1",
+             "  progress: false", *extra]  # fmt: skip
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_the_recipe_given_again_on_resume_keeps_the_runs_own_settings(data, trained, tmp_path):
+    run = _copy(trained, tmp_path / "run")  # started with train.keep_last=5 train.checkpoint_every=1
+    cfg = load_resume_config(run, [str(_recipe(data, tmp_path / "recipe.yaml"))], ["train.max_steps=4"])
+    assert cfg.train.keep_last == 5 and cfg.train.checkpoint_every == 1
+    run_train(cfg, resume=run)
+    names = [p.name for p in checkpoint.all_checkpoints(run / "checkpoints")]
+    assert names == [f"step-00000{i}" for i in (1, 2, 3, 4)]  # nothing pruned behind the user's back
+    assert set(json.loads((run / RESUMES).read_text().splitlines()[-1])["changed"]) == {"train.max_steps"}
+
+
+def test_a_recipe_that_lowers_keep_last_needs_the_override(data, trained, tmp_path):
+    run = _copy(trained, tmp_path / "run")
+    recipe = str(_recipe(data, tmp_path / "recipe.yaml", "  keep_last: 1"))
+    with pytest.raises(ConfigError, match=r"train\.keep_last would drop from 5 to 1.*train\.keep_last=1 to confirm"):
+        load_resume_config(run, [recipe], ["train.max_steps=3"])
+    cfg = load_resume_config(run, [recipe], ["train.max_steps=3", "train.keep_last=1"])
+    run_train(cfg, resume=run)
+    kept = [p.name for p in checkpoint.all_checkpoints(run / "checkpoints")]
+    assert "step-000001" not in kept and "step-000003" in kept  # confirmed: pruned to the newest and the best
+
+
+def _edit(run: Path, key: str, value) -> None:
+    """Change one dotted key of the run's config.yaml by hand."""
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    *path, last = key.split(".")
+    node = config
+    for part in path:
+        node = node[part]
+    assert last in node
+    node[last] = value
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+
+
+def test_hand_edits_of_config_yaml_are_reconciled_against_the_checkpoints_own_config(trained, tmp_path):
+    run = _copy(trained, tmp_path / "seed")
+    _edit(run, "train.seed", 5)  # a refused key cannot be changed by editing the file
+    with pytest.raises(ConfigError, match=r"train\.seed: 0 → 5"):
+        run_train(load_resume_config(run, [], ["train.max_steps=3"]), resume=run)
+    run = _copy(trained, tmp_path / "width")
+    _edit(run, "model.tiny.width", 64)  # one line naming the key, not a state-dict traceback
+    with pytest.raises(ConfigError, match=r"model\.tiny\.width: 32 → 64"):
+        run_train(load_resume_config(run, [], []), resume=run)
+    run = _copy(trained, tmp_path / "lr")
+    _edit(run, "train.lr", 0.0005)  # an applied key: used, and recorded like an override
+    run_train(load_resume_config(run, [], ["train.max_steps=3"]), resume=run)
+    changed = json.loads((run / RESUMES).read_text().splitlines()[-1])["changed"]
+    assert changed["train.lr"] == [1e-3, 5e-4]
+
+
+def test_a_newest_checkpoint_whose_weights_do_not_fit_the_model_falls_back(data, trained, tmp_path, caplog):
+    run = _copy(trained, tmp_path / "run")
+    other = tmp_path / "other"  # another model's weights copied over the newest checkpoint's
+    run_train(tiny_config(data, other, "model.tiny.width=64", "train.max_steps=1"))
+    bad = run / "checkpoints" / "step-000002" / "model.safetensors"
+    shutil.copy(other / "checkpoints" / "step-000001" / "model.safetensors", bad)
+    with caplog.at_level(logging.WARNING, logger="sharpclip.train"):
+        assert run_train(load_resume_config(run, [], ["train.max_steps=3"]), resume=run).step == 3
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(str(bad) in w and "does not fit the model" in w and "falling back" in w for w in warnings), warnings
+
+
+def _without_speed(records: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "samples_per_s"} for r in records]
+
+
+def test_a_kill_after_the_last_checkpoint_before_the_epochs_end_runs_the_final_validation_on_resume(
+    data, trained, tmp_path, monkeypatch
+):
+    run = tmp_path / "run"
+    fault = checkpoint.fault_point
+
+    def killed_after_step_2(where, step):  # as SHARPCLIP_FAULT=step:2: after step 2's checkpoint, before validation
+        if (where, step) == ("step", 2):
+            raise KeyboardInterrupt
+        fault(where, step)
+
+    monkeypatch.setattr(checkpoint, "fault_point", killed_after_step_2)
+    with pytest.raises(KeyboardInterrupt):
+        run_train(tiny_config(data, run, "train.warmup_steps=1"))
+    monkeypatch.undo()
+    assert not any("eval/" in k for r in _records(run) for k in r)
+    state = run_train(load_resume_config(run, [], []), resume=run)
+    assert state.step == 2 and state.epoch == 1  # the epoch was ended: validated, best chosen
+    assert _without_speed(_records(run)) == _without_speed(_records(trained))  # the uninterrupted run's records
+    assert checkpoint.best(run / "checkpoints").name == checkpoint.best(trained / "checkpoints").name
+
+
+def _dropout_model(tmp_path: Path) -> Path:
+    """The tiny CLIP as a sharpclip checkpoint folder with dropout 0.1 in both towers."""
+    from sharpclip.config import ModelConfig
+    from sharpclip.models import create_model, save_checkpoint
+
+    folder = tmp_path / "dropout-model"
+    save_checkpoint(create_model(ModelConfig()), folder, ModelConfig())
+    config = json.loads((folder / "config.json").read_text())
+    for tower in ("text_config", "vision_config"):
+        config[tower].update(attention_dropout=0.1, dropout=0.1)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_a_mid_epoch_resume_with_dropout_is_bit_identical(data, tmp_path):
+    from safetensors.torch import load_file
+
+    model = _dropout_model(tmp_path)
+    reference = tmp_path / "reference"
+    run_train(tiny_config(data, reference, f"model.name={model}", "train.max_steps=0", "train.epochs=2"))
+    run = _copy(reference, tmp_path / "run")
+    shutil.rmtree(run / "checkpoints" / "step-000004")  # as if killed after step 3 (mid-epoch: 2 steps an epoch)
+    run_train(load_resume_config(run, [], []), resume=run / "checkpoints" / "step-000001")
+    want = load_file(reference / "checkpoints" / "step-000004" / "model.safetensors")
+    got = load_file(run / "checkpoints" / "step-000004" / "model.safetensors")
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+    assert _without_speed(_records(run)) == _without_speed(_records(reference))
+
+
+def test_tensorboard_drops_the_replayed_steps_on_resume(trained, tmp_path, monkeypatch):
+    import sys
+    import types
+
+    made = []
+
+    class Writer:  # stands in for torch.utils.tensorboard.SummaryWriter (an optional extra)
+        def __init__(self, log_dir, purge_step=None):
+            made.append(purge_step)
+
+        def add_scalar(self, *args):
+            pass
+
+        def close(self):
+            pass
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=Writer))
+    run = _copy(trained, tmp_path / "run")
+    run_train(load_resume_config(run, [], ["train.tensorboard=true", "train.max_steps=3"]), resume=run / "checkpoints"
+              / "step-000001")  # fmt: skip
+    assert made == [None, 2]  # reopened to purge every event after step 1, which the resume replays

@@ -1,13 +1,17 @@
-"""Run directories: a fresh run refuses a non-empty directory, --overwrite empties it,
-pruning keeps the newest and the best, keep_last >= 1, and a lock keeps a second run out (a stale one is taken over)."""
+"""Run directories: a fresh run refuses a non-empty directory, --overwrite empties only a run directory and only what
+a run writes, pruning keeps the newest and the best, keep_last >= 1, and an atomic flock-held lock keeps a second run
+out (a stale one is taken over, 50 simultaneous starts let one in)."""
 
 from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
 import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,8 +19,9 @@ import pytest
 from _support.tiny_files import tiny_config, write_generic
 from sharpclip.config import ConfigError, load_config
 from sharpclip.train import checkpoint
+from sharpclip.train.resume import load_resume_config
 from sharpclip.train.run import run_train
-from sharpclip.train.run_dir import LOCK, RunDirError, RunLock
+from sharpclip.train.run_dir import LOCK, MARKER, RunDirError, RunLock, contents, open_run_dir
 
 
 @pytest.fixture(scope="module")
@@ -110,26 +115,36 @@ def test_keep_last_below_one_is_refused(keep_last, tmp_path):
     assert only.is_dir()
 
 
+def _hold_lock(run: str, ready, stop) -> None:
+    RunLock(Path(run)).acquire()
+    ready.set()
+    stop.wait(60)
+
+
 @pytest.fixture
-def live_pid():
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+def live_holder(tmp_path):
+    """A live process holding `tmp_path/run`'s lock (its flock); yields its pid."""
+    ctx = multiprocessing.get_context("fork")
+    ready, stop = ctx.Event(), ctx.Event()
+    proc = ctx.Process(target=_hold_lock, args=(str(tmp_path / "run"), ready, stop))
+    proc.start()
+    assert ready.wait(30)
     yield proc.pid
-    proc.kill()
-    proc.wait()
+    stop.set()
+    proc.join(30)
 
 
 def _write_lock(run: Path, pid: int) -> None:
     run.mkdir(parents=True, exist_ok=True)
-    (run / LOCK).write_text(json.dumps({"host": os.uname().nodename, "pid": pid}))
+    (run / LOCK).write_text(json.dumps({"host": socket.gethostname(), "pid": pid}))
 
 
-def test_a_second_training_into_a_locked_directory_names_the_pid(data, tmp_path, live_pid):
+def test_a_second_training_into_a_locked_directory_names_the_pid(data, tmp_path, live_holder):
     run = tmp_path / "run"
-    _write_lock(run, live_pid)
-    with pytest.raises(RunDirError, match=f"pid {live_pid}"):
+    with pytest.raises(RunDirError, match=f"pid {live_holder}"):
         run_train(tiny_config(data, run))
-    assert json.loads((run / LOCK).read_text())["pid"] == live_pid  # the holder's lock is left alone
-    with pytest.raises(RunDirError, match=f"pid {live_pid}"):
+    assert json.loads((run / LOCK).read_text())["pid"] == live_holder  # the holder's lock is left alone
+    with pytest.raises(RunDirError, match=f"pid {live_holder}"):
         RunLock(run).acquire()
 
 
@@ -142,6 +157,100 @@ def test_a_stale_lock_is_taken_over_with_a_warning(data, tmp_path, caplog):
         assert run_train(tiny_config(data, run)).step == 2
     assert any("stale lock" in r.getMessage() and str(proc.pid) in r.getMessage() for r in caplog.records)
     assert not (run / LOCK).exists()  # released when the run ended
+
+
+def test_a_lock_naming_a_live_pid_whose_flock_is_free_is_taken_over(tmp_path, caplog):
+    """A container's entrypoint is pid 1 in every run: the dead run's pid is alive again, its flock is not."""
+    run = tmp_path / "run"
+    _write_lock(run, 1)
+    with caplog.at_level(logging.WARNING, logger="sharpclip.train"):
+        lock = RunLock(run).acquire()
+    assert json.loads((run / LOCK).read_text())["pid"] == os.getpid()
+    assert any("stale lock" in r.getMessage() for r in caplog.records)
+    lock.release()
+    assert not (run / LOCK).exists()
+
+
+@pytest.mark.parametrize("text", ["", '{"pid": '])
+def test_an_unreadable_lock_is_treated_as_live(tmp_path, text):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / LOCK).write_text(text)
+    with pytest.raises(RunDirError, match="unreadable"):
+        RunLock(run).acquire()
+    assert (run / LOCK).read_text() == text
+
+
+def _race(run: str, barrier, results) -> None:
+    barrier.wait(60)
+    try:
+        lock = open_run_dir(run, "fresh")
+    except RunDirError as err:
+        results.put(("refused", str(err)))
+        return
+    results.put(("took", os.getpid()))
+    time.sleep(0.3)  # as a run would: it holds the folder while it trains
+    lock.release()
+
+
+def test_fifty_simultaneous_starts_into_one_folder_let_exactly_one_in(tmp_path):
+    ctx = multiprocessing.get_context("fork")
+    run, barrier, results = str(tmp_path / "run"), ctx.Barrier(50), ctx.Queue()
+    procs = [ctx.Process(target=_race, args=(run, barrier, results)) for _ in range(50)]
+    for proc in procs:
+        proc.start()
+    outcomes = [results.get(timeout=60) for _ in procs]
+    for proc in procs:
+        proc.join(30)
+    took = [o for o in outcomes if o[0] == "took"]
+    assert len(took) == 1, took
+    assert all("in use" in o[1] or "not empty" in o[1] for o in outcomes if o[0] == "refused")
+    assert contents(Path(run)) == [MARKER] and not list(Path(run).glob(LOCK + "*"))
+
+
+def _project(folder: Path) -> None:
+    """A user's project that happens to have a config.yaml."""
+    (folder / "src").mkdir(parents=True)
+    (folder / "src" / "main.py").write_text("print('mine')\n")
+    (folder / "README.md").write_text("# my project\n")
+    (folder / "config.yaml").write_text("train:\n  lr: 0.1\n")
+
+
+def test_a_project_folder_with_a_config_yaml_is_not_a_run_directory(data, tmp_path):
+    folder = tmp_path / "project"
+    _project(folder)
+    with pytest.raises(RunDirError) as fresh:
+        run_train(tiny_config(data, folder))
+    assert "not a sharpclip run directory" in str(fresh.value) and "--overwrite" not in str(fresh.value)
+    with pytest.raises(RunDirError, match="not a sharpclip run directory"):
+        run_train(tiny_config(data, folder), overwrite=True)
+    assert sorted(p.name for p in folder.iterdir()) == ["README.md", "config.yaml", "src"]
+    assert (folder / "src" / "main.py").read_text() == "print('mine')\n"
+
+
+def test_overwrite_refuses_a_run_directory_that_also_holds_other_files_and_names_them(data, tmp_path):
+    run = tmp_path / "run"
+    _fake_old_run(run, (40,))
+    (run / "thesis.tex").write_text("years of work")
+    (run / "checkpoints" / "notes.txt").write_text("mine")
+    with pytest.raises(RunDirError, match="--resume") as fresh:
+        run_train(tiny_config(data, run))
+    assert "--overwrite" not in str(fresh.value)  # it would refuse: not suggested
+    with pytest.raises(RunDirError, match=r"checkpoints/notes\.txt, thesis\.tex"):
+        run_train(tiny_config(data, run), overwrite=True)
+    assert (run / "thesis.tex").is_file() and (run / "checkpoints" / "step-000040").is_dir()
+
+
+def test_a_run_killed_during_start_up_is_started_again_with_overwrite(data, tmp_path):
+    run = tmp_path / "run"
+    lock = open_run_dir(run, "fresh")  # what a run does first; then it is killed while loading the model
+    (run / "train.log").write_text("12:00:00 INFO world size 1\n")
+    os.close(lock._fd)  # the kill: the flock goes, the lock file stays
+    with pytest.raises(RunDirError, match="--overwrite"):
+        run_train(tiny_config(data, run))
+    with pytest.raises(ConfigError, match="start it again with --overwrite"):
+        load_resume_config(run)
+    assert run_train(tiny_config(data, run), overwrite=True).step == 2
 
 
 def test_an_unreadable_best_json_does_not_stop_pruning(tmp_path, caplog):

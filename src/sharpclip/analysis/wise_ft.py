@@ -7,6 +7,7 @@ maximises the target among the αs whose floors all hold (eval.guards' floor rul
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Sequence
 from dataclasses import asdict, replace
@@ -72,17 +73,45 @@ def write_sweep(curve: dict[str, Any], out_dir: str | Path) -> list[Path]:
     return list(fig_wise_ft(curve, Path(out_dir) / "wise_ft"))
 
 
+BLEND_RECORD = "sharpclip_blend.json"  # written last into every --to folder: the entries the blend wrote
+
+
 def prepare_target(directory: str | Path, force: bool) -> Path:
-    """An empty output folder: a non-empty one is refused unless `force`, which empties it first."""
+    """An empty output folder: a non-empty one is refused unless `force` and it holds an earlier blend's output and
+    nothing else (its BLEND_RECORD lists what it wrote); `force` then removes exactly those entries."""
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise ValueError(f"--to {directory}: is a file, not a folder")
-    if directory.is_dir() and any(directory.iterdir()):
-        if not force:
-            raise ValueError(f"--to {directory}: folder is not empty; choose another or pass --force to replace it")
-        shutil.rmtree(directory)
+    found = sorted(p.name for p in directory.iterdir()) if directory.is_dir() else []
+    if found and not force:
+        raise ValueError(f"--to {directory}: folder is not empty; choose another or pass --force to replace it")
+    if found:
+        ours = _earlier_blend(directory)
+        extra = [n for n in found if n not in ours or (directory / n).is_symlink()]
+        if extra:
+            shown = ", ".join(extra[:5]) + (", ..." if len(extra) > 5 else "")
+            raise ValueError(
+                f"--to {directory}: --force replaces only an earlier blend's output ({BLEND_RECORD} and what it "
+                f"lists), but the folder holds {shown}; refusing to delete them: choose another folder"
+            )
+        for name in found:
+            path = directory / name
+            shutil.rmtree(path) if path.is_dir() else path.unlink()  # written by that blend (its record says)
     directory.mkdir(parents=True, exist_ok=True)
     return directory
+
+
+def _earlier_blend(directory: Path) -> set[str]:
+    try:
+        return {str(n) for n in json.loads((directory / BLEND_RECORD).read_text())["written"]} | {BLEND_RECORD}
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
+
+
+def _record(out: Path, written: list[Path]) -> list[Path]:
+    names = sorted(p.name for p in out.iterdir())
+    (out / BLEND_RECORD).write_text(json.dumps({"written": names}, indent=2) + "\n")
+    return written
 
 
 def run_blend(
@@ -103,9 +132,9 @@ def run_blend(
     out = prepare_target(to, force)
     blend = WeightBlend(init, resolve_source(finetuned, best))
     if len(alphas) == 1:
-        return [save_checkpoint(blend.at(alphas[0]), out, blend.model_config)]
+        return _record(out, [save_checkpoint(blend.at(alphas[0]), out, blend.model_config)])
     curve = sweep(blend, alphas, cfg.eval, cfg.data, target, guards)
     written = write_sweep(curve, out)
     if curve["best_alpha"] is not None:
         written.append(save_checkpoint(blend.at(curve["best_alpha"]), out / "best_alpha", blend.model_config))
-    return written
+    return _record(out, written)

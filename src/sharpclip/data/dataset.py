@@ -223,6 +223,9 @@ class SampleLoader(DataLoader):
     """
 
     def __init__(self, dataset: SampleDataset, **kwargs):
+        # its own generator, seeded per epoch (set_epoch): the DataLoader draws its workers' base seed from it, never
+        # from the global torch RNG, which a resume restores and dropout draws from
+        kwargs.setdefault("generator", torch.Generator())
         super().__init__(dataset, **kwargs)
         self.report = BadSampleReport("skip")
         self.times_skipped: Counter[tuple[str, str]] = Counter()  # (where, record) -> skips over all epochs
@@ -250,7 +253,8 @@ class SampleLoader(DataLoader):
         return frozenset(short | edits)
 
     def set_epoch(self, epoch: int) -> None:
-        """Set the epoch of the dataset (caption draw) and of the batch sampler (order)."""
+        """Set the epoch of the dataset (caption draw), of the batch sampler (order) and of the workers' seeds."""
+        self.generator.manual_seed(int(getattr(self.batch_sampler, "seed", 0)) * 1_000_003 + epoch)
         self.dataset.set_epoch(epoch)
         if hasattr(self.batch_sampler, "set_epoch"):
             self.batch_sampler.set_epoch(epoch)

@@ -597,7 +597,14 @@ def ensure(root: str | Path, cfg: SynthDenseConfig) -> Path:
     root = Path(root)
     path = root / "manifest.json"
     if path.is_file():
-        found = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            found = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as err:  # truncated by a full disk or a crash while copying
+            raise ValueError(
+                f"{path}: unreadable SynthDense manifest ({err}); delete the folder {root} to regenerate it"
+            ) from None
+        if not isinstance(found, dict):
+            raise ValueError(f"{path}: not a SynthDense manifest; delete the folder {root} to regenerate it")
         if found == manifest(cfg):
             return root
         raise ValueError(

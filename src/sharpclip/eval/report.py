@@ -4,12 +4,17 @@ report, the markdown tables and the eval manifest (eval.manifest).
     manifest = suite_manifest(result, model, cfg.eval, name)
     write_report(result, manifest, out_dir, ks)          -> eval_report.json, eval_report.md, eval_manifest.json
 
-The three files sit side by side in `out_dir`; the manifest records what produced the numbers (eval.manifest).
+The three files sit side by side in `out_dir`; the manifest records what produced the numbers (eval.manifest) and
+the sha256 of the other two. A re-write never leaves a mix that looks complete: each file is written whole under a
+temporary name, the old manifest is removed first, and the new one is renamed into place last, so a report set is
+complete exactly when its manifest is there and names the hashes of the files beside it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,9 +69,19 @@ def write_report(result: SuiteResult, manifest: dict[str, Any], out_dir: str | P
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "eval_report.json", out / "eval_report.md", out / "eval_manifest.json"]
-    paths[0].write_text(json.dumps(result.results, indent=2) + "\n")
-    paths[1].write_text(markdown_report(result.results, ks))
-    paths[2].write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+    texts = [json.dumps(result.results, indent=2) + "\n", markdown_report(result.results, ks)]
+    files = {p.name: hashlib.sha256(t.encode()).hexdigest() for p, t in zip(paths, texts, strict=False)}
+    texts.append(json.dumps({**manifest, "report_sha256": files}, indent=2, default=str) + "\n")
+    temporary = [p.with_name(f".{p.name}.tmp") for p in paths]
+    try:
+        for tmp, text in zip(temporary, texts, strict=True):
+            tmp.write_text(text)
+        paths[2].unlink(missing_ok=True)  # from here until the last rename, the set is visibly incomplete
+        for tmp, path in zip(temporary, paths, strict=True):
+            os.replace(tmp, path)
+    finally:
+        for tmp in temporary:
+            tmp.unlink(missing_ok=True)
     return paths
 
 

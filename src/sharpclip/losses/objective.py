@@ -18,6 +18,7 @@ Diagnostic terms (losses.monitors) have weight 0: `Objective.__call__` skips the
 
 from __future__ import annotations
 
+import math
 import types
 import typing
 from collections.abc import Collection, Iterator, Mapping
@@ -168,8 +169,21 @@ def _build_term(name: str, cfg: TermConfig, features: Collection[str]) -> Term:
             known = ", ".join(spec.params) or "none"
             raise ConfigError(f"{where}.params.{key}: '{cfg.loss}' has no such parameter; it takes: {known}")
         params[key] = _typed(f"{where}.params.{key}", value, spec.param_types[key])
+    _check_values(where, cfg.weight, params)
     mapping = _bind(f"{where}.inputs", spec, cfg.inputs, features)
     return Term(name, spec, float(cfg.weight), params, mapping, remapped=frozenset(cfg.inputs))
+
+
+NON_NEGATIVE_PARAMS = ("gamma",)  # γ scales the margin γ·Ḡ added to negatives (HN-CLIP eq. 2): below 0 it eases them
+
+
+def _check_values(where: str, weight: Any, params: Mapping[str, Any]) -> None:
+    """A term's weight finite and >= 0 (a negative one is gradient ascent on that term), γ likewise."""
+    checked = {f"{where}.weight": weight, **{f"{where}.params.{k}": v for k, v in params.items()
+                                                if k in NON_NEGATIVE_PARAMS}}  # fmt: skip
+    for key, value in checked.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+            raise ConfigError(f"{key}: must be a finite number >= 0, got {value!r}")
 
 
 def _saturation_term(features: Collection[str]) -> Term:

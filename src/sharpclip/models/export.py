@@ -8,15 +8,22 @@ picks it) or a transformers folder. The export
    into one plain table (models.long_context);
 2. writes `save_pretrained` weights + config, the tokenizer and the image processor, so that
    `transformers.AutoModel.from_pretrained(DIR)` loads it offline, anywhere, without sharpclip;
-3. reloads DIR with `AutoModel` and compares image and text embeddings on fixed inputs: the largest absolute
-   difference must be ≤ 1e-5 in float32, else `ExportError` (the folder is left for inspection).
+3. reloads the folder with `AutoModel` and compares image and text embeddings on fixed inputs: the largest absolute
+   difference must be ≤ 1e-5 in float32, else `ExportError` (the folder is left for inspection, under its
+   temporary name).
+
+Everything is written into a temporary sibling folder (`.DIR.export-tmp`), checked there, recorded in
+`sharpclip_export.json` (the files written and the check's differences) and only then renamed to DIR, so a killed
+export never leaves a folder at DIR that loads without having passed the check.
 
 `vision_only=True` writes the vision tower alone as a `CLIPVisionModel` / `SiglipVisionModel` folder (what LLaVA-style
 models load) and compares its hidden states and pooled output.
 
-The target DIR must be new or empty: a non-empty one is refused unless `force=True` (`--force`), which empties it
-first (only after the model has loaded). Never allowed, even with force: a target inside a run's `checkpoints/`
-(it would destroy or shadow a checkpoint), the source itself or a folder holding it, and a file.
+The target DIR must be new or empty: a non-empty one is refused unless `force=True` (`--force`) and it is an earlier
+sharpclip export (it holds `sharpclip_export.json`) holding nothing but the files that export wrote; `--force`
+then replaces exactly those files once the new export has passed its check. Anything else in DIR (another run, a
+user's files, subfolders) is refused, naming what was found. Never allowed, even with force: a target inside a
+run's `checkpoints/` (it would destroy or shadow a checkpoint), the source itself or a folder holding it, a file.
 
 A RoPE text tower has no stock transformers class (AutoModel would silently rebuild absolute positions), so a full
 export of such a model is refused with an `ExportError`; export its vision tower, or keep the sharpclip checkpoint.
@@ -24,6 +31,8 @@ export of such a model is refused with an `ExportError`; export its vision tower
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +48,7 @@ from sharpclip.models.hf import HFDualEncoder, wrap
 from sharpclip.models.preprocessing import model_image_size
 
 TOLERANCE = 1e-5
+EXPORT_RECORD = "sharpclip_export.json"  # written last into every export: the files it holds and the reload check
 
 
 class ExportError(RuntimeError):
@@ -69,12 +79,38 @@ def check_target(directory: Path, source: Path | None, force: bool) -> None:
         src = source.expanduser().resolve()
         if target == src or target in src.parents:
             raise ExportError(f"--to {directory}: is (or holds) the source {source}; export into another folder")
-    if target.is_dir() and any(target.iterdir()) and not force:
-        shown = ", ".join(sorted(p.name for p in target.iterdir())[:5])
+    found = sorted(p.name for p in target.iterdir()) if target.is_dir() else []
+    if found and not force:
+        hint = "pass --force to replace that earlier export" if earlier_export(target) else "choose a new folder"
         raise ExportError(
-            f"--to {directory}: not empty ({shown}); an export beside old files would mix their weights and "
-            "config. Choose a new folder, or pass --force to empty it first"
+            f"--to {directory}: not empty ({_shown(found)}); an export beside old files would mix their weights and "
+            f"config: {hint}"
         )
+    if found and (extra := _not_exported(target)):
+        raise ExportError(
+            f"--to {directory}: --force replaces only an earlier sharpclip export ({EXPORT_RECORD} and the files it "
+            f"lists), but this folder holds {_shown(extra)}; refusing to delete them: choose a new folder"
+        )
+
+
+def _shown(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (f", ... ({len(names)} in all)" if len(names) > 5 else "")
+
+
+def earlier_export(folder: Path) -> list[str] | None:
+    """The files an earlier sharpclip export wrote into `folder` (its record included), or None without a record."""
+    try:
+        record = json.loads((folder / EXPORT_RECORD).read_text())
+        files = [str(f) for f in record["files"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return [*files, EXPORT_RECORD]
+
+
+def _not_exported(folder: Path) -> list[str]:
+    """What `folder` holds beyond an earlier export's own files (everything, without a record)."""
+    ours = set(earlier_export(folder) or ())
+    return sorted(p.name for p in folder.iterdir() if p.name not in ours or p.is_symlink() or not p.is_file())
 
 
 def _is_run_checkpoints(folder: Path) -> bool:
@@ -85,9 +121,14 @@ def _is_run_checkpoints(folder: Path) -> bool:
     return (run / "config.yaml").is_file() or any(folder.glob("step-*")) or (folder / "best.json").is_file()
 
 
-def _empty(directory: Path) -> None:
-    for child in directory.iterdir() if directory.is_dir() else ():
-        shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+def _publish(tmp: Path, directory: Path) -> None:
+    """Move the checked export `tmp` to `directory`, replacing an earlier export's own files (check_target made
+    sure there is nothing else)."""
+    if directory.is_dir():
+        for name in earlier_export(directory) or ():
+            (directory / name).unlink(missing_ok=True)
+        directory.rmdir()  # empty now: the rename below is then atomic
+    os.replace(tmp, directory)
 
 
 def load_for_export(source: str | Path) -> HFDualEncoder:
@@ -115,7 +156,8 @@ def export_model(
 
     source: a model, a sharpclip checkpoint or a transformers folder (a run directory is resolved to one of its
     checkpoints first, by train.checkpoint.resolve_source).
-    force: empty a non-empty DIR first (never a checkpoint folder, the source, or a folder holding it).
+    force: replace an earlier sharpclip export at DIR (never anything else, a checkpoint folder, the source, or a
+    folder holding it).
     The reference embeddings come from the model as loaded (adapters unmerged), so the check covers the merge too.
     """
     directory = Path(directory)
@@ -133,9 +175,27 @@ def export_model(
     outputs = _vision_outputs if vision_only else _dual_outputs
     pixels, ids = fixed_inputs(model)
     reference = outputs(model, pixels, ids)
-    if force:
-        _empty(directory)
     make_plain(model)
+    tmp = directory.parent / f".{directory.name}.export-tmp"
+    shutil.rmtree(tmp, ignore_errors=True)  # a killed export's leftovers (our own temporary name)
+    try:
+        _write(model, tmp, vision_only)
+        reloaded = AutoModel.from_pretrained(tmp, local_files_only=True).float().eval()
+        got = outputs(reloaded if vision_only else wrap(reloaded), pixels, ids)
+        report = ExportReport(directory, {k: _maxdiff(reference[k], got[k]) for k in reference})
+        if not max(report.max_abs_diff.values()) <= TOLERANCE:  # also catches NaN
+            raise ExportError(f"reloaded export differs from the model: {report}; left for inspection in {tmp}")
+        files = sorted(p.name for p in tmp.iterdir())
+        record = {"files": files, "max_abs_diff": report.max_abs_diff, "tolerance": TOLERANCE}
+        (tmp / EXPORT_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+        _publish(tmp, directory)
+    except OSError:  # disk full, read-only target: no half-written folder stays behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return report
+
+
+def _write(model: HFDualEncoder, directory: Path, vision_only: bool) -> None:
     if vision_only:
         model.vision_model.save_pretrained(directory)
     else:
@@ -143,9 +203,6 @@ def export_model(
         save_processors(model, directory)
     if vision_only and model.image_processor is not None:
         model.image_processor.save_pretrained(directory)
-    reloaded = AutoModel.from_pretrained(directory, local_files_only=True).float().eval()
-    got = outputs(reloaded if vision_only else wrap(reloaded), pixels, ids)
-    return _check(ExportReport(directory, {k: _maxdiff(reference[k], got[k]) for k in reference}))
 
 
 @torch.no_grad()
@@ -179,10 +236,3 @@ def fixed_inputs(model: HFDualEncoder, batch: int = 4, seed: int = 0) -> tuple[T
 
 def _maxdiff(a: Tensor, b: Tensor) -> float:
     return (a.float() - b.float()).abs().max().item()
-
-
-def _check(report: ExportReport) -> ExportReport:
-    worst = max(report.max_abs_diff.values())
-    if not worst <= TOLERANCE:  # also catches NaN
-        raise ExportError(f"reloaded export differs from the model: {report}")
-    return report

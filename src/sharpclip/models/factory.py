@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -190,6 +191,11 @@ def _from_pretrained_checked(model_cls: type[PreTrainedModel], name: str) -> Pre
     """`from_pretrained`, but weights that do not fit the config are an error, not randomly initialised layers."""
     try:
         backbone, info = model_cls.from_pretrained(name, local_files_only=True, output_loading_info=True)
+    except pickle.UnpicklingError:  # torch.load(weights_only=True) refused it: never retried unsafely
+        raise ValueError(
+            f"{name}: its pickled weights (.bin / .pt) hold objects other than tensors, which could run code when "
+            "loaded; refused. Use a model.safetensors copy of these weights from a source you trust"
+        ) from None
     except Exception as err:
         if "safetensor" not in type(err).__name__.lower() and "deserializ" not in str(err):
             raise

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 
 from sharpclip.models.factory import CHECKPOINT_CONFIG, WEIGHTS, read_weights
 
@@ -39,6 +40,7 @@ TRAINING_STATE = "training_state.pt"
 TRAINER_STATE = "trainer_state.json"
 BEST = "best.json"
 DIVERGED = "diverged.json"
+LOW_SPACE = 1 << 20  # bytes free below which a failed write is put down to a full disk
 
 
 class CheckpointError(RuntimeError):
@@ -116,11 +118,29 @@ def save(
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-    except OSError as err:  # disk full, read-only file system, permissions: the run stops with one clear line
+    except (OSError, RuntimeError, SafetensorError) as err:  # disk full, read-only, permissions: one clear line
+        reason = _write_failure(err, tmp)
         shutil.rmtree(tmp, ignore_errors=True)
-        reason = err.strerror or str(err) or type(err).__name__
-        raise CheckpointError(f"cannot write checkpoint to {directory}: {reason.lower()}") from err
+        if reason is None:
+            raise
+        raise CheckpointError(f"cannot write checkpoint to {directory}: {reason}") from err
     return final
+
+
+def _write_failure(err: Exception, tmp: Path) -> str | None:
+    """Why writing into `tmp` failed, in words; None for an error that is not about the file system (a bug).
+
+    torch.save reports a full disk as a RuntimeError ("unexpected pos ..."), safetensors as a SafetensorError:
+    either counts as a full disk when the message says so or the file system has (next to) no space left."""
+    if isinstance(err, OSError):
+        return (err.strerror or str(err) or type(err).__name__).lower()
+    try:
+        free = shutil.disk_usage(tmp if tmp.exists() else tmp.parent).free
+    except OSError:
+        free = None
+    if "no space left" in str(err).lower() or (free is not None and free < LOW_SPACE):
+        return "no space left on device"
+    return None
 
 
 def load_training_state(checkpoint: Path) -> dict[str, Any]:
@@ -175,8 +195,14 @@ def all_checkpoints(directory: Path) -> list[Path]:
 
 
 def mark_diverged(checkpoint: Path, reason: str) -> None:
-    """Keep `checkpoint` for inspection but out of resume, export and pruning: its weights made training fail."""
+    """Keep `checkpoint` for inspection but out of resume, export and pruning: its weights made training fail.
+    A best.json naming it is removed (the metric it recorded was measured on weights that then diverged)."""
     (checkpoint / DIVERGED).write_text(json.dumps({"reason": reason}, indent=2) + "\n")
+    if best(checkpoint.parent) == checkpoint:
+        (checkpoint.parent / BEST).unlink()
+        logging.getLogger("sharpclip.train").warning(
+            "removed %s: it named %s, which is marked diverged", checkpoint.parent / BEST, checkpoint.name
+        )
 
 
 def latest(directory: Path) -> Path | None:
@@ -239,15 +265,22 @@ def resolve_source(source: str | Path, best: bool = False) -> Path:
     found = pick(checkpoints) if checkpoints.is_dir() else None
     if found is None or not (found / CHECKPOINT_CONFIG).is_file():
         raise CheckpointError(_no_checkpoint(source, found, best))
+    if (found / DIVERGED).is_file():  # a best.json older than the divergence (written before it was dropped)
+        raise CheckpointError(
+            f"{source}: best.json names {found.name}, which is marked diverged ({found / DIVERGED}); drop --best to "
+            "use the newest complete checkpoint"
+        )
     return found
 
 
 def model_source(name: str, best: bool = False) -> tuple[str, str | None]:
     """(model.name, default report folder) for `sharpclip eval --model NAME [--best]`: a run directory becomes its
-    newest complete checkpoint (or best) with reports in `<run>/eval`; anything else is passed on as it is."""
+    newest complete checkpoint (or best) with reports in `<run>/eval/<checkpoint>` (one folder per checkpoint, so
+    the reports of different checkpoints never overwrite each other); anything else is passed on as it is."""
     path = Path(name).expanduser()
     if (path / "checkpoints").is_dir() and not (path / CHECKPOINT_CONFIG).is_file():
-        return str(resolve_source(path, best)), str(path / "eval")
+        found = resolve_source(path, best)
+        return str(found), str(path / "eval" / found.name)
     if best:
         raise CheckpointError(f"{name}: --best picks a checkpoint of a run directory (one with checkpoints/)")
     return name, None

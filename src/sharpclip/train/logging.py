@@ -70,7 +70,8 @@ class RunLogger:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError as err:
                 raise ImportError("train.tensorboard needs the extra: pip install 'sharpclip[tensorboard]'") from err
-            self._tb = SummaryWriter(str(run_dir / "tensorboard"))
+            self._tb_dir = str(run_dir / "tensorboard")
+            self._tb = SummaryWriter(self._tb_dir)
         if enabled and wandb:
             try:  # optional extra, imported only when asked for
                 import wandb as wandb_module
@@ -80,6 +81,14 @@ class RunLogger:
                 project=wandb_project, name=wandb_name or run_dir.name, dir=str(run_dir), config=_resolved(run_dir),
                 id=_wandb_id(run_dir), resume="allow",
             )  # fmt: skip
+
+    def resume_at(self, step: int) -> None:
+        """A resume continues after `step`: TensorBoard drops the events logged after it (purge_step), so replayed
+        steps are not shown twice (the JSONL logs are cut back by the trainer)."""
+        if self._tb is not None:
+            writer = type(self._tb)
+            self._tb.close()
+            self._tb = writer(self._tb_dir, purge_step=step + 1)
 
     def step(self, record: dict[str, Any]) -> None:
         self.metrics.write(record)

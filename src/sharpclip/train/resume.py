@@ -18,8 +18,15 @@ by its longest prefix in `APPLIED` or `REFUSED` (tests/train/test_train_resume.p
   the guards. A refused change is an error listing saved → new for each key; start a new run from the checkpoint
   instead (`model.name=RUN/checkpoints/step-N train.output_dir=NEW`).
 
-The applied changes are logged and appended to RUN/resumes.jsonl; config.yaml is rewritten only once the resume
-has succeeded, so it never records a value the run did not use.
+A recipe given again on resume (`sharpclip train RECIPE --resume RUN`) layers over the run's saved config, not over
+the defaults, so a setting the run was started with (`train.keep_last=20`) is not reverted by a recipe that does not
+mention it; a recipe that lowers `train.keep_last` (which prunes checkpoints at the next save) is refused unless the
+new value is also given as an explicit override.
+
+Every checkpoint holds the resolved config it was trained with (`run_config.yaml`), and a resume is reconciled
+against that, not against config.yaml: a hand edit of config.yaml is then a change like any override (a refused key
+is refused, an applied one recorded). The applied changes are logged and appended to RUN/resumes.jsonl; config.yaml
+is rewritten only once the resume has succeeded, so it never records a value the run did not use.
 """
 
 from __future__ import annotations
@@ -32,8 +39,10 @@ from omegaconf import OmegaConf
 from sharpclip.config import Config, ConfigError, load_config
 from sharpclip.train import checkpoint
 from sharpclip.train.logging import log
+from sharpclip.train.run_dir import MARKER
 
 RESOLVED_CONFIG = "config.yaml"
+CHECKPOINT_RUN_CONFIG = "run_config.yaml"  # in each checkpoint: the resolved config its weights were trained with
 APPLIED = (
     "train.lr", "train.warmup_steps", "train.min_lr_ratio", "train.epochs", "train.max_steps",
     "train.eval_every", "train.checkpoint_every", "train.keep_last", "train.grad_clip", "train.grad_checkpointing",
@@ -90,23 +99,50 @@ def locate(target: str | Path) -> tuple[Path, Path | None]:
                 f"new run from it use model.name={path} with a new train.output_dir"
             )
         return run_dir, path
+    if not (path / RESOLVED_CONFIG).is_file() and (path / MARKER).is_file():
+        raise ConfigError(
+            f"--resume {path}: this run stopped during start-up, before it wrote {RESOLVED_CONFIG} or any "
+            "checkpoint; start it again with --overwrite"
+        )
     if not (path / RESOLVED_CONFIG).is_file():
         raise ConfigError(f"--resume {path}: not a run directory (no {RESOLVED_CONFIG}) nor RUN/checkpoints/step-N")
     return path, None
 
 
 def load_resume_config(target: str | Path, files: list[str] = (), overrides: list[str] = ()) -> Config:
-    """The config to resume with: the recipe `files` if given, else the run's config.yaml, then `overrides`;
-    `train.output_dir` is the run directory."""
-    run_dir, _ = locate(target)
-    cfg = load_config(files, overrides) if files else load_config(run_dir / RESOLVED_CONFIG, overrides, saved=True)
+    """The config to resume with: the run's config.yaml, then the recipe `files` (if given), then `overrides`;
+    `train.output_dir` is the run directory. A recipe lowering train.keep_last without the override is refused."""
+    run_dir, named = locate(target)
+    cfg = load_config([run_dir / RESOLVED_CONFIG, *files], overrides, saved=True)
     cfg.train.output_dir = str(run_dir)
+    if not files or any(o.split("=", 1)[0].strip() == "train.keep_last" for o in overrides):
+        return cfg
+    before = trained_config(run_dir, named).train.keep_last
+    if cfg.train.keep_last < before:
+        raise ConfigError(
+            f"--resume {run_dir}: train.keep_last would drop from {before} to {cfg.train.keep_last} (from "
+            f"{', '.join(map(str, files))}), which deletes older checkpoints at the next save; "
+            f"pass train.keep_last={cfg.train.keep_last} to confirm, or train.keep_last={before} to keep them"
+        )
     return cfg
 
 
-def reconcile(run_dir: Path, new: Config) -> dict[str, tuple[Any, Any]]:
-    """The applied changes of `new` against the run's saved config; raises `ConfigError` listing refused ones."""
-    saved = load_config(run_dir / RESOLVED_CONFIG, saved=True)
+def trained_config(run_dir: Path, named: Path | None = None) -> Config:
+    """The config the checkpoint to resume (`named`, else the newest complete one) was trained with: its own
+    run_config.yaml, or the run's config.yaml for checkpoints written before they held one."""
+    found = named or checkpoint.latest(run_dir / "checkpoints")
+    if found is not None and (found / CHECKPOINT_RUN_CONFIG).is_file():
+        try:
+            return load_config(found / CHECKPOINT_RUN_CONFIG, saved=True)
+        except ConfigError as err:  # a damaged copy: the run's own config.yaml is the next best record
+            log.warning("ignoring %s (%s); reconciling with %s", found / CHECKPOINT_RUN_CONFIG, err, RESOLVED_CONFIG)
+    return load_config(run_dir / RESOLVED_CONFIG, saved=True)
+
+
+def reconcile(run_dir: Path, new: Config, named: Path | None = None) -> dict[str, tuple[Any, Any]]:
+    """The applied changes of `new` against the config the checkpoint was trained with (`trained_config`); raises
+    `ConfigError` listing refused ones. A config.yaml edited by hand since then is a change like an override."""
+    saved = trained_config(run_dir, named)
     found = changes(saved, new)
     refused = {k: v for k, v in found.items() if classify(k) != "applied"}
     if refused:
@@ -122,15 +158,16 @@ def reconcile(run_dir: Path, new: Config) -> dict[str, tuple[Any, Any]]:
     return found
 
 
-def pick_checkpoint(run_dir: Path, named: Path | None) -> tuple[Path, tuple]:
-    """The checkpoint to resume and its loaded parts (checkpoint.load); a corrupt newest one falls back to the
-    previous complete one with a warning naming the bad file. A named checkpoint never falls back."""
+def pick_checkpoint(run_dir: Path, named: Path | None, expected: dict[str, Any] | None = None) -> tuple[Path, tuple]:
+    """The checkpoint to resume and its loaded parts (checkpoint.load); a corrupt newest one, or one whose weights do
+    not fit `expected` (the model's state dict: names and shapes), falls back to the previous complete one with a
+    warning naming the bad file. A named checkpoint never falls back."""
     if named is not None:
-        return named, checkpoint.load(named)
+        return named, _checked(named, checkpoint.load(named), expected)
     candidates = checkpoint.all_checkpoints(run_dir / "checkpoints")
     for path in reversed(candidates):
         try:
-            return path, checkpoint.load(path)
+            return path, _checked(path, checkpoint.load(path), expected)
         except checkpoint.CorruptCheckpoint as err:
             log.warning("cannot resume from %s: %s; falling back to the previous checkpoint", path.name, err)
     found = ", ".join(p.name for p in candidates) or "none"
@@ -138,3 +175,20 @@ def pick_checkpoint(run_dir: Path, named: Path | None) -> tuple[Path, tuple]:
         f"--resume {run_dir}: no complete, readable checkpoint in {run_dir / 'checkpoints'} (found: {found}); "
         "start again with --overwrite"
     )
+
+
+def _checked(path: Path, loaded: tuple, expected: dict[str, Any] | None) -> tuple:
+    """`loaded` unless its weights do not fit `expected` (then `CorruptCheckpoint` naming model.safetensors)."""
+    if expected is None:
+        return loaded
+    weights = loaded[0]
+    missing, unexpected = sorted(expected.keys() - weights.keys()), sorted(weights.keys() - expected.keys())
+    shapes = [k for k in expected.keys() & weights.keys() if tuple(expected[k].shape) != tuple(weights[k].shape)]
+    if missing or unexpected or shapes:
+        parts = [
+            f"{what} {names[:3]}{' ...' if len(names) > 3 else ''}"
+            for what, names in (("missing", missing), ("unexpected", unexpected), ("other shapes for", sorted(shapes)))
+            if names
+        ]
+        raise checkpoint.CorruptCheckpoint(path / checkpoint.WEIGHTS, f"does not fit the model ({'; '.join(parts)})")
+    return loaded

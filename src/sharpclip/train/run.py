@@ -198,6 +198,8 @@ def build_trainer(cfg: Config, evaluate: Evaluate | None = None) -> Trainer:
 
     def write_model(directory: Path) -> None:
         save_checkpoint(model, directory, cfg.model)
+        # what these weights were trained with: a resume is reconciled against it (train.resume)
+        (directory / resume_policy.CHECKPOINT_RUN_CONFIG).write_text(to_yaml(cfg))
 
     return Trainer(model, objective, loader, cfg.train, Path(cfg.train.output_dir), write_model, evaluate)
 
@@ -213,7 +215,7 @@ def run_train(cfg: Config, resume: str | Path | None = None, overwrite: bool = F
     directory, named = resume_policy.locate(resume) if resume is not None else (Path(cfg.train.output_dir), None)
     mode = "resume" if resume is not None else "overwrite" if overwrite else "fresh"
     try:
-        changed, lock = _open(cfg, directory, mode)
+        changed, lock = _open(cfg, directory, mode, named)
         try:
             with _run_logging(directory):
                 placement = describe_placement(device)
@@ -236,7 +238,7 @@ def describe_placement(device: torch.device) -> str:
     return f"world size {distributed.world_size()}, backend {distributed.backend()}, devices: {listed}"
 
 
-def _open(cfg: Config, directory: Path, mode: str) -> tuple[dict, run_dir.RunLock | None]:
+def _open(cfg: Config, directory: Path, mode: str, named: Path | None = None) -> tuple[dict, run_dir.RunLock | None]:
     """Check the directory for `mode` and reconcile a resume's config (every rank), then take the lock and empty
     the directory under overwrite (rank 0); when any rank cannot, every rank stops rather than wait at a barrier."""
 
@@ -245,7 +247,7 @@ def _open(cfg: Config, directory: Path, mode: str) -> tuple[dict, run_dir.RunLoc
         if mode != "resume":
             return {}
         cfg.train.output_dir = str(directory)
-        return resume_policy.reconcile(directory, cfg)
+        return resume_policy.reconcile(directory, cfg, named)
 
     changed = _together(check)
     lock = _together(lambda: run_dir.open_run_dir(directory, mode) if distributed.rank() == 0 else None)
@@ -311,7 +313,7 @@ def _start(
     try:
         trainer = build_trainer(cfg)
         if resuming:
-            path, loaded = resume_policy.pick_checkpoint(directory, named)
+            path, loaded = resume_policy.pick_checkpoint(directory, named, trainer.model.state_dict())
             trainer.resume(path, loaded)
             if distributed.rank() == 0:
                 _record_resume(directory, trainer.state.step, path, changed)

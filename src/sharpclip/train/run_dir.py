@@ -4,15 +4,25 @@ A run directory holds one run. `sharpclip train` refuses one that already holds 
 (continue that run) or `--overwrite` (empty it first) says what to do with it, because mixing two runs loses both:
 an older run's higher step numbers look newer to pruning, `metrics.jsonl` interleaves them and `config.yaml` lies.
 
-While a run writes, `.sharpclip.lock` in the directory holds the writer's host and pid. A second run into the same
-directory refuses with that pid; a lock left by a process that no longer exists on this host (a crash, SIGKILL) is
-taken over with a warning. The lock file alone does not make a directory "non-empty".
+A folder is a run directory only by sharpclip's own evidence: the marker `.sharpclip-run`, written the moment a run
+takes the folder (before the model is built, so a run killed during start-up is still recognised), or the checkpoint
+layout (`checkpoints/step-*/trainer_state.json`, for runs written before the marker existed). A `config.yaml` alone
+proves nothing: many projects have one. `--overwrite` deletes only the files and folders a run writes (`RUN_FILES`,
+`RUN_FOLDERS`) and refuses, naming them, when anything else is there; the refusal of a fresh run suggests
+`--overwrite` only when that would be safe.
+
+While a run writes, `.sharpclip.lock` holds the writer's host and pid and an `flock` that the writer keeps for its
+whole life. The lock file is written completely under a temporary name and then hard-linked into place, so it never
+exists half-written; liveness comes from the flock (a pid can be reused: a container's entrypoint is always pid 1),
+the pid only names the holder in messages. A lock whose flock is free was left by a dead writer and is taken over
+with a warning; an unreadable one, or one from another host (whose flock this host cannot see), is treated as live.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
+import datetime
+import fcntl
 import json
 import os
 import shutil
@@ -22,7 +32,13 @@ from pathlib import Path
 from sharpclip.train.logging import log
 
 LOCK = ".sharpclip.lock"
-RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints")  # what makes a folder a sharpclip run directory
+MARKER = ".sharpclip-run"  # written when a run takes the folder: sharpclip's own evidence that it is a run directory
+CHECKPOINTS = "checkpoints"
+RUN_FILES = frozenset({
+    MARKER, "config.yaml", "metrics.jsonl", "diagnostics.jsonl", "train.log", "resumes.jsonl", "guards_initial.json",
+    "wandb_id",
+})  # fmt: skip
+RUN_FOLDERS = frozenset({CHECKPOINTS, "tensorboard", "wandb", "eval"})  # what the trainer and its sinks create
 MODES = ("fresh", "resume", "overwrite")
 
 
@@ -31,10 +47,38 @@ class RunDirError(RuntimeError):
 
 
 def contents(path: Path) -> list[str]:
-    """The names in `path` other than the lock file (empty when `path` does not exist)."""
+    """The names in `path` other than the lock file and its temporary copies (empty when `path` does not exist)."""
     if not path.is_dir():
         return []
-    return sorted(p.name for p in path.iterdir() if p.name != LOCK)
+    return sorted(p.name for p in path.iterdir() if not p.name.startswith(LOCK))
+
+
+def is_run_dir(path: Path) -> bool:
+    """Whether sharpclip's own evidence says `path` holds a run: its marker, or a checkpoint's trainer_state.json."""
+    return (path / MARKER).is_file() or any((path / CHECKPOINTS).glob("step-*/trainer_state.json"))
+
+
+def foreign(path: Path) -> list[str]:
+    """The entries of run directory `path` that a run does not write (relative names; empty when it is clean)."""
+    found = [n for n in contents(path) if n not in RUN_FILES | RUN_FOLDERS or (path / n).is_symlink()]
+    found += [n for n in contents(path) if n in RUN_FOLDERS and not (path / n).is_dir()]
+    ckpts = path / CHECKPOINTS
+    if ckpts.is_dir() and not ckpts.is_symlink():
+        found += [f"{CHECKPOINTS}/{p.name}" for p in sorted(ckpts.iterdir()) if not _is_checkpoint_entry(p)]
+    return sorted(found)
+
+
+def _is_checkpoint_entry(p: Path) -> bool:
+    """step-*/ folders, their interrupted .step-*.tmp writes, best.json and its temporary file."""
+    if p.is_symlink():
+        return False
+    if p.name.startswith(("step-", ".step-")):
+        return p.is_dir()
+    return p.name in ("best.json", ".best.json.tmp") and p.is_file()
+
+
+def _shown(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (f", ... ({len(names)} in all)" if len(names) > 5 else "")
 
 
 def check_run_dir(path: Path, mode: str) -> None:
@@ -44,94 +88,160 @@ def check_run_dir(path: Path, mode: str) -> None:
     if path.exists() and not path.is_dir():
         raise RunDirError(f"train.output_dir={path} is a file, not a folder; choose a folder for the run")
     found = contents(path)
-    if mode == "fresh" and found:
-        shown = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
+    if not found or mode == "resume":
+        return
+    run, extra = is_run_dir(path), foreign(path)
+    if mode == "fresh" and run and extra:  # --overwrite would refuse: do not suggest it
         raise RunDirError(
-            f"train.output_dir={path} is not empty ({shown}); continue that run with `--resume {path}`, replace it "
-            "with `--overwrite`, or choose a new train.output_dir"
+            f"train.output_dir={path} holds a run and files a run does not write ({_shown(extra)}); continue the "
+            f"run with `--resume {path}`, or choose a new train.output_dir"
         )
-    if mode == "overwrite" and found and not any(name in found for name in RUN_MARKERS):
+    if mode == "fresh" and run:
         raise RunDirError(
-            f"--overwrite: {path} holds files but is not a sharpclip run directory (no config.yaml, metrics.jsonl or "
-            "checkpoints/); refusing to empty it: choose another train.output_dir"
+            f"train.output_dir={path} is not empty ({_shown(found)}); continue that run with `--resume {path}`, "
+            "replace it with `--overwrite`, or choose a new train.output_dir"
+        )
+    if not run:
+        raise RunDirError(
+            f"train.output_dir={path} is not empty ({_shown(found)}) and is not a sharpclip run directory (no "
+            f"{MARKER} nor checkpoints/step-*/trainer_state.json); sharpclip will not write into it or empty it: "
+            "choose a new train.output_dir"
+        )
+    if mode == "overwrite" and extra:
+        raise RunDirError(
+            f"--overwrite: the run directory {path} also holds files a run does not write ({_shown(extra)}); "
+            "refusing to delete them: move them away, or choose a new train.output_dir"
         )
 
 
 def empty_dir(path: Path) -> None:
-    """Delete everything in `path` except the lock file."""
+    """Delete what a run writes in `path` (`RUN_FILES`, `RUN_FOLDERS`), nothing else; the lock file stays."""
     for name in contents(path):
         child = path / name
-        if child.is_dir() and not child.is_symlink():
-            shutil.rmtree(child)
-        else:
+        if child.is_symlink():
+            continue  # never followed, never ours
+        if name in RUN_FILES and child.is_file():
             child.unlink()
+        elif name in RUN_FOLDERS and child.is_dir():
+            _remove_run_folder(child)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
+def _remove_run_folder(folder: Path) -> None:
+    if folder.name != CHECKPOINTS:
+        shutil.rmtree(folder)  # tensorboard/, wandb/, eval/: written by this run's sinks and reports
+        return
+    for entry in folder.iterdir():
+        if _is_checkpoint_entry(entry):
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    with contextlib.suppress(OSError):  # kept when anything else is left in it
+        folder.rmdir()
+
+
+def write_marker(path: Path) -> None:
+    """Mark `path` as a sharpclip run directory (the evidence `is_run_dir` reads)."""
+    when = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    (path / MARKER).write_text(json.dumps({"created": when, "pid": os.getpid()}) + "\n")
 
 
 class RunLock:
-    """`.sharpclip.lock` in a run directory, created atomically; `release()` removes it (only if still ours)."""
+    """`.sharpclip.lock` in a run directory: linked into place whole, flock-held while this process runs."""
 
     def __init__(self, directory: Path):
         self.path = Path(directory) / LOCK
         self.owner = {"host": socket.gethostname(), "pid": os.getpid()}
         self.held = False
+        self._fd: int | None = None
 
     def acquire(self) -> RunLock:
         """Take the lock; a live holder → `RunDirError` naming its pid; a dead one's lock is taken over (warning)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                self._take_over_if_stale()
-                continue
-            with os.fdopen(fd, "w") as f:
-                json.dump(self.owner, f)
-            self.held = True
-            return self
-        raise RunDirError(f"{self.path}: could not take the run directory's lock; another run is starting there")
-
-    def _holder(self) -> dict:
+        fd, tmp = self._prepared()
         try:
-            return json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return {}  # unreadable: a writer died between creating and filling it
+            for _ in range(5):
+                try:
+                    os.link(tmp, self.path)  # atomic: the lock exists complete or not at all
+                except FileExistsError:
+                    if self._take_over_if_stale(tmp):
+                        break
+                    continue
+                break
+            else:
+                raise RunDirError(f"{self.path}: could not take the lock; another run is starting there")
+        except BaseException:
+            os.close(fd)
+            raise
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        self._fd, self.held = fd, True
+        return self
 
-    def _take_over_if_stale(self) -> None:
-        holder = self._holder()
+    def _prepared(self) -> tuple[int, Path]:
+        """A complete lock file under a temporary name, flock-held by this process."""
+        tmp = self.path.with_name(f"{LOCK}.{self.owner['pid']}.{os.urandom(4).hex()}")
+        fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.write(fd, json.dumps(self.owner).encode())
+        os.fsync(fd)
+        return fd, tmp
+
+    def _holder(self, fd: int) -> dict | None:
+        try:
+            os.lseek(fd, 0, os.SEEK_SET)
+            holder = json.loads(os.read(fd, 4096).decode())
+        except (OSError, ValueError):
+            return None
+        return holder if isinstance(holder, dict) else None
+
+    def _take_over_if_stale(self, tmp: Path) -> bool:
+        """True when the existing lock was stale and `tmp` (ours) replaced it; False to retry (it vanished or
+        changed); raises `RunDirError` when it is held."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise RunDirError(self._in_use(self._holder(fd))) from None
+            if not _same_file(fd, self.path):  # replaced or released while we looked: look again
+                return False
+            holder = self._holder(fd)
+            if holder is None or holder.get("host") != self.owner["host"]:  # unreadable, or another host's: live
+                raise RunDirError(self._in_use(holder))
+            log.warning("taking over the stale lock %s (pid %s is no longer running)", self.path, holder.get("pid"))
+            os.replace(tmp, self.path)  # under the dead lock's flock: no one else can be taking it over now
+            return True
+        finally:
+            os.close(fd)
+
+    def _in_use(self, holder: dict | None) -> str:
+        where = self.path.parent
+        if holder is None:
+            return (
+                f"{where} is in use ({self.path} is unreadable: a run starting there, or one whose start crashed); "
+                "wait for it, or delete the lock file if no training runs there"
+            )
         pid, host = holder.get("pid"), holder.get("host")
-        if host not in (None, self.owner["host"]):
-            raise RunDirError(
-                f"{self.path.parent} is in use by pid {pid} on host {host} ({self.path}); wait for it to finish, "
-                "or delete the lock file if that run is gone"
+        if host != self.owner["host"]:
+            return (
+                f"{where} is in use by pid {pid} on host {host} ({self.path}); wait for it to finish, or delete the "
+                "lock file if that run is gone"
             )
-        if isinstance(pid, int) and _pid_alive(pid):
-            raise RunDirError(
-                f"{self.path.parent} is in use by a running training, pid {pid} ({self.path}); wait for it, or train "
-                "into another train.output_dir"
-            )
-        log.warning("taking over the stale lock %s (pid %s is no longer running)", self.path, pid)
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
+        return (
+            f"{where} is in use by a running training, pid {pid} ({self.path}); wait for it, or train into another "
+            "train.output_dir"
+        )
 
     def release(self) -> None:
-        """Remove the lock file if this process still holds it."""
-        if self.held and self._holder() == self.owner:
-            try:
-                self.path.unlink()
-            except OSError as err:
-                if err.errno != errno.ENOENT:
-                    raise
-        self.held = False
+        """Remove the lock file if it is still ours, then drop the flock."""
+        if self._fd is not None:
+            if _same_file(self._fd, self.path):
+                with contextlib.suppress(FileNotFoundError):
+                    self.path.unlink()
+            os.close(self._fd)
+        self._fd, self.held = None, False
 
     def __enter__(self) -> RunLock:
         return self if self.held else self.acquire()
@@ -140,15 +250,27 @@ class RunLock:
         self.release()
 
 
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        a, b = os.fstat(fd), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
 def open_run_dir(path: str | Path, mode: str) -> RunLock:
-    """Check `path` for `mode`, take its lock, and empty it under `overwrite`; returns the held lock."""
+    """Take `path`'s lock, check it for `mode` under the lock, empty it under `overwrite` and mark it (fresh and
+    overwrite); returns the held lock."""
     path = Path(path)
-    check_run_dir(path, mode)
+    check_run_dir(path, mode)  # before creating anything: a refused folder is left exactly as it was
     lock = RunLock(path).acquire()
     try:
+        check_run_dir(path, mode)  # again under the lock: another run may have started in between
         if mode == "overwrite" and contents(path):
             log.warning("emptying the run directory %s (overwrite)", path)
             empty_dir(path)
+        if mode != "resume":
+            write_marker(path)
     except BaseException:
         lock.release()
         raise

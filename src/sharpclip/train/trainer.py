@@ -115,6 +115,8 @@ class Trainer:
         self._resumed_epoch = False  # the next epoch continues a checkpoint's epoch part-way
         self._ran_out: list[int] = []  # the ranks whose loader ended the last epoch early
         self._end_at_once = False  # the resumed epoch ends without a batch (resumed on another world size)
+        self._epoch_open = False  # steps of the current epoch were taken but its end (validation, best) is not done
+        self._saturated: list[tuple[float, float]] = []  # (saturated, all) contrastive matrices of this epoch's steps
         self._weights = largest_weight(self.params)  # max |w| after the last update
         self._last_update: dict[str, float] = {}  # the last successful update: step, lr, max |w| before and after
         self._data_wait = 0.0  # seconds the current step waited for its batch (progress bar)
@@ -144,6 +146,8 @@ class Trainer:
         bar = progress(self.total_steps, self.state.step, self.cfg.progress and self.is_main)
         while self._budget_left():
             self._epoch(bar)
+        if self._epoch_open:  # resumed from a checkpoint of the last step, written before its epoch's end ran
+            self._end_epoch()
         bar.close()
         self.logger.close()
         report = getattr(self.loader, "report", None)  # data.SampleLoader: samples skipped under on_bad_sample: skip
@@ -170,7 +174,6 @@ class Trainer:
         if self._resume_rng is not None:  # after the iterator drew its seed (see resume)
             checkpoint.set_rng_state(self._resume_rng, self.device)
             self._resume_rng = None
-        saturated = []  # (saturated, all) contrastive matrices of each step
         taken, budget = 0, self.state.step < self.total_steps
         if self._end_at_once:  # resumed on another world size part-way through this epoch (see _change_world)
             self._end_at_once, batches = False, iter(())
@@ -179,8 +182,10 @@ class Trainer:
             record = self._train_step(batch)
             if record is None:  # a skipped (non-finite) step: nothing to count, log or save
                 continue
+            self._epoch_open = True
             if MATRICES_MONITOR in record:
-                saturated.append((record[SATURATED_MONITOR] * record[MATRICES_MONITOR], record[MATRICES_MONITOR]))
+                monitored = (record[SATURATED_MONITOR] * record[MATRICES_MONITOR], record[MATRICES_MONITOR])
+                self._saturated.append(monitored)
             bar.update(1)
             bar.set_postfix(
                 {
@@ -194,7 +199,7 @@ class Trainer:
                 self.save()
             checkpoint.fault_point("step", self.state.step)
         self._check_epoch_length(taken, announced, budget)
-        self._end_epoch(saturated)
+        self._end_epoch()
 
     def _steps(self, batches: Iterator[Batch]) -> Iterator[Batch]:
         """The epoch's batches while the step budget lasts and every rank holds one.
@@ -241,13 +246,15 @@ class Trainer:
                 "overstate the data)%s", self.state.epoch, taken, announced, who, bad,
             )  # fmt: skip
 
-    def _end_epoch(self, saturated: list[tuple[float, float]]) -> None:
+    def _end_epoch(self) -> None:
+        saturated, self._saturated = self._saturated, []
         if saturated:  # image-caption objectives: HN-CLIP §2.1's saturation share of this epoch's batches
             share = sum(s for s, _ in saturated) / sum(n for _, n in saturated)
             log.info("epoch %d: %.1f%% of contrastive batches had InfoNCE < 1e-3", self.state.epoch, 100 * share)
             self.logger.step({"step": self.state.step, "epoch": self.state.epoch, "saturated_batches": share})
         metrics = self._evaluate()  # recorded under this epoch's index, as its steps are
         self.state.epoch += 1
+        self._epoch_open = False
         # every rank evaluates the same model on the same data, so every rank takes the same decision below
         held = metrics is not None and metrics.get(GUARDS_HOLD, 1.0) == 1.0  # train.guards' floors (if any) hold
         improved = held and metrics.get(self.cfg.best_metric, -math.inf) > self.state.best
@@ -260,8 +267,13 @@ class Trainer:
         if self.evaluate is None or not every or (self.state.epoch + 1) % every:
             return None
         self.model.eval()
-        with torch.no_grad():
-            metrics = self.evaluate(self.model)
+        try:
+            with torch.no_grad():
+                metrics = self.evaluate(self.model)
+        except (ValueError, RuntimeError) as err:  # e.g. non-finite embeddings: blame a blown-up update if it was one
+            if (message := self._diverged_update()) is not None:
+                raise TrainingDiverged(message) from err
+            raise
         self.model.train()
         evals = {f"eval/{k}": v for k, v in metrics.items()}
         self.logger.step({"step": self.state.step, "epoch": self.state.epoch, **evals})
@@ -355,10 +367,14 @@ class Trainer:
         suspect = self.ckpt_dir / checkpoint.checkpoint_name(step)
         if self.is_main and suspect.is_dir():
             checkpoint.mark_diverged(suspect, f"every step after the update of step {step} failed")
+        since = (
+            f"each of the {self.state.bad_steps} steps since then had a non-finite loss or gradient"
+            if self.state.bad_steps
+            else "the validation after it failed on non-finite outputs"
+        )
         return (
             f"the update of step {step} diverged: it grew the largest |weight| from {last['before']:.3g} to "
-            f"{last['after']:.3g} (learning rate {last['lr']:.3g}), and each of the {self.state.bad_steps} steps "
-            "since then had a non-finite loss or gradient. Lower train.lr or lengthen "
+            f"{last['after']:.3g} (learning rate {last['lr']:.3g}), and {since}. Lower train.lr or lengthen "
             "train.warmup_steps. Checkpoints holding those weights are marked diverged; a resume uses the one before"
         )
 
@@ -396,7 +412,8 @@ class Trainer:
                 "rank_rng": rngs,
             }
             trainer_state = {**asdict(self.state), "loader": loaders[0], "loaders": loaders, "world_size": world,
-                             "rank_batch": self.cfg.batch_size // world, "logs": self._log_sizes()}  # fmt: skip
+                             "rank_batch": self.cfg.batch_size // world, "logs": self._log_sizes(),
+                             "epoch_open": self._epoch_open, "saturated": self._saturated}  # fmt: skip
             path = checkpoint.save(self.ckpt_dir, self.state.step, self.write_model, training_state, trainer_state)
             if best:
                 checkpoint.mark_best(self.ckpt_dir, path, self.state.best)
@@ -423,6 +440,8 @@ class Trainer:
         self.scheduler.load_state_dict(training["scheduler"])
         ranks, saved_world, first = self._rank_states(trainer_state, training)
         logs = trainer_state.pop("logs", None)
+        self._epoch_open = bool(trainer_state.pop("epoch_open", False))  # then fit() owes that epoch its end
+        self._saturated = [tuple(pair) for pair in trainer_state.pop("saturated", [])]
         self.state = TrainerState(**trainer_state)
         self._resumed_epoch = True
         if ranks is not None:  # the same world size: each rank continues its own position and random streams
@@ -434,6 +453,7 @@ class Trainer:
         self._weights = largest_weight(self.params)
         if self.is_main:
             self._cut_logs(logs)
+            self.logger.resume_at(self.state.step)
         log.info("resumed from %s at step %d (epoch %d)", path, self.state.step, self.state.epoch)
 
     def _rank_states(self, trainer_state: dict, training: dict) -> tuple[tuple[dict, dict] | None, int, dict]:

@@ -35,7 +35,9 @@ def _table_file(root: Path, split: str) -> Path | None:
     return None
 
 
-def _records(path: Path, report: BadSampleReport) -> Iterator[tuple[str, dict]]:
+def _records(path: Path, report: BadSampleReport, keep: tuple[str, ...] = ()) -> Iterator[tuple[str, dict]]:
+    """(where, record) of each row; an empty CSV cell is left out unless its column is in `keep` (the caption's:
+    an empty caption is reported as such, not as a missing column)."""
     if path.suffix in (".jsonl", ".json"):
         yield from iter_jsonl(path, report)
         return
@@ -43,7 +45,7 @@ def _records(path: Path, report: BadSampleReport) -> Iterator[tuple[str, dict]]:
     with open(report.read_file(path), encoding="utf-8", errors="surrogateescape", newline="") as f:
         reader = csv.DictReader(f, delimiter="\t" if path.suffix == ".tsv" else ",")
         for i, row in enumerate(reader):
-            values = {k: v for k, v in row.items() if v not in (None, "")}
+            values = {k: v for k, v in row.items() if v is not None and (v != "" or k in keep)}
             bad = next((v for v in values.values() if isinstance(v, str) and _SURROGATE.search(v)), None)
             if bad is not None:
                 byte = ord(_SURROGATE.search(bad).group()) - 0xDC00
@@ -94,7 +96,7 @@ def _pair(record: dict, where: str, rid: str, base: Path, cfg: DataConfig, repor
 
 def _read_table(path: Path, cfg: DataConfig, report: BadSampleReport) -> list[Sample]:
     samples = []
-    for n, (where, record) in enumerate(_records(path, report)):
+    for n, (where, record) in enumerate(_records(path, report, keep=(cfg.caption_field,))):
         rid = str(record.get(cfg.id_field, n))
         is_edit = "source_image" in record and "edited_image" in record
         sample = (
@@ -135,6 +137,11 @@ def read(root: Path, split: str, cfg: DataConfig, report: BadSampleReport) -> li
     table = _table_file(root, split)
     if table is not None:
         return _read_table(table, cfg, report)
+    tables = sorted(p.name for p in root.glob("*") if p.suffix in (".jsonl", ".csv", ".tsv")) if root.is_dir() else []
+    if tables and not (root / split).is_dir():  # a folder of split files lacking this one: not a folder of pairs
+        raise FileNotFoundError(
+            f"{root}: no {split}.jsonl, {split}.csv or {split}.tsv (the split files there: {', '.join(tables[:5])})"
+        )
     folder = root / split if (root / split).is_dir() else require_dir(root, "generic data")
     samples = _read_folder(folder, report)
     if not samples and not report.items and folder == root:  # nothing for this split anywhere: say where we looked
