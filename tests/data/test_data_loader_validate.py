@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import torch
 from data_helpers import FIXTURES, cfg_for, copy_fixture, prep
 
 from sharpclip.cli import main
@@ -101,3 +102,16 @@ def test_cli_validates_a_recipe_and_reports_a_bad_path(tmp_path, capsys):
     assert "vg val" in capsys.readouterr().out
     assert main(["validate-data", str(tmp_path / "nowhere")]) == 2
     assert "no such config file or data folder" in capsys.readouterr().err
+
+
+def test_the_workers_base_seed_differs_per_rank_and_repeats_per_epoch():
+    """Workers draw augmentation from a base seed the loader's own generator gives: never the same on two ranks."""
+    cfg = cfg_for("karpathy")
+    loaders = [build_loader(cfg, "test", prep(TOK, 8), batch_size=2, seed=3, rank=r, world_size=2) for r in (0, 1)]
+
+    def base_seed(loader, epoch):
+        loader.set_epoch(epoch)
+        return int(torch.empty((), dtype=torch.int64).random_(generator=loader.generator))
+
+    assert base_seed(loaders[0], 1) != base_seed(loaders[1], 1)
+    assert base_seed(loaders[0], 1) == base_seed(loaders[0], 1) != base_seed(loaders[0], 2)

@@ -254,7 +254,9 @@ class SampleLoader(DataLoader):
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch of the dataset (caption draw), of the batch sampler (order) and of the workers' seeds."""
-        self.generator.manual_seed(int(getattr(self.batch_sampler, "seed", 0)) * 1_000_003 + epoch)
+        # per rank too: workers that augment must not draw the same crops on every rank
+        seed, rank = (int(getattr(self.batch_sampler, name, 0)) for name in ("seed", "rank"))
+        self.generator.manual_seed((seed * 1_000_003 + epoch) * 65_537 + rank)
         self.dataset.set_epoch(epoch)
         if hasattr(self.batch_sampler, "set_epoch"):
             self.batch_sampler.set_epoch(epoch)
