@@ -7,13 +7,18 @@ positive must beat a near-duplicate caption by a margin proportional to their ca
 so the text→image logits are the transpose of the image→text ones.
 
 Cost. Written naively, Ḡ is one extra detached B×B×D product on top of InfoNCE's three (forward S, and the two
-gradient products), a 4/3 bound. Here the boost is fused into the forward product instead:
+gradient products), a 4/3 bound. On one process the boost is fused into the forward product instead:
 
     S + γ·stopgrad(T Tᵀ) = (I + γ·stopgrad(T)) Tᵀ
 
 evaluated as one matmul, with a hand-written backward that returns exactly the gradients of S (the second factor's
 gradient through stopgrad(T) is dropped, as the stop-gradient demands). The diagonal γ·‖t_i‖² is then removed with
 an O(B·D) correction. The boost therefore costs O(B·D + B²) element-wise work, not a matmul.
+
+Local loss (`rows`, losses.registry: a process computes the query rows of its own b samples against all B columns).
+Both directions read the same margin rows: image→text rows are I_r Tᵀ + γḠ_r and text→image rows, the rows of the
+transpose, are T_r Iᵀ + γḠ_r (Ḡ is symmetric), with Ḡ_r = stopgrad(T_r Tᵀ), zero at each row's own positive. That
+is one detached b×B×D product beside InfoNCE's, materialised rather than fused.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from sharpclip.losses._common import scale_from_log, symmetric_cross_entropy
+from sharpclip.losses._common import logits_of, scale_from_log, symmetric_cross_entropy, symmetric_row_cross_entropy
 from sharpclip.losses.registry import register
 
 
@@ -43,11 +48,14 @@ class _BoostedSimilarity(torch.autograd.Function):
         return grad_image, grad_text, None
 
 
-def margin_matrix(reference_text: Tensor) -> Tensor:
-    """Ḡ = stopgrad(R Rᵀ) with a zero diagonal. reference_text: (B, D) L2-normalised. Returns (B, B), no grad."""
+def margin_matrix(reference_text: Tensor, rows: slice | None = None) -> Tensor:
+    """Ḡ = stopgrad(R Rᵀ) with a zero diagonal. reference_text: (B, D) L2-normalised. Returns (B, B), no grad;
+    rows: only those rows of Ḡ, (b, B), zero at each row's own column."""
     with torch.no_grad():
-        g = reference_text.detach() @ reference_text.detach().t()
-        g.fill_diagonal_(0.0)
+        ref = reference_text.detach()
+        rows = slice(0, len(ref)) if rows is None else rows
+        g = ref[rows] @ ref.t()
+        g[:, rows].diagonal().zero_()
     return g
 
 
@@ -71,6 +79,7 @@ def hn_clip(
     logit_scale: Tensor,
     logit_bias: Tensor | None = None,
     reference_text: Tensor | None = None,
+    rows: slice | None = None,
     *,
     gamma: float = 0.5,
     duplicate_threshold: float | None = None,
@@ -82,7 +91,10 @@ def hn_clip(
         frozen initial text tower); default None recomputes Ḡ from the current `text` every step.
     duplicate_threshold: captions whose similarity is ≥ this are the same caption in all but name: they are masked
         out of both softmaxes (a false negative is not a negative) instead of being boosted. None disables it.
+    rows: compute these query rows only and return their share of the loss (local loss); None: every row.
     """
+    if rows is not None:
+        return _hn_clip_rows(image, text, logit_scale, logit_bias, reference_text, rows, gamma, duplicate_threshold)
     if duplicate_threshold is None:
         sim, _ = boosted_similarity(image, text, gamma, reference_text)
         duplicates = None
@@ -97,3 +109,24 @@ def hn_clip(
     if duplicates is not None:
         logits = logits.masked_fill(duplicates, float("-inf"))
     return symmetric_cross_entropy(logits)
+
+
+def _hn_clip_rows(
+    image: Tensor,
+    text: Tensor,
+    logit_scale: Tensor,
+    logit_bias: Tensor | None,
+    reference_text: Tensor | None,
+    rows: slice,
+    gamma: float,
+    duplicate_threshold: float | None,
+) -> Tensor:
+    """The share of eq. 2 held by query rows `rows` (see the module docstring): both directions' rows, (b, B)."""
+    g = margin_matrix(text if reference_text is None else reference_text, rows)
+    image_rows = logits_of(image[rows] @ text.t() + gamma * g, logit_scale, logit_bias)
+    text_rows = logits_of(text[rows] @ image.t() + gamma * g, logit_scale, logit_bias)
+    if duplicate_threshold is not None:
+        duplicates = g >= duplicate_threshold
+        duplicates[:, rows].diagonal().fill_(False)
+        image_rows, text_rows = (x.masked_fill(duplicates, float("-inf")) for x in (image_rows, text_rows))
+    return symmetric_row_cross_entropy(image_rows, text_rows, rows)

@@ -169,7 +169,8 @@ def _build_term(name: str, cfg: TermConfig, features: Collection[str]) -> Term:
             raise ConfigError(f"{where}.params.{key}: '{cfg.loss}' has no such parameter; it takes: {known}")
         params[key] = _typed(f"{where}.params.{key}", value, spec.param_types[key])
     mapping = _bind(f"{where}.inputs", spec, cfg.inputs, features)
-    return Term(name, spec, float(cfg.weight), params, mapping, remapped=frozenset(cfg.inputs))
+    remapped = frozenset(cfg.inputs) - {registry.ROWS}  # a slice given on several processes only
+    return Term(name, spec, float(cfg.weight), params, mapping, remapped=remapped)
 
 
 def _saturation_term(features: Collection[str]) -> Term:

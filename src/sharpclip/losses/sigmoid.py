@@ -5,6 +5,9 @@
 Every pair is an independent binary problem: positives on the diagonal, negatives elsewhere. With γ > 0, the same
 detached caption-similarity margin as HN-CLIP eq. 2 is added to the negative logits (Ḡ has a zero diagonal), so a
 near-duplicate caption must be pushed further below the decision boundary. γ = 0 is plain SigLIP.
+
+The loss is a sum over image rows, so the share of rows r (local loss, losses.registry) is the same sum over
+i ∈ r, against every text: (b, B) logits, the margin rows Ḡ_r as in HN-CLIP's local form.
 """
 
 from __future__ import annotations
@@ -13,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from sharpclip.losses._common import scale_from_log
-from sharpclip.losses.margins import boosted_similarity
+from sharpclip.losses._common import logits_of
+from sharpclip.losses.margins import boosted_similarity, margin_matrix
 from sharpclip.losses.registry import register
 
 
@@ -25,16 +28,23 @@ def sigmoid(
     logit_scale: Tensor,
     logit_bias: Tensor | None = None,
     reference_text: Tensor | None = None,
+    rows: slice | None = None,
     *,
     gamma: float = 0.0,
 ) -> Tensor:
     """SigLIP pairwise sigmoid loss with bias, optionally with HN-CLIP margins γ·Ḡ on the negatives.
 
     image, text: (B, D) L2-normalised; logit_scale: scalar, log space; logit_bias: scalar (SigLIP inits at −10).
+    rows: compute these image rows only and return their share of the loss (local loss); None: every row.
     """
-    sim = image @ text.t() if gamma == 0 else boosted_similarity(image, text, gamma, reference_text)[0]
-    logits = scale_from_log(logit_scale) * sim
-    if logit_bias is not None:
-        logits = logits + logit_bias
-    signs = 2.0 * torch.eye(logits.shape[0], dtype=logits.dtype, device=logits.device) - 1.0
-    return -F.logsigmoid(signs * logits).sum() / logits.shape[0]
+    if rows is None:
+        sim = image @ text.t() if gamma == 0 else boosted_similarity(image, text, gamma, reference_text)[0]
+        rows = slice(0, len(image))
+    else:
+        sim = image[rows] @ text.t()
+        if gamma != 0:
+            sim = sim + gamma * margin_matrix(text if reference_text is None else reference_text, rows)
+    logits = logits_of(sim, logit_scale, logit_bias)
+    signs = -torch.ones_like(logits)
+    signs[:, rows].diagonal().fill_(1.0)
+    return -F.logsigmoid(signs * logits).sum() / len(image)
