@@ -73,6 +73,15 @@ def all_ranks(value: str) -> list[str]:
     return out
 
 
+def all_ranks_lists(values: list) -> list:
+    """Every rank's list concatenated in rank order (small host values: the diagnostics); `values` on one."""
+    if world_size() == 1:
+        return values
+    out: list[list] = [[] for _ in range(world_size())]
+    dist.all_gather_object(out, values)
+    return [v for part in out for v in part]
+
+
 def shutdown() -> None:
     if is_distributed():
         dist.destroy_process_group()
@@ -98,7 +107,7 @@ class _AllGather(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor) -> Tensor:
         out = grad.new_empty((ctx.rows, *grad.shape[1:]))
-        dist.reduce_scatter_tensor(out, grad.contiguous(), op=dist.ReduceOp.SUM)
+        dist.reduce_scatter_single(out, grad.contiguous(), op=dist.ReduceOp.SUM)
         return out
 
 
@@ -106,7 +115,7 @@ def _all_gather(tensor: Tensor) -> Tensor:
     """(W·N, ...) from every rank's (N, ...) tensor, in rank order, without gradient."""
     tensor = tensor.contiguous()
     out = tensor.new_empty((world_size() * tensor.shape[0], *tensor.shape[1:]))
-    dist.all_gather_into_tensor(out, tensor)
+    dist.all_gather_single(out, tensor)
     return out
 
 
