@@ -17,6 +17,7 @@ from sharpclip.losses import Objective
 from sharpclip.models.base import Embeddings
 from sharpclip.train import distributed
 from sharpclip.train.accumulate import cached_gradient_step
+from sharpclip.train.diagnostics import gradient_diagnostics
 from sharpclip.train.features import ROWS, FeatureEncoder, TowerPasses, build_objective
 from sharpclip.train.step import StepResult, run_step, split_rows
 
@@ -73,9 +74,11 @@ TERMS: dict[str, dict[str, TermConfig]] = {
 }
 MICRO = {"exact": 4, "exact_one": 16, "per_micro_batch": 4, "gathered": 4}  # rows per micro-batch, by mode
 # the (objective, mode) pairs; per_micro_batch cannot keep edit pairs together, so it runs without edits
-CASES = [(n, m) for m in ("exact", "exact_one") for n in TERMS] + [
-    (n, "per_micro_batch") for n in ("infonce", "hn_clip", "filip", "sigmoid", "hnclip_eq3")
-] + [("infonce", "gathered"), ("hnclip_eq3", "gathered")]
+CASES = (
+    [(n, m) for m in ("exact", "exact_one") for n in TERMS]
+    + [(n, "per_micro_batch") for n in ("infonce", "hn_clip", "filip", "sigmoid", "hnclip_eq3")]
+    + [("infonce", "gathered"), ("hnclip_eq3", "gathered")]
+)
 # rows per rank of one global batch of 16: uneven under exact (edit pairs stay whole), whole micro-batches otherwise
 SIZES = {("exact", 2): [10, 6], ("exact", 4): [6, 4, 2, 4], ("even", 2): [8, 8], ("even", 4): [4, 4, 4, 4]}
 
@@ -117,3 +120,10 @@ def run_case(name: str, mode: str, batch: Batch, device: str = "cpu"):
     grads = {n: (torch.zeros_like(p) if p.grad is None else p.grad).detach().cpu()
              for n, p in model.named_parameters() if p.requires_grad}  # fmt: skip
     return result, grads, objective.calls
+
+
+def run_diagnostics(accumulation: str, batch: Batch, device: str = "cpu") -> dict:
+    """The gradient diagnostics (HN-CLIP Fig. 4) of `batch` (this rank's rows) with micro-batches of 4."""
+    model = TinyDual(dropout=0.0).to(device)
+    encoder = Float64Encoder(model, ("image", "text"))
+    return gradient_diagnostics(encoder, batch, MICRO["per_micro_batch"], 0.5, accumulation)

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
-from _support.tiny_dual import CASES, rank_rows, run_case, sizes_for, tiny_batch
+from _support.tiny_dual import CASES, rank_rows, run_case, run_diagnostics, sizes_for, tiny_batch
 from sharpclip.train import distributed
 
 
@@ -37,6 +37,9 @@ def main(out: Path, backend: str) -> None:
         records[key] = {"terms": result.terms, "monitor": result.monitor, "rows": result.rows,
                         "calls": distributed.all_ranks_lists([calls])}  # fmt: skip
         tensors.update({f"{key}/{p}": g.contiguous() for p, g in grads.items()})
+    for accumulation in ("exact", "per_micro_batch"):
+        batch = tiny_batch(rank_rows(sizes_for(accumulation, world))[rank], edits=False)
+        records[f"diagnostics/{accumulation}"] = run_diagnostics(accumulation, batch, device)
     if rank == 0:
         save_file(tensors, out / "grads.safetensors")
         (out / "records.json").write_text(json.dumps(records))

@@ -24,7 +24,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from _support.tiny_dual import CASES, MICRO, run_case, sizes_for, tiny_batch
+from _support.tiny_dual import CASES, MICRO, run_case, run_diagnostics, sizes_for, tiny_batch
 from sharpclip.config import ConfigError
 from sharpclip.train.distributed import gather, gather_features
 from sharpclip.train.step import check_batch_split
@@ -93,6 +93,23 @@ def test_ranks_give_the_step_of_one_process(on_ranks, world, name, mode):
         assert got["monitor"].keys() == result.monitor.keys() and result.monitor
         for k, v in result.monitor.items():
             assert abs(got["monitor"][k] - v) < 1e-10, k
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("accumulation", ["exact", "per_micro_batch"])
+def test_ranks_give_the_gradient_diagnostics_of_one_process(on_ranks, world, accumulation):
+    """HN-CLIP Fig. 4's record: under per_micro_batch every rank's micro-batches of 4, listed in rank order (the
+    one-process micro-batches), their mean gradient; under exact the 16 × 16 matrix. The encoder of the
+    diagnostics computes in float32, so sums in another order agree to float32 rounding."""
+    got = on_ranks(world)[0][f"diagnostics/{accumulation}"]
+    expected = run_diagnostics(accumulation, tiny_batch(list(range(16)), edits=False))
+    assert got.keys() == expected.keys()
+    if accumulation == "per_micro_batch":
+        assert len(got["micro_loss_infonce"]) == 4
+    assert got["batch_rows"] == expected["batch_rows"] == 16
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
 
 
 @pytest.mark.gpu
