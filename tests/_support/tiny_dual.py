@@ -12,6 +12,7 @@ from torch import Tensor
 
 from _support.tiny_towers import TinyTowers, make_batch
 from sharpclip.config import LossConfig, TermConfig
+from sharpclip.data.sampling import GroupBatchSampler
 from sharpclip.data.schema import Batch
 from sharpclip.losses import Objective
 from sharpclip.models.base import Embeddings
@@ -79,12 +80,18 @@ CASES = (
     + [(n, "per_micro_batch") for n in ("infonce", "hn_clip", "filip", "sigmoid", "hnclip_eq3")]
     + [("infonce", "gathered"), ("hnclip_eq3", "gathered")]
 )
-# rows per rank of one global batch of 16: uneven under exact (edit pairs stay whole), whole micro-batches otherwise
-SIZES = {("exact", 2): [10, 6], ("exact", 4): [6, 4, 2, 4], ("even", 2): [8, 8], ("even", 4): [4, 4, 4, 4]}
+# rows per rank of one global batch of 16 under exact: uneven (edit pairs stay whole)
+SIZES = {2: [10, 6], 4: [6, 4, 2, 4]}
 
 
-def sizes_for(mode: str, world: int) -> list[int]:
-    return SIZES[("exact" if mode.startswith("exact") else "even", world)] if world > 1 else [16]
+def rows_for(mode: str, world: int) -> list[list[int]]:
+    """Each rank's global rows for `mode` on `world` ranks. exact: consecutive, uneven (`SIZES`); otherwise the
+    first batch that the training sampler (data.sampling, edit pairs as units, shuffled) deals to each rank,
+    16 / world rows each. One process holding the ranks' rows concatenated in rank order is their reference."""
+    if mode.startswith("exact"):
+        return rank_rows(SIZES.get(world, [16]))
+    units = [row // 2 for row in range(32)]
+    return [next(iter(GroupBatchSampler(units, 16 // world, seed=3, rank=r, world_size=world))) for r in range(world)]
 
 
 class SpiedObjective(Objective):

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
-from _support.tiny_dual import CASES, rank_rows, run_case, run_diagnostics, sizes_for, tiny_batch
+from _support.tiny_dual import CASES, rows_for, run_case, run_diagnostics, tiny_batch
 from sharpclip.train import distributed
 
 
@@ -30,7 +30,7 @@ def main(out: Path, backend: str) -> None:
     rank, world = distributed.rank(), distributed.world_size()
     records, tensors = {}, {}
     for name, mode in CASES:
-        rows = rank_rows(sizes_for(mode, world))[rank]
+        rows = rows_for(mode, world)[rank]
         batch = tiny_batch(rows, edits=mode != "per_micro_batch")
         result, grads, calls = run_case(name, mode, batch, device)
         key = f"{name}/{mode}"
@@ -38,7 +38,7 @@ def main(out: Path, backend: str) -> None:
                         "calls": distributed.all_ranks_lists([calls])}  # fmt: skip
         tensors.update({f"{key}/{p}": g.contiguous() for p, g in grads.items()})
     for accumulation in ("exact", "per_micro_batch"):
-        batch = tiny_batch(rank_rows(sizes_for(accumulation, world))[rank], edits=False)
+        batch = tiny_batch(rows_for(accumulation, world)[rank], edits=False)
         records[f"diagnostics/{accumulation}"] = run_diagnostics(accumulation, batch, device)
     if rank == 0:
         save_file(tensors, out / "grads.safetensors")

@@ -4,9 +4,9 @@ concatenated in rank order), in float64: equal loss terms, monitor and every gra
 
 - exact, uneven rows per rank (10 + 6; 6 + 4 + 2 + 4): each rank computes its rows against all 16 columns (local
   loss), and the sum of the ranks' shares is the 16 × 16 matrix's loss;
-- per_micro_batch, whole micro-batches per rank: every matrix has `micro_batch_size` rows at every world size
-  (no gather), and the gradient is the mean over all W·k matrices, the one-process gradient of the same
-  micro-batches;
+- per_micro_batch, each rank's batch from the training sampler (data.sampling): every matrix has
+  `micro_batch_size` rows at every world size (no gather), and the gradient is the mean over all W·k matrices,
+  the one-process gradient of the same micro-batches;
 - gathered: every rank the whole matrix from gathered features (the gradient diagnostics' path).
 
 The NCCL twin runs the same worker on two GPUs.
@@ -24,7 +24,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from _support.tiny_dual import CASES, MICRO, run_case, run_diagnostics, sizes_for, tiny_batch
+from _support.tiny_dual import CASES, MICRO, rows_for, run_case, run_diagnostics, tiny_batch
 from sharpclip.config import ConfigError
 from sharpclip.train.distributed import gather, gather_features
 from sharpclip.train.step import check_batch_split
@@ -53,13 +53,18 @@ def on_ranks(tmp_path_factory):
     return get
 
 
-def _one_process(name: str, mode: str):
-    return run_case(name, mode, tiny_batch(list(range(16)), edits=mode != "per_micro_batch"))
+def _rows(mode: str, world: int) -> list[int]:
+    """The one-process batch equivalent to `world` ranks: their rows concatenated in rank order."""
+    return [row for rows in rows_for(mode, world) for row in rows]
+
+
+def _one_process(name: str, mode: str, world: int):
+    return run_case(name, mode, tiny_batch(_rows(mode, world), edits=mode != "per_micro_batch"))
 
 
 def _expected_calls(mode: str, world: int) -> list[list[list]]:
-    """Each rank's objective calls: (columns, query rows); None rows: the whole matrix."""
-    sizes = sizes_for(mode, world)
+    """Each rank's objective calls: (columns, query rows); None rows: the whole matrix. `world` 1: one process."""
+    sizes = [len(rows) for rows in rows_for(mode, world)] if world > 1 else [16]
     if mode == "per_micro_batch":
         return [[[MICRO[mode], None]] * (n // MICRO[mode]) for n in sizes]
     if mode == "gathered" or world == 1:
@@ -83,7 +88,7 @@ def _assert_same(got_terms, got_grads, key, result, grads):
 def test_ranks_give_the_step_of_one_process(on_ranks, world, name, mode):
     records, grads_on_ranks = on_ranks(world)
     key = f"{name}/{mode}"
-    result, grads, calls = _one_process(name, mode)
+    result, grads, calls = _one_process(name, mode, world)
     assert [list(map(list, calls))] == _expected_calls(mode, 1)
     got = records[key]
     assert got["calls"] == _expected_calls(mode, world)  # the matrix sizes each rank built
@@ -103,7 +108,7 @@ def test_ranks_give_the_gradient_diagnostics_of_one_process(on_ranks, world, acc
     one-process micro-batches), their mean gradient; under exact the 16 × 16 matrix. The encoder of the
     diagnostics computes in float32, so sums in another order agree to float32 rounding."""
     got = on_ranks(world)[0][f"diagnostics/{accumulation}"]
-    expected = run_diagnostics(accumulation, tiny_batch(list(range(16)), edits=False))
+    expected = run_diagnostics(accumulation, tiny_batch(_rows(accumulation, world), edits=False))
     assert got.keys() == expected.keys()
     if accumulation == "per_micro_batch":
         assert len(got["micro_loss_infonce"]) == 4
@@ -120,7 +125,7 @@ def test_two_gpus_on_nccl_give_the_step_of_one_process(tmp_path):
     records, grads_on_ranks = _launch(tmp_path, 2, "nccl")
     for name, mode in CASES:
         key = f"{name}/{mode}"
-        result, grads, _ = _one_process(name, mode)
+        result, grads, _ = _one_process(name, mode, 2)
         assert records[key]["calls"] == _expected_calls(mode, 2), key
         _assert_same(records[key]["terms"], grads_on_ranks, key, result, grads)
 
