@@ -1,15 +1,23 @@
 """Everything that talks to torch.distributed; the only module that imports it.
 
-Losses need the global batch: every rank gathers every rank's features (with gradient) and computes the same global
-loss. The autograd all-gather's backward sums the incoming gradients over ranks, so each rank's local features
-receive W · ∂L/∂f_local; DDP's gradient averaging divides by W again, so the parameters end with exactly ∂L/∂θ of
-the global loss, as on one process with the whole batch. Anything built from the batch, such as HN-CLIP's Ḡ, is then
-built over the gathered texts and matches the global logits by construction.
+What is gathered (train.step): under exact accumulation every rank gathers every rank's features (with gradient)
+and computes the loss rows of its own samples against all of them (local loss), its share of the global loss;
+under per_micro_batch nothing is gathered, each matrix is one rank's micro-batch. The autograd all-gather's backward
+sums the incoming gradients over ranks (a reduce-scatter), so each rank's local features receive what every rank's
+share sent them; each rank backpropagates W times its share and DDP's gradient averaging divides by W again, so the
+parameters end with exactly ∂L/∂θ of the global loss, as on one process with the whole batch. Anything built from
+the batch, such as HN-CLIP's Ḡ, is built over the gathered texts and matches the global logits by construction.
+
+One code path on every backend: `all_gather_single` forward and `reduce_scatter_single` backward (gloo has both,
+so the CPU tests run what NCCL runs). Ranks may hold different rows and token lengths: every feature's shape
+travels in one small all-gather per step (`exchange_shapes`, read back to the host once), then each feature is
+padded to the largest shape, gathered and cut back.
 
 Gradient averaging is DDP's all-reduce, called once per optimiser step (`average_gradients`) rather than through the
 DDP wrapper: the cached-gradient step runs one no-grad pass, a loss backward that reaches parameters outside the
 towers (the logit scale) and k replays per step, a pattern DDP's one-forward-one-backward pairing does not express.
-Averaging after the last replay is exactly what DDP with `no_sync` on the first k − 1 replays computes.
+Averaging after the last replay is exactly what DDP with `no_sync` on the first k − 1 replays computes. (A DDP
+wrapper would average a second time: it must replace `average_gradients`, not be added to it.)
 
 Devices: the backend follows the training device (NCCL for CUDA, gloo for the CPU), each rank binds its GPU
 (`torch.cuda.set_device(LOCAL_RANK)`) before the process group allocates anything, and every collective runs on the
