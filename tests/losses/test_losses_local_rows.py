@@ -58,3 +58,14 @@ def test_a_remapped_rows_input_is_optional_at_call_time():
                                      "rows": "edit_rows"}, remapped=frozenset())  # fmt: skip
     feats, _ = _features()
     assert torch.allclose(term(feats), spec.fn(feats["image"], feats["text"], feats["logit_scale"]))
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_local_rows_create_nothing_off_the_inputs_device(monkeypatch, name):
+    """On the meta device any tensor made without `device=` would meet a meta tensor and raise (forward, backward)."""
+    monkeypatch.setitem(OBJECTIVES, name, VARIANTS[name])
+    feats, _ = _features()
+    meta = {k: v.detach().to("meta").requires_grad_(v.is_floating_point()) for k, v in feats.items()}
+    loss = objective(name)({**meta, registry.ROWS: slice(3, 7)})["loss"]
+    loss.backward()
+    assert loss.device.type == "meta" and any(v.grad is not None for v in meta.values() if v.requires_grad)
