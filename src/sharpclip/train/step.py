@@ -197,23 +197,30 @@ def combine_monitors(sums: list[float]) -> dict[str, float]:
     }
 
 
-def _summary(objective: Objective, matrices: list[Matrix], device: torch.device, exact: bool) -> StepResult:
-    """The step's terms, monitor and rows over every rank, in one all-reduce and one read back to the host.
-
-    exact: the one matrix's terms are this rank's shares (summed over ranks) and its monitor and rows are the
-    global matrix's already; per_micro_batch: every rank's matrices are summed, and the terms averaged over them."""
+def _summed_terms(objective: Objective, matrices: list[Matrix], device: torch.device) -> tuple[list[str], Tensor]:
+    """The step's term names and, for each, its sum over `matrices` (float64, on the device)."""
     names = term_names(objective)
-    terms = [torch.stack([m.terms[n].double() for m in matrices]).sum() if matrices else 0.0 for n in names]
-    local = [float(len(matrices)), float(sum(m.rows for m in matrices))]
-    sums = torch.stack([torch.as_tensor(t, dtype=torch.float64, device=device) for t in terms])
-    if exact:  # only the shares add up over ranks
-        values = distributed.all_reduce_sum(sums).tolist()
-        return StepResult(dict(zip(names, values, strict=True)), combine_monitors(_monitor_sums(matrices)),
-                          matrices[0].rows)  # fmt: skip
-    counts = torch.tensor(local + _monitor_sums(matrices), dtype=torch.float64, device=device)
-    values = distributed.all_reduce_sum(torch.cat([sums, counts])).tolist()
-    count, rows, monitor = values[len(names)], values[len(names) + 1], values[len(names) + 2 :]
-    return StepResult({n: v / count for n, v in zip(names, values, strict=False)}, combine_monitors(monitor), int(rows))
+    zero = torch.zeros((), dtype=torch.float64, device=device)  # a rank may hold no matrix
+    return names, torch.stack([sum((m.terms[n].double() for m in matrices), zero) for n in names])
+
+
+def _exact_summary(objective: Objective, matrix: Matrix, device: torch.device) -> StepResult:
+    """The terms of the global matrix: its shares summed over ranks (one all-reduce, one read back); its monitor
+    and rows are the global matrix's already."""
+    names, shares = _summed_terms(objective, [matrix], device)
+    terms = dict(zip(names, distributed.all_reduce_sum(shares).tolist(), strict=True))
+    return StepResult(terms, combine_monitors(_monitor_sums([matrix])), matrix.rows)
+
+
+def _per_micro_summary(objective: Objective, matrices: list[Matrix], device: torch.device) -> StepResult:
+    """Every rank's matrices: terms averaged over all of them, monitor and rows summed (one all-reduce, one read)."""
+    names, sums = _summed_terms(objective, matrices, device)
+    counts = [float(len(matrices)), float(sum(m.rows for m in matrices)), *_monitor_sums(matrices)]
+    values = distributed.all_reduce_sum(torch.cat([sums, torch.tensor(counts, dtype=sums.dtype, device=device)]))
+    values = values.tolist()
+    count, rows, *monitor = values[len(names) :]
+    terms = {n: v / count for n, v in zip(names, values[: len(names)], strict=True)}
+    return StepResult(terms, combine_monitors(monitor), int(rows))
 
 
 def run_step(
@@ -229,7 +236,7 @@ def run_step(
     `micro_batch_size`; 0: one micro-batch a pass)."""
     batch = encoder.to_device(batch)  # once for the whole step, before the micro-batches are cut
     if accumulation == "exact":
-        matrices = [exact_step(encoder, objective, batch, split_rows(batch, micro_batch_size))]
-    else:
-        matrices = per_micro_batch_step(encoder, objective, batch, micro_batch_size, encode_batch_size)
-    return _summary(objective, matrices, encoder.device, accumulation == "exact")
+        matrix = exact_step(encoder, objective, batch, split_rows(batch, micro_batch_size))
+        return _exact_summary(objective, matrix, encoder.device)
+    matrices = per_micro_batch_step(encoder, objective, batch, micro_batch_size, encode_batch_size)
+    return _per_micro_summary(objective, matrices, encoder.device)
