@@ -6,10 +6,9 @@ over the whole B × B matrix, per loss and world size W, as one JSON object.
 What each of W processes computes under exact accumulation (train.step): the loss with `rows` = its slice. Two
 measures: matmul FLOPs of forward+backward (torch.utils.flop_counter, exact and independent of machine load), and
 the ratio of median times, full matrix and share interleaved on the same inputs (float32, the CPU or `--device`).
-Expected FLOP ratios: 2/W for infonce and FILIP (each process computes its images' rows and its captions' rows:
-two (B/W) × B blocks, where the whole matrix computes one B × B block and reads it in both directions), 1/W for
-sigmoid (image rows only), 7/(3W) for hn_clip (one more detached block for the margin rows, which the one-process
-form fuses into the similarity product).
+Expected FLOP ratios: 2/W for infonce, hn_clip and FILIP (each process computes its images' rows and its
+captions' rows: two (B/W) × B blocks, where the whole matrix computes one B × B block and reads it in both
+directions; HN-CLIP's margin rows are fused into both), 1/W for sigmoid (image rows only).
 """
 
 from __future__ import annotations

@@ -17,8 +17,13 @@ an O(B·D) correction. The boost therefore costs O(B·D + B²) element-wise work
 
 Local loss (`rows`, losses.registry: a process computes the query rows of its own b samples against all B columns).
 Both directions read the same margin rows: image→text rows are I_r Tᵀ + γḠ_r and text→image rows, the rows of the
-transpose, are T_r Iᵀ + γḠ_r (Ḡ is symmetric), with Ḡ_r = stopgrad(T_r Tᵀ), zero at each row's own positive. That
-is one detached b×B×D product beside InfoNCE's, materialised rather than fused.
+transpose, are T_r Iᵀ + γḠ_r (Ḡ is symmetric), with Ḡ_r = stopgrad(T_r Tᵀ), zero at each row's own positive. Both
+are fused the same way, one on the left factor and one on the right:
+
+    I_r Tᵀ + γ·Ḡ_r = (I_r + γ·stopgrad(T_r)) Tᵀ,        T_r Iᵀ + γ·Ḡ_r = T_r (I + γ·stopgrad(T))ᵀ
+
+so the local form also costs InfoNCE's local products plus O(B·D + b·B). With a reference tower or
+`duplicate_threshold`, Ḡ_r is materialised (one detached b×B×D product).
 """
 
 from __future__ import annotations
@@ -31,21 +36,28 @@ from sharpclip.losses.registry import register
 
 
 class _BoostedSimilarity(torch.autograd.Function):
-    """S + γ·Ḡ with Ḡ = stopgrad(T Tᵀ), zero diagonal, in one matmul; gradients are those of S = I Tᵀ alone."""
+    """a·bᵀ + γ·(boost product), zero at the positives, in one matmul: (a + γ·c)·bᵀ (`left`) or a·(b + γ·c)ᵀ, c
+    detached; the diagonal γ·‖t‖² of the positives at columns offset + i is removed in place. The backward returns
+    exactly the gradients of a·bᵀ: whatever flows into the boost is dropped, as Ḡ's stop-gradient demands."""
 
     @staticmethod
-    def forward(ctx, image: Tensor, text: Tensor, gamma: float) -> Tensor:  # type: ignore[override]
-        ctx.save_for_backward(image, text)
-        out = torch.add(image, text, alpha=gamma) @ text.t()
-        out.diagonal().sub_(gamma * (text * text).sum(dim=-1))
+    def forward(ctx, a: Tensor, b: Tensor, c: Tensor, gamma: float, left: bool, offset: int, norms: Tensor):  # type: ignore[override]
+        ctx.save_for_backward(a, b)
+        out = torch.add(a, c, alpha=gamma) @ b.t() if left else a @ torch.add(b, c, alpha=gamma).t()
+        out[:, offset : offset + len(norms)].diagonal().sub_(gamma * norms)
         return out
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:  # type: ignore[override]
-        image, text = ctx.saved_tensors
-        grad_image = grad @ text if ctx.needs_input_grad[0] else None
-        grad_text = grad.t() @ image if ctx.needs_input_grad[1] else None
-        return grad_image, grad_text, None
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        a, b = ctx.saved_tensors
+        grad_a = grad @ b if ctx.needs_input_grad[0] else None
+        grad_b = grad.t() @ a if ctx.needs_input_grad[1] else None
+        return grad_a, grad_b, None, None, None, None, None
+
+
+def _boosted(a: Tensor, b: Tensor, c: Tensor, gamma: float, left: bool, rows: slice, text_rows: Tensor) -> Tensor:
+    norms = (text_rows.detach() * text_rows.detach()).sum(dim=-1)  # ‖t_i‖² of the rows' own captions
+    return _BoostedSimilarity.apply(a, b, c.detach(), float(gamma), left, rows.indices(len(b))[0], norms)
 
 
 def margin_matrix(reference_text: Tensor, rows: slice | None = None) -> Tensor:
@@ -67,7 +79,7 @@ def boosted_similarity(
     Returns the similarity and Ḡ when it was materialised (reference given), else None (fused path).
     """
     if reference_text is None:
-        return _BoostedSimilarity.apply(image, text, float(gamma)), None
+        return _boosted(image, text, text, gamma, True, slice(0, len(text)), text), None
     g = margin_matrix(reference_text)
     return image @ text.t() + gamma * g, g
 
@@ -122,6 +134,13 @@ def _hn_clip_rows(
     duplicate_threshold: float | None,
 ) -> Tensor:
     """The share of eq. 2 held by query rows `rows` (see the module docstring): both directions' rows, (b, B)."""
+    if reference_text is None and duplicate_threshold is None:  # Ḡ_r fused into both products
+        mine = text[rows]
+        image_rows = _boosted(image[rows], text, mine, gamma, True, rows, mine)  # (I_r + γT_r) Tᵀ
+        text_rows = _boosted(mine, image, text, gamma, False, rows, mine)  # T_r (I + γT)ᵀ
+        return symmetric_row_cross_entropy(
+            logits_of(image_rows, logit_scale, logit_bias), logits_of(text_rows, logit_scale, logit_bias), rows
+        )
     g = margin_matrix(text if reference_text is None else reference_text, rows)
     image_rows = logits_of(image[rows] @ text.t() + gamma * g, logit_scale, logit_bias)
     text_rows = logits_of(text[rows] @ image.t() + gamma * g, logit_scale, logit_bias)
