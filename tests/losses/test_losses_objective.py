@@ -63,10 +63,14 @@ def test_clipin_eq8_remaps_one_loss_onto_short_and_long_captions():
     long = infonce(f["image"], f["text"], f["logit_scale"])  # the training caption is the long one
     edits = edit_negatives(f["source_image"], f["target_image"], f["source_text"], f["target_text"], f["logit_scale"])
     assert torch.allclose(out["loss"], short + 0.1 * long + 0.1 * edits)
-    # image, text and logit_scale are read by the saturation monitor too
+    # image, text and logit_scale are read by the saturation monitor too; each term's local-loss slice is that of
+    # its inputs' rows (batch rows for the captions, edit rows for the edit pairs)
     assert objective.feature_keys == {
         "image", "text", "text_short", "source_image", "target_image", "source_text", "target_text", "logit_scale",
-        "logit_bias",
+        "logit_bias", "rows", "edit_rows",
+    }  # fmt: skip
+    assert {t.name: t.inputs["rows"] for t in objective.terms if "rows" in t.inputs} == {
+        "short": "rows", "long": "rows", "edits": "edit_rows"
     }  # fmt: skip
 
 

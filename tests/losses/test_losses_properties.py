@@ -80,7 +80,7 @@ def _inputs(b, seed=0):
     """One tensor per feature of the feature table, of its declared shape, for a batch of b (and b edit pairs),
     plus the model's scale and bias."""
     feats = {}
-    for k, feature in enumerate(f for f in FEATURES.values() if f.kind != "model"):
+    for k, feature in enumerate(f for f in FEATURES.values() if f.kind in ("row", "edit")):
         dims = [b if d in ("B", "E") else SIZES[d] for d in feature.dims]
         if feature.mask:  # real tokens first, then padding
             feats[feature.name] = torch.arange(dims[1])[None, :] < torch.randint(1, dims[1] + 1, (b, 1))

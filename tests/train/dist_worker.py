@@ -1,49 +1,50 @@
-"""Worker for the 2-process test, launched by torchrun: each rank holds half the batch.
+"""Worker of the multi-process tests, launched by torchrun: every case of `_support.tiny_dual.CASES` on this rank's
+rows of one global batch, through the real training step; rank 0 writes every rank's loss terms, monitor and
+objective calls (JSON) and the gradients averaged over ranks (safetensors).
 
-For each objective and each mode (plain gather, and cached accumulation over gathered micro-batches) it computes
-the global loss, backpropagates, averages gradients over ranks as DDP does, and rank 0 writes loss and gradients.
+python dist_worker.py OUT_DIR BACKEND      (gloo on the CPU, nccl on one GPU per rank)
 """
 
+import json
+import os
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
+import torch.distributed as dist
 from safetensors.torch import save_file
 
-from _support.tiny_towers import TinyTowers, make_batch, objective, split_batch
+from _support.tiny_dual import CASES, rows_for, run_case, run_diagnostics, tiny_batch
 from sharpclip.train import distributed
-from sharpclip.train.accumulate import cached_gradient_step
 
 
-def main(out: str, objectives: list[str], batch_size: int) -> None:
-    distributed.init_from_env(torch.device("cpu"))
+def main(out: Path, backend: str) -> None:
+    device = "cpu"
+    if backend == "nccl":
+        device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, timeout=timedelta(seconds=60))  # a regression fails instead of hanging
     rank, world = distributed.rank(), distributed.world_size()
-    half = batch_size // world
-    local = split_batch(make_batch(batch_size, seed=1), half)[rank]  # trimmed to this rank's longest caption
-    results = {}
-    for name in objectives:
-        for mode in ("plain", "cached"):
-            model, obj = TinyTowers(dropout=0.0), objective(name)
-
-            def loss_fn(feats, model=model, obj=obj):
-                return obj({**feats, **model.model_inputs()})
-
-            if mode == "plain":
-                loss = loss_fn(distributed.gather_features(model.encode(local)))["loss"]
-                loss.backward()
-            else:
-                micro = split_batch(local, half // 2)
-                loss = cached_gradient_step(model.encode, micro, loss_fn, gather=distributed.gather_features)["loss"]
-            results[f"{name}/{mode}/loss"] = loss.detach().reshape(1)
-            for pname, p in model.named_parameters():
-                if p.grad is not None:
-                    results[f"{name}/{mode}/{pname}"] = distributed.all_reduce_mean(p.grad).contiguous()
+    records, tensors = {}, {}
+    for name, mode in CASES:
+        rows = rows_for(mode, world)[rank]
+        batch = tiny_batch(rows, edits=mode != "per_micro_batch")
+        result, grads, calls = run_case(name, mode, batch, device)
+        key = f"{name}/{mode}"
+        records[key] = {"terms": result.terms, "monitor": result.monitor, "rows": result.rows,
+                        "calls": distributed.all_ranks_lists([calls])}  # fmt: skip
+        tensors.update({f"{key}/{p}": g.contiguous() for p, g in grads.items()})
+    for accumulation in ("exact", "per_micro_batch"):
+        batch = tiny_batch(rows_for(accumulation, world)[rank], edits=False)
+        records[f"diagnostics/{accumulation}"] = run_diagnostics(accumulation, batch, device)
     if rank == 0:
-        save_file(results, out)
-    distributed.shutdown()
+        save_file(tensors, out / "grads.safetensors")
+        (out / "records.json").write_text(json.dumps(records))
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2].split(","), int(sys.argv[3]))
+    main(Path(sys.argv[1]), sys.argv[2])

@@ -249,8 +249,9 @@ def _leaves(value):
 def _resume_across(tmp_path: Path, first: str, second: str) -> None:
     """Train 4 steps on `second`; train 2 on `first`, resume on `second` for the other 2: the same weights.
 
-    (The first 2 steps are the warm-up, whose rates do not depend on the run's length.)"""
-    common = {"max_steps": 4, "checkpoint_every": 2, "epochs": 1, "warmup_steps": 2}
+    (The first 2 steps are the warm-up, whose rates do not depend on the run's length.) TF32 is off: CPU fp32 and
+    CUDA TF32 matmuls differ in the 4th digit, which Adam's steps would carry into the weights."""
+    common = {"max_steps": 4, "checkpoint_every": 2, "epochs": 1, "warmup_steps": 2, "tf32": False}
     reference = _final_weights(tmp_path / "ref", second, **common)
     half = _trainer(tmp_path / "a", first, **{**common, "max_steps": 2})[0]
     half.fit()
@@ -339,3 +340,19 @@ def test_a_compile_failure_says_which_key_turns_it_off(tmp_path, monkeypatch):
                                            r"\(RuntimeError: InductorError: no working C\+\+ compiler found\); "
                                            r"train without it: train.compile=false$"):  # fmt: skip
         trainer.fit()
+
+
+@pytest.mark.parametrize("switch", ["allow_tf32", "precision"])
+def test_the_tf32_switches_are_put_back(switch):
+    """What the autouse fixture of conftest.py does after every test: after devices.set_tf32 (what a Trainer on
+    CUDA calls) or a changed float32 matmul precision, the switches read as before."""
+    from _support.tf32 import tf32_flags, tf32_restored
+
+    before = tf32_flags()
+    with tf32_restored():
+        if switch == "allow_tf32":
+            devices.set_tf32(not before[1])
+        else:
+            torch.set_float32_matmul_precision("medium" if before[0] != "medium" else "highest")
+        assert tf32_flags() != before
+    assert tf32_flags() == before

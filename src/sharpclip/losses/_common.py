@@ -1,4 +1,5 @@
-"""Pieces shared by the contrastive losses: the logit scale and the symmetric cross-entropy."""
+"""Pieces shared by the contrastive losses: the logit scale, the symmetric cross-entropy and its local-loss form
+(the share of some query rows, losses.registry's `rows`)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,28 @@ def scale_from_log(logit_scale: Tensor | float) -> Tensor:
     return logit_scale.clamp(max=LN_100).exp()
 
 
+def logits_of(similarity: Tensor, logit_scale: Tensor, logit_bias: Tensor | None = None) -> Tensor:
+    """s·similarity + b, s = exp(logit_scale) clamped (`scale_from_log`), b the optional scalar bias."""
+    logits = scale_from_log(logit_scale) * similarity
+    return logits if logit_bias is None else logits + logit_bias
+
+
 def symmetric_cross_entropy(logits: Tensor) -> Tensor:
     """(CE over rows + CE over columns) / 2 with the diagonal as targets. logits: (B, B), row i = image i."""
     labels = torch.arange(logits.shape[0], device=logits.device)
     return 0.5 * (F.cross_entropy(logits, labels) + F.cross_entropy(logits.t(), labels))
+
+
+def row_cross_entropy(logits: Tensor, rows: slice, total: int) -> Tensor:
+    """Σ_i CE(logits_i, rows.start + i) / total: the share of a mean cross-entropy over `total` queries that the
+    query rows `rows` hold, the target of row i being column rows.start + i. logits: (b, N), b = rows' length."""
+    start = rows.indices(total)[0]
+    labels = torch.arange(start, start + logits.shape[0], device=logits.device)
+    return F.cross_entropy(logits, labels, reduction="sum") / total
+
+
+def symmetric_row_cross_entropy(image_rows: Tensor, text_rows: Tensor, rows: slice) -> Tensor:
+    """The share of `symmetric_cross_entropy` held by query rows `rows`: image_rows (b, B) are those images against
+    every text (rows of the logits), text_rows (b, B) those texts against every image (rows of the transpose)."""
+    total = image_rows.shape[1]
+    return 0.5 * (row_cross_entropy(image_rows, rows, total) + row_cross_entropy(text_rows, rows, total))

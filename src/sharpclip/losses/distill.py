@@ -15,9 +15,12 @@ from sharpclip.losses.registry import register
 
 
 @register("distill_cosine")
-def distill_cosine(teacher: Tensor, student: Tensor) -> Tensor:
+def distill_cosine(teacher: Tensor, student: Tensor, rows: slice | None = None) -> Tensor:
     """1 − cosine between teacher and student embeddings, averaged over the batch (CLIP-IN eq. 7).
 
     teacher, student: (B, D); the teacher is expected to carry no gradient (a frozen tower).
+    rows: these rows' share of the mean only (local loss, losses.registry); None: every row.
     """
-    return 1.0 - F.cosine_similarity(teacher, student, dim=-1).mean()
+    if rows is None:
+        return 1.0 - F.cosine_similarity(teacher, student, dim=-1).mean()
+    return (1.0 - F.cosine_similarity(teacher[rows], student[rows], dim=-1)).sum() / len(teacher)

@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from sharpclip import collectives
 from sharpclip.losses._common import scale_from_log
 from sharpclip.losses.edit_negatives import neg_cl_symmetric
-from sharpclip.losses.margins import boosted_similarity, margin_matrix
+from sharpclip.losses.margins import boosted_similarity, margin_block
 from sharpclip.losses.sigmoid import pairwise_sigmoid
 
 Reference = Tensor | Callable[[Tensor], Tensor] | None
@@ -166,7 +166,7 @@ class HNClipLoss(nn.Module):
         if self.gamma == 0:
             return per_image, per_text
         rows, columns = (text, all_text) if ref is None else (ref, all_ref)
-        margin = self.gamma * margin_matrix(rows, columns, offset=self.rank * image.shape[0])
+        margin = self.gamma * margin_block(rows, columns, offset=self.rank * image.shape[0])
         return per_image + margin, per_text + margin
 
     def forward(
@@ -241,7 +241,7 @@ class SigLipMarginLoss(nn.Module):
                 image, text, self.gamma, ref, rows=rows[0], reference_rows=rows[1], offset=offset
             )
         logits = scale * sim
-        return pairwise_sigmoid(logits if bias is None else logits + bias, positives=own)
+        return pairwise_sigmoid(logits if bias is None else logits + bias, offset=0 if own else None)
 
     def _blocks(self, tensor: Tensor, with_grad: bool) -> Iterator[Tensor]:
         """Every other rank's block of `tensor`, in open_clip's order for `dist_impl`."""

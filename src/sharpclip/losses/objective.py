@@ -171,7 +171,8 @@ def _build_term(name: str, cfg: TermConfig, features: Collection[str]) -> Term:
         params[key] = _typed(f"{where}.params.{key}", value, spec.param_types[key])
     _check_values(where, cfg.weight, params)
     mapping = _bind(f"{where}.inputs", spec, cfg.inputs, features)
-    return Term(name, spec, float(cfg.weight), params, mapping, remapped=frozenset(cfg.inputs))
+    remapped = frozenset(cfg.inputs) - {registry.ROWS}  # a slice given on several processes only
+    return Term(name, spec, float(cfg.weight), params, mapping, remapped=remapped)
 
 
 NON_NEGATIVE_PARAMS = ("gamma",)  # γ scales the margin γ·Ḡ added to negatives (HN-CLIP eq. 2): below 0 it eases them

@@ -4,6 +4,11 @@ Convention for a registered loss: positional parameters are tensor inputs (featu
 logit scale and bias), those defaulting to None are optional; keyword-only parameters are hyperparameters set from
 config, annotated with their type (`gamma: float = 0.5`). `objective.py` binds inputs by name (remappable per term)
 and checks hyperparameters against this record: their names, and their values against the annotations.
+
+Local loss: a contrastive loss takes the optional input `rows` (a slice of its inputs' rows, or None). Given one,
+it computes only those query rows, against every column, and returns their additive share of the loss over the
+whole batch (the shares of disjoint slices covering the batch sum to the loss); None computes every row. The
+losses stay pure: the trainer gathers the batch across processes and hands each its own slice (train.step).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Any
 from torch import Tensor
 
 LossFn = Callable[..., Tensor]
+ROWS = "rows"  # the local-loss input: which query rows to compute (see above); optional even when remapped
 
 
 @dataclass(frozen=True)

@@ -144,7 +144,8 @@ def cached_gradient_step(
 
     loss_fn: the objective on the whole (gathered) batch, returning {"loss": ..., term: ...}; model-level
         parameters such as the logit scale are read from the caller's closure.
-    gather: across processes (`distributed.gather_features`); identity on one process.
+    gather: across processes (`distributed.gather_features`: every rank then computes the whole loss; the
+        training step computes local rows instead, train.step); identity on one process.
     Gradients are accumulated into `.grad`; the caller zeroes them and steps the optimiser.
     """
     cache = CachedFeatures(encode, micro_batches, device)

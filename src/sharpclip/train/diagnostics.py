@@ -16,7 +16,9 @@ across ranks. The record's fields (read by analysis/dynamics.py):
 
 Under per_micro_batch accumulation every micro-batch is its own contrastive problem (HN-CLIP's 16 × 8), so the
 record also lists, per micro-batch, its InfoNCE and whether its own InfoNCE gradient is exactly zero
-(micro_loss_infonce, micro_grad_zero_infonce); the step's gradient is their mean, as in training.
+(micro_loss_infonce, micro_grad_zero_infonce); the step's gradient is their mean, as in training. As in training,
+each micro-batch's matrix is built from one rank's rows alone (`micro_batch_size` rows at every world size), and the
+lists hold every rank's micro-batches, in rank order.
 """
 
 from __future__ import annotations
@@ -46,8 +48,10 @@ _KEYS = {
 }
 
 
-def _flat_grad(params: list[torch.nn.Parameter]) -> Tensor:
-    distributed.average_gradients(params)
+def _flat_grad(params: list[torch.nn.Parameter], average: bool = True) -> Tensor:
+    """Every parameter's gradient, flattened (zeros where none); `average`: first averaged over ranks."""
+    if average:
+        distributed.average_gradients(params)
     return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten().float() for p in params])
 
 
@@ -60,19 +64,23 @@ def margin_stats(text: Tensor) -> dict[str, float]:
 
 
 def _per_micro_batch(encoder: FeatureEncoder, micro: list[Batch], fn, params: list, record: dict) -> tuple:
-    """Each micro-batch's own loss and gradient; returns (mean loss, mean gradient) and fills the per-micro lists."""
-    losses, total = [], None
+    """Each micro-batch's own loss and gradient (this rank's rows, never gathered); returns (mean loss, mean
+    gradient, losses) over every rank's micro-batches and fills the per-micro lists, in rank order."""
+    losses, zero, margins, total = [], [], [], None
     for mb in micro:
         encoder.model.zero_grad(set_to_none=True)
-        feats = distributed.gather_features(encoder(mb))
+        feats = encoder(mb)
         loss = fn(feats["image"], feats["text"], encoder.model.logit_scale)
         loss.backward()
-        grad = _flat_grad(params)
+        grad = _flat_grad(params, average=False)
         losses.append(float(loss.detach()))
-        record.setdefault("_zero", []).append(float(grad.norm() == 0.0))
-        record.setdefault("_margin", []).append(margin_stats(feats["text"].detach()))
-        total = grad / len(micro) if total is None else total + grad / len(micro)
-    return sum(losses) / len(losses), total, losses
+        zero.append(float(grad.norm() == 0.0))
+        margins.append(margin_stats(feats["text"].detach()))
+        total = grad if total is None else total + grad
+    losses, zero, margins = (distributed.all_ranks_lists(x) for x in (losses, zero, margins))
+    total = distributed.all_reduce_sum(total if total is not None else _flat_grad(params, average=False) * 0.0)
+    record["_zero"], record["_margin"] = zero, margins
+    return sum(losses) / len(losses), total / len(losses), losses
 
 
 def _whole_batch(encoder: FeatureEncoder, micro: list[Batch], fn, params: list) -> tuple[float, Tensor, dict]:
@@ -104,9 +112,9 @@ def gradient_diagnostics(
             parts: dict = {}
             record[loss_key], grads[name], losses = _per_micro_batch(encoder, micro, fn, params, parts)
             record[micro_loss_key], record[micro_zero_key] = losses, parts["_zero"]
-            record["margin_mean"] = sum(m["margin_mean"] for m in parts["_margin"]) / len(micro)
-            record["margin_hardest"] = sum(m["margin_hardest"] for m in parts["_margin"]) / len(micro)
-            record["batch_rows"] = len(batch)
+            record["margin_mean"] = sum(m["margin_mean"] for m in parts["_margin"]) / len(losses)
+            record["margin_hardest"] = sum(m["margin_hardest"] for m in parts["_margin"]) / len(losses)
+            record["batch_rows"] = int(distributed.all_reduce_sum(torch.tensor(len(batch), device=encoder.device)))
             continue
         record[loss_key], grads[name], stats = _whole_batch(encoder, micro, fn, params)
         if name == "hn":

@@ -1,15 +1,23 @@
 """Everything that talks to torch.distributed; the only module that imports it.
 
-Losses need the global batch: every rank gathers every rank's features (with gradient) and computes the same global
-loss. The autograd all-gather's backward sums the incoming gradients over ranks, so each rank's local features
-receive W · ∂L/∂f_local; DDP's gradient averaging divides by W again, so the parameters end with exactly ∂L/∂θ of
-the global loss, as on one process with the whole batch. Anything built from the batch, such as HN-CLIP's Ḡ, is then
-built over the gathered texts and matches the global logits by construction.
+What is gathered (train.step): under exact accumulation every rank gathers every rank's features (with gradient)
+and computes the loss rows of its own samples against all of them (local loss), its share of the global loss;
+under per_micro_batch nothing is gathered, each matrix is one rank's micro-batch. The autograd all-gather's backward
+sums the incoming gradients over ranks (a reduce-scatter), so each rank's local features receive what every rank's
+share sent them; each rank backpropagates W times its share and DDP's gradient averaging divides by W again, so the
+parameters end with exactly ∂L/∂θ of the global loss, as on one process with the whole batch. Anything built from
+the batch, such as HN-CLIP's Ḡ, is built over the gathered texts and matches the global logits by construction.
+
+One code path on every backend: `all_gather_single` forward and `reduce_scatter_single` backward (gloo has both,
+so the CPU tests run what NCCL runs). Ranks may hold different rows and token lengths: every feature's shape
+travels in one small all-gather per step (`exchange_shapes`, read back to the host once), then each feature is
+padded to the largest shape, gathered and cut back.
 
 Gradient averaging is DDP's all-reduce, called once per optimiser step (`average_gradients`) rather than through the
 DDP wrapper: the cached-gradient step runs one no-grad pass, a loss backward that reaches parameters outside the
 towers (the logit scale) and k replays per step, a pattern DDP's one-forward-one-backward pairing does not express.
-Averaging after the last replay is exactly what DDP with `no_sync` on the first k − 1 replays computes.
+Averaging after the last replay is exactly what DDP with `no_sync` on the first k − 1 replays computes. (A DDP
+wrapper would average a second time: it must replace `average_gradients`, not be added to it.)
 
 Every rank must enter every collective: the trainer asks `all_flags` once a step whether every rank holds a batch
 and ends the epoch on all ranks together when one does not, and `check_shared_dir` (train.run) refuses ranks that
@@ -88,6 +96,15 @@ def all_ranks(value: T) -> list[T]:
     return out
 
 
+def all_ranks_lists(values: list) -> list:
+    """Every rank's list concatenated in rank order (small host values: the diagnostics); `values` on one."""
+    if world_size() == 1:
+        return values
+    out: list[list] = [[] for _ in range(world_size())]
+    dist.all_gather_object(out, values)
+    return [v for part in out for v in part]
+
+
 def shutdown() -> None:
     if is_distributed():
         dist.destroy_process_group()
@@ -100,12 +117,6 @@ def _pad_to(tensor: Tensor, shape: tuple[int, ...]) -> Tensor:
     return F.pad(tensor, pad) if any(pad) else tensor
 
 
-def _max_shape(tensor: Tensor) -> tuple[int, ...]:
-    shape = torch.tensor(tensor.shape, device=tensor.device)
-    dist.all_reduce(shape, op=dist.ReduceOp.MAX)
-    return tuple(int(s) for s in shape.tolist())
-
-
 class _AllGather(torch.autograd.Function):
     """All-gather with gradient: forward stacks every rank's (N, ...) tensor into (W·N, ...) in rank order; backward
     hands each rank the sum over ranks of the gradient of its own block (a reduce-scatter), the semantics of the
@@ -113,56 +124,78 @@ class _AllGather(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor: Tensor) -> Tensor:
-        tensor = tensor.contiguous()
         ctx.rows = tensor.shape[0]
-        if backend() == "nccl":
-            out = tensor.new_empty((world_size() * tensor.shape[0], *tensor.shape[1:]))
-            dist.all_gather_into_tensor(out, tensor)
-            return out
-        parts = [torch.empty_like(tensor) for _ in range(world_size())]
-        dist.all_gather(parts, tensor)
-        return torch.cat(parts)
+        return _all_gather(tensor)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> Tensor:
-        grad = grad.contiguous()
-        if backend() == "nccl":
-            out = grad.new_empty((ctx.rows, *grad.shape[1:]))
-            dist.reduce_scatter_tensor(out, grad, op=dist.ReduceOp.SUM)
-            return out
-        summed = grad.clone()  # gloo has no reduce-scatter: all-reduce, then keep this rank's block
-        dist.all_reduce(summed, op=dist.ReduceOp.SUM)
-        return summed[rank() * ctx.rows : (rank() + 1) * ctx.rows]
+        out = grad.new_empty((ctx.rows, *grad.shape[1:]))
+        dist.reduce_scatter_single(out, grad.contiguous(), op=dist.ReduceOp.SUM)
+        return out
 
 
-def _gather_one(tensor: Tensor) -> Tensor:
-    """Concatenate every rank's `tensor` along dim 0; ranks may differ in batch size and token length."""
-    rows = torch.tensor([tensor.shape[0]], device=tensor.device)
-    all_rows = [torch.zeros_like(rows) for _ in range(world_size())]
-    dist.all_gather(all_rows, rows)
-    is_mask = tensor.dtype == torch.bool  # gloo cannot pad or gather bool; masks carry no gradient
-    padded = _pad_to(tensor.to(torch.uint8) if is_mask else tensor, _max_shape(tensor))
-    if is_mask:
-        parts = [torch.zeros_like(padded) for _ in range(world_size())]
-        dist.all_gather(parts, padded)
-        parts = [p.bool() for p in parts]
-    elif tensor.requires_grad:
-        parts = list(_AllGather.apply(padded).chunk(world_size()))
-    else:
-        parts = [torch.zeros_like(padded) for _ in range(world_size())]
-        dist.all_gather(parts, padded)
-    return torch.cat([p[: int(n)] for p, n in zip(parts, all_rows, strict=True)])
+def _all_gather(tensor: Tensor) -> Tensor:
+    """(W·N, ...) from every rank's (N, ...) tensor, in rank order, without gradient."""
+    tensor = tensor.contiguous()
+    out = tensor.new_empty((world_size() * tensor.shape[0], *tensor.shape[1:]))
+    dist.all_gather_single(out, tensor)
+    return out
+
+
+def exchange_shapes(features: Mapping[str, Tensor]) -> Tensor:
+    """Every rank's shape of every feature, (W, K, R) int64 on the host (K keys in order, R the largest ndim,
+    missing dims 0): one small all-gather for all keys, read back once."""
+    values = list(features.values())
+    ndim = max(v.ndim for v in values)
+    local = torch.zeros(len(values), ndim, dtype=torch.int64)
+    for k, v in enumerate(values):
+        local[k, : v.ndim] = torch.tensor(v.shape, dtype=torch.int64)
+    return _all_gather(local.to(values[0].device)[None]).cpu()  # NCCL gathers on the features' GPU
+
+
+def _gather_one(tensor: Tensor, shapes: Tensor) -> tuple[Tensor, slice]:
+    """Every rank's `tensor` concatenated along dim 0 (padded to the largest shape to travel, cut back after) and
+    this rank's rows in the result. shapes: (W, R) every rank's shape of this tensor (`exchange_shapes`)."""
+    rows = shapes[:, 0].tolist()
+    largest = tuple(int(n) for n in shapes[:, : tensor.ndim].max(dim=0).values.tolist())
+    is_mask = tensor.dtype == torch.bool  # gloo cannot gather bool; masks carry no gradient
+    padded = _pad_to(tensor.to(torch.uint8) if is_mask else tensor, largest)
+    full = _AllGather.apply(padded) if tensor.requires_grad else _all_gather(padded)
+    parts = [block[:n] for block, n in zip(full.chunk(world_size()), rows, strict=True)]
+    out = torch.cat(parts)
+    start = sum(rows[: rank()])
+    return (out.bool() if is_mask else out), slice(start, start + rows[rank()])
+
+
+def gather(features: Mapping[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, slice]]:
+    """Every rank's per-sample features, concatenated in rank order along dim 0, differentiable, and the slice of
+    each key's result that holds this rank's own rows (the rows a local loss computes).
+
+    Ranks may differ in rows and token length: token tensors are zero-padded (masks with False) to the longest.
+    Shapes travel once for all keys (`exchange_shapes`), then one all-gather per key. On one process this returns
+    the features unchanged and slices over all their rows.
+    """
+    if world_size() == 1 or not features:
+        return dict(features), {k: slice(0, len(v)) for k, v in features.items()}
+    shapes = exchange_shapes(features)
+    gathered, local = {}, {}
+    for k, (key, value) in enumerate(features.items()):
+        gathered[key], local[key] = _gather_one(value, shapes[:, k])
+    return gathered, local
 
 
 def gather_features(features: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """Every rank's per-sample features, concatenated in rank order along dim 0, differentiable.
+    """`gather` without the slices: every rank's features in rank order; the features themselves on one process."""
+    return gather(features)[0]
 
-    Token tensors of different lengths are zero-padded (masks with False) to the longest before gathering. On one
-    process this returns the features unchanged.
-    """
+
+def all_reduce_sum(tensor: Tensor) -> Tensor:
+    """Sum over ranks (of a detached copy); the tensor itself on one process."""
     if world_size() == 1:
-        return dict(features)
-    return {key: _gather_one(value) for key, value in features.items()}
+        return tensor
+    out = tensor.detach().clone()
+    dist.all_reduce(out)
+    return out
 
 
 def all_reduce_mean(tensor: Tensor) -> Tensor:

@@ -19,6 +19,8 @@ a config error) and `FeatureEncoder` computes exactly the features the objective
                                    (CLIP-IN eqs. 3-6)
     logit_scale       ()           the model's log-space scale
     logit_bias        ()           the model's sigmoid bias (None for softmax-trained models)
+    rows, edit_rows   slice of B/E the rows of the gathered batch that are this rank's own   several ranks
+                                   (local loss; train.step)
 
 Three kinds of feature, computed at three moments of a step:
 
@@ -26,7 +28,12 @@ Three kinds of feature, computed at three moments of a step:
   bool); they are what exact accumulation caches and replays (train.accumulate);
 - `edit` features are rows of a row feature, picked after the micro-batches are put back together and before the
   batch is gathered across ranks, so each rank's edit indices stay local;
-- `model` features are the model's own parameters, added after gathering.
+- `model` features are the model's own parameters, added after gathering;
+- `rows` features say which rows of the gathered batch this rank holds (on several ranks under exact
+  accumulation): a loss computes the loss rows of those samples against every rank's columns and returns its
+  share of the global loss (local loss). `build_objective` binds each term's `rows` argument to `rows` or
+  `edit_rows`, after the first dim of the term's inputs; on one process neither is given and a loss computes
+  every row.
 
 Device placement happens here and nowhere else: `to_model_device` moves every tensor of a batch (pixels, ids, masks,
 short captions, edit indices) to the device of the encoder's model, non-blocking from pinned memory; train.step
@@ -39,20 +46,21 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from sharpclip.config import ConfigError, LossConfig
+from sharpclip.config import ConfigError, LossConfig, TermConfig
 from sharpclip.data.schema import EDIT_PAIRS, SHORT_CAPTIONS, Batch
-from sharpclip.losses import Objective
+from sharpclip.losses import Objective, registry
 from sharpclip.losses import build_objective as build_terms
 from sharpclip.models.base import DualEncoder, Embeddings
 
 FROZEN_TEXT = "frozen_text_tower"  # a frozen copy of the initial model, built by the encoder
 TEACHER = "teacher"  # a teacher text tower: only `sharpclip distill` provides one
+ROWS, EDIT_ROWS = registry.ROWS, "edit_rows"  # this rank's slice of the gathered batch rows / edit rows (local loss)
 
 
 @dataclass(frozen=True)
@@ -89,7 +97,7 @@ class Feature:
     name: str
     dims: tuple[str, ...]
     doc: str
-    kind: str  # row | edit | model
+    kind: str  # row | edit | model | rows
     produce: Callable[..., Tensor | None]
     needs: str | None = None  # a key of NEEDS
     reads: str = ""  # an edit feature: the row feature it picks rows of
@@ -176,14 +184,37 @@ TABLE: tuple[Feature, ...] = (
     _edit("target_text", "text", "edit_target", "the target caption of each edit pair"),
     Feature("logit_scale", (), "the model's log-space logit scale", "model", lambda m: m.logit_scale),
     Feature("logit_bias", (), "the model's sigmoid bias (None for softmax models)", "model", lambda m: m.logit_bias),
+    Feature(ROWS, ("B",), "this rank's rows of the gathered batch, a slice (local loss)", "rows", lambda: None),
+    Feature(EDIT_ROWS, ("E",), "this rank's rows of the gathered edit pairs, a slice", "rows", lambda: None),
 )  # fmt: skip
 FEATURES: dict[str, Feature] = {f.name: f for f in TABLE}
 
 
 def build_objective(cfg: LossConfig, monitor: bool = True) -> Objective:
     """The objective of `cfg.terms`, every input checked against the feature table (losses.build_objective);
-    `monitor`: with the InfoNCE saturation diagnostic (image-caption objectives)."""
-    return build_terms(cfg, FEATURES, monitor=monitor)
+    `monitor`: with the InfoNCE saturation diagnostic (image-caption objectives). A term's local-loss `rows`
+    argument reads `edit_rows` when its inputs are edit features (E rows), else `rows`."""
+    terms = {name: _with_rows(name, term) for name, term in cfg.terms.items()}
+    return build_terms(replace(cfg, terms=terms), FEATURES, monitor=monitor)
+
+
+def _with_rows(name: str, term: TermConfig) -> TermConfig:
+    """`term` with its `rows` input bound to the slice of the row dim its tensor inputs share."""
+    try:
+        spec = registry.get(term.loss)
+    except KeyError:
+        return term  # losses.build_objective names the unknown loss
+    if ROWS not in spec.optional_inputs or ROWS in term.inputs:
+        return term
+    keys = [term.inputs.get(arg, arg) for arg in spec.inputs + spec.optional_inputs if arg != ROWS]
+    dims = {FEATURES[k].dims[0] for k in keys if k in FEATURES and FEATURES[k].kind in ("row", "edit")}
+    if len(dims) > 1:
+        raise ConfigError(
+            f"loss.terms.{name}.inputs: '{term.loss}' pairs batch rows with edit rows "
+            f"({', '.join(k for k in keys if k in FEATURES)}); map all its inputs to batch features or all to "
+            "edit features"
+        )
+    return replace(term, inputs={**term.inputs, ROWS: EDIT_ROWS}) if dims == {"E"} else term
 
 
 def check_provided(objective: Objective, provided: Collection[str], source: str) -> None:

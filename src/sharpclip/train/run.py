@@ -40,6 +40,7 @@ from sharpclip.train import checkpoint, distributed, run_dir
 from sharpclip.train import resume as resume_policy
 from sharpclip.train.features import build_objective, check_provided
 from sharpclip.train.logging import log
+from sharpclip.train.step import check_batch_split
 from sharpclip.train.trainer import Trainer, TrainerState
 
 RESOLVED_CONFIG = resume_policy.RESOLVED_CONFIG
@@ -170,6 +171,7 @@ def build_trainer(cfg: Config, evaluate: Evaluate | None = None) -> Trainer:
     world, rank = distributed.world_size(), distributed.rank()
     if cfg.train.batch_size % world:
         raise ConfigError(f"train.batch_size ({cfg.train.batch_size}) must be divisible by the {world} processes")
+    check_batch_split(cfg.train.batch_size, cfg.train.micro_batch_size, cfg.train.accumulation, world)
     device = devices.resolve_device(cfg.train.device, "train.device")
     devices.check_precision(cfg.train.precision, device, "train.precision")  # before the model is built
     objective = check_config(cfg)  # every input against the feature table, every parameter typed, formats known

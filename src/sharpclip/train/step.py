@@ -3,16 +3,31 @@
 
     run_step(encoder, objective, batch, micro_batch_size, accumulation)
         the batch moves to the training device and is cut into micro-batches (`split_rows`), then
-        exact            one contrastive matrix over the whole batch (train.accumulate; a batch of one micro-batch
+        exact            one contrastive matrix over the global batch (train.accumulate; a batch of one micro-batch
                          is encoded once, with nothing cached):
                            cache = CachedFeatures(encoder, micro)            row features, no graph, RNG recorded
                            features = objective_inputs(cache.leaves, batch)  edit rows, gathered, logit scale
-                           terms = objective(features); terms["loss"].backward(); cache.backward()
-        per_micro_batch  one matrix per micro-batch: the same without the cache, each loss divided by their number;
+                           terms = objective(features); (W·terms["loss"]).backward(); cache.backward()
+        per_micro_batch  one matrix per micro-batch of `micro_batch_size` rows, built from this rank's rows alone
+                         (never gathered), each loss divided by the number of matrices over all ranks;
                          `encode_batch_size` rows (several micro-batches) go through the towers in one pass
                          (`micro_batch_pass`), which is faster when memory allows and gives the same gradients
     → StepResult: the loss terms, the saturation monitor (the objective's diagnostic term, losses.monitors) and
-      the rows trained on.
+      the rows trained on, all over every rank's rows.
+
+What W processes compute, with global batch B = W·b:
+
+- exact: every rank gathers every rank's features (train.distributed.gather) and computes the loss rows of its
+  own b samples against all B columns (local loss: the losses' `rows` input, train.features). Its term values
+  are its additive share of the global loss, so their sum over ranks is the loss of the B × B matrix. The
+  gather's backward sums over ranks what every share sent to a rank's features, and `average_gradients`
+  divides by W, so each rank backpropagates W times its share: the parameters then receive exactly ∂L/∂θ of the
+  global matrix, as on one process. Each rank's matrix is b × B instead of B × B. On one process nothing is
+  gathered and the losses compute the whole matrix.
+- per_micro_batch: rank r's micro-batches are its own; with the W·k micro-batches of a step split over the
+  ranks, each matrix is `micro_batch_size` rows at every world size and the step's gradient is their mean, the
+  gradient one process computes over the same micro-batches (`check_batch_split` refuses a global batch that does
+  not split into W·k of them).
 """
 
 from __future__ import annotations
@@ -20,8 +35,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+import torch
 from torch import Tensor
 
+from sharpclip.config import ConfigError
 from sharpclip.data.schema import Batch
 from sharpclip.losses import Objective
 from sharpclip.losses.monitors import (
@@ -33,7 +50,7 @@ from sharpclip.losses.monitors import (
 )
 from sharpclip.train import distributed
 from sharpclip.train.accumulate import CachedFeatures
-from sharpclip.train.features import FeatureEncoder
+from sharpclip.train.features import EDIT_ROWS, ROWS, FeatureEncoder
 
 
 def split_rows(batch: Batch, size: int) -> list[Batch]:
@@ -48,9 +65,21 @@ def split_rows(batch: Batch, size: int) -> list[Batch]:
     return parts
 
 
+def check_batch_split(batch_size: int, micro_batch_size: int, accumulation: str, world: int) -> None:
+    """Refuse, under per_micro_batch, a global batch that does not split into W·k micro-batches (W ranks, k on each):
+    every matrix must be `micro_batch_size` rows at every world size."""
+    if accumulation == "per_micro_batch" and batch_size % (world * micro_batch_size):
+        raise ConfigError(
+            f"train.batch_size ({batch_size}) must be a multiple of train.micro_batch_size ({micro_batch_size}) "
+            f"times the {world} processes under train.accumulation: per_micro_batch, so that every process holds "
+            "whole micro-batches; change train.batch_size or train.micro_batch_size"
+        )
+
+
 @dataclass
 class Matrix:
-    """One contrastive matrix of a step: its detached loss terms, its diagnostic terms and its (global) rows."""
+    """One contrastive matrix of a step: its detached loss terms (under exact on several ranks, this rank's share),
+    its diagnostic terms and its rows (all ranks' under exact)."""
 
     terms: dict[str, Tensor]
     diagnostics: dict[str, float]
@@ -64,10 +93,20 @@ class StepResult:
     rows: int  # rows the step trained on (global), over all its contrastive matrices
 
 
-def objective_inputs(encoder: FeatureEncoder, rows: Mapping[str, Tensor], batch: Batch) -> dict[str, Tensor]:
-    """What the objective reads: the row features of this rank's `batch` with its edit rows picked, gathered
-    across ranks, plus the model features (logit scale and bias)."""
-    return {**distributed.gather_features(encoder.with_edits(rows, batch)), **encoder.model_inputs()}
+def objective_inputs(
+    encoder: FeatureEncoder, rows: Mapping[str, Tensor], batch: Batch, gather: bool = False
+) -> dict[str, Tensor]:
+    """What the objective reads: the row features of this rank's `batch` with its edit rows picked, plus the model
+    features (logit scale and bias). gather: every rank's features, in rank order, and the slices of this rank's
+    own rows and edit rows in them (`rows`, `edit_rows`: the losses compute those rows only); on one process the
+    features are this rank's and no slice is added (the losses compute every row)."""
+    features = encoder.with_edits(rows, batch)
+    if gather and distributed.world_size() > 1:
+        features, mine = distributed.gather(features)
+        for name, kind in ((ROWS, encoder.rows), (EDIT_ROWS, encoder.edits)):
+            if kind:
+                features[name] = mine[kind[0].name]  # type: ignore[assignment]
+    return {**features, **encoder.model_inputs()}
 
 
 def _evaluated(objective: Objective, features: Mapping[str, Tensor], terms: dict[str, Tensor]) -> Matrix:
@@ -76,56 +115,112 @@ def _evaluated(objective: Objective, features: Mapping[str, Tensor], terms: dict
 
 
 def exact_step(encoder: FeatureEncoder, objective: Objective, batch: Batch, micro: list[Batch]) -> Matrix:
-    """The objective over the whole `batch` at the memory of one micro-batch (cached gradients, train.accumulate)."""
-    cache = CachedFeatures(encoder, micro, encoder.device)
-    features = objective_inputs(encoder, cache.leaves, batch)
+    """The objective over the global batch at the memory of one micro-batch (cached gradients, train.accumulate);
+    on several ranks, this rank's loss rows against every rank's columns (see the module docstring)."""
+    cache = CachedFeatures(encoder, micro, encoder.device) if len(micro) > 1 else None
+    features = objective_inputs(encoder, cache.leaves if cache else encoder(batch), batch, gather=True)
     terms = objective(features)
-    terms["loss"].backward()
-    cache.backward()
+    (terms["loss"] * distributed.world_size()).backward()
+    if cache is not None:
+        cache.backward()
     return _evaluated(objective, features, terms)
 
 
 def micro_batch_pass(
-    encoder: FeatureEncoder, objective: Objective, part: Batch, micro_batch_size: int, count: int
+    encoder: FeatureEncoder, objective: Objective, part: Batch, micro_batch_size: int, scale: Tensor | float
 ) -> list[Matrix]:
     """The micro-batches of `part` (consecutive runs of `micro_batch_size` rows), encoded in one forward pass and
-    each its own contrastive problem; the sum of their losses / `count` is backpropagated (ordinary accumulation).
-    The towers treat rows independently, so this equals one pass per micro-batch up to float rounding."""
+    each its own contrastive problem; the sum of their losses times `scale` is backpropagated (ordinary
+    accumulation). The towers treat rows independently, so this equals one pass per micro-batch up to float
+    rounding."""
     rows = encoder(part)
     matrices, total = [], 0.0
     for micro, start in zip(split_rows(part, micro_batch_size), range(0, len(part), micro_batch_size), strict=True):
         block = {name: value[start : start + micro_batch_size] for name, value in rows.items()}
         features = objective_inputs(encoder, block, micro)
         terms = objective(features)
-        total = total + terms["loss"] / count
+        total = total + terms["loss"] * scale
         matrices.append(_evaluated(objective, features, terms))
     total.backward()
     return matrices
 
 
-def mean_terms(matrices: list[Matrix]) -> dict[str, float]:
-    """Each term averaged over the step's matrices (the loss of per_micro_batch is their mean)."""
-    totals: dict[str, Tensor | float] = {}
-    for m in matrices:
-        for name, value in m.terms.items():
-            totals[name] = totals.get(name, 0.0) + value / len(matrices)
-    return {k: float(v) for k, v in totals.items()}
+def per_micro_batch_step(
+    encoder: FeatureEncoder, objective: Objective, batch: Batch, micro_batch_size: int, encode_batch_size: int = 0
+) -> list[Matrix]:
+    """This rank's micro-batches, each its own matrix; the gradient is the mean over every rank's matrices once
+    `average_gradients` has divided by W (each rank scales its losses by W / matrices over all ranks)."""
+    count = len(split_rows(batch, micro_batch_size))
+    if len(batch.edit_source) and count > 1:
+        raise ValueError("per_micro_batch accumulation cannot keep edit pairs together; use accumulation: exact")
+    world = distributed.world_size()
+    if world == 1:
+        scale: Tensor | float = 1.0 / count
+    else:  # ranks may hold different numbers of micro-batches (a short batch): count them all, on the device
+        scale = world / distributed.all_reduce_sum(torch.tensor(float(count), device=encoder.device))
+    matrices = []
+    for part in split_rows(batch, max(encode_batch_size, micro_batch_size)):
+        matrices += micro_batch_pass(encoder, objective, part, micro_batch_size, scale)
+    return matrices
 
 
-def combine_monitors(matrices: list[Matrix]) -> dict[str, float]:
-    """One step's monitor from its contrastive matrices (one under exact accumulation, one per micro-batch under
-    per_micro_batch): mean InfoNCE and saturated-row share (row-weighted), the share of matrices whose InfoNCE is
-    below 1e-3 (HN-CLIP §2.1 counts batches of 16) and how many matrices there were."""
+def term_names(objective: Objective) -> list[str]:
+    """The loss terms a step returns, in order, and the total."""
+    return [t.name for t in objective.terms if t.weight != 0] + ["loss"]
+
+
+def _monitor_sums(matrices: list[Matrix]) -> list[float]:
+    """Row-weighted InfoNCE and saturated-row share, measured rows, saturated matrices, measured matrices."""
     measured = [m for m in matrices if "infonce" in m.diagnostics]
-    if not measured:
+    return [
+        sum(m.diagnostics["infonce"] * m.rows for m in measured),
+        sum(m.diagnostics["rows_saturated"] * m.rows for m in measured),
+        float(sum(m.rows for m in measured)),
+        float(sum(m.diagnostics["infonce"] < SATURATED for m in measured)),
+        float(len(measured)),
+    ]
+
+
+def combine_monitors(sums: list[float]) -> dict[str, float]:
+    """One step's monitor from the `_monitor_sums` of its contrastive matrices over all ranks (one under exact
+    accumulation, one per micro-batch under per_micro_batch): mean InfoNCE and saturated-row share
+    (row-weighted), the share of matrices whose InfoNCE is below 1e-3 (HN-CLIP §2.1 counts batches of 16) and how
+    many matrices there were."""
+    weighted, saturated_rows, rows, saturated, matrices = sums
+    if not matrices:
         return {}
-    rows = sum(m.rows for m in measured)
     return {
-        INFONCE_MONITOR: sum(m.diagnostics["infonce"] * m.rows for m in measured) / rows,
-        ROWS_SATURATED_MONITOR: sum(m.diagnostics["rows_saturated"] * m.rows for m in measured) / rows,
-        SATURATED_MONITOR: sum(m.diagnostics["infonce"] < SATURATED for m in measured) / len(measured),
-        MATRICES_MONITOR: float(len(measured)),
+        INFONCE_MONITOR: weighted / rows,
+        ROWS_SATURATED_MONITOR: saturated_rows / rows,
+        SATURATED_MONITOR: saturated / matrices,
+        MATRICES_MONITOR: matrices,
     }
+
+
+def _summed_terms(objective: Objective, matrices: list[Matrix], device: torch.device) -> tuple[list[str], Tensor]:
+    """The step's term names and, for each, its sum over `matrices` (float64, on the device)."""
+    names = term_names(objective)
+    zero = torch.zeros((), dtype=torch.float64, device=device)  # a rank may hold no matrix
+    return names, torch.stack([sum((m.terms[n].double() for m in matrices), zero) for n in names])
+
+
+def _exact_summary(objective: Objective, matrix: Matrix, device: torch.device) -> StepResult:
+    """The terms of the global matrix: its shares summed over ranks (one all-reduce, one read back); its monitor
+    and rows are the global matrix's already."""
+    names, shares = _summed_terms(objective, [matrix], device)
+    terms = dict(zip(names, distributed.all_reduce_sum(shares).tolist(), strict=True))
+    return StepResult(terms, combine_monitors(_monitor_sums([matrix])), matrix.rows)
+
+
+def _per_micro_summary(objective: Objective, matrices: list[Matrix], device: torch.device) -> StepResult:
+    """Every rank's matrices: terms averaged over all of them, monitor and rows summed (one all-reduce, one read)."""
+    names, sums = _summed_terms(objective, matrices, device)
+    counts = [float(len(matrices)), float(sum(m.rows for m in matrices)), *_monitor_sums(matrices)]
+    values = distributed.all_reduce_sum(torch.cat([sums, torch.tensor(counts, dtype=sums.dtype, device=device)]))
+    values = values.tolist()
+    count, rows, *monitor = values[len(names) :]
+    terms = {n: v / count for n, v in zip(names, values[: len(names)], strict=True)}
+    return StepResult(terms, combine_monitors(monitor), int(rows))
 
 
 def run_step(
@@ -136,22 +231,12 @@ def run_step(
     accumulation: str = "exact",
     encode_batch_size: int = 0,
 ) -> StepResult:
-    """Forward and backward over this rank's `batch` (gradients accumulate into `.grad`; no optimiser step).
-    encode_batch_size: under per_micro_batch, rows per forward pass (a multiple of `micro_batch_size`; 0: one
-    micro-batch a pass)."""
+    """Forward and backward over this rank's `batch` (gradients accumulate into `.grad`; no optimiser step); every
+    rank calls it once per step. encode_batch_size: under per_micro_batch, rows per forward pass (a multiple of
+    `micro_batch_size`; 0: one micro-batch a pass)."""
     batch = encoder.to_device(batch)  # once for the whole step, before the micro-batches are cut
-    micro = split_rows(batch, micro_batch_size)
     if accumulation == "exact":
-        if len(micro) == 1:  # nothing to cache: one forward and one backward
-            matrices = micro_batch_pass(encoder, objective, batch, len(batch), 1)
-        else:
-            matrices = [exact_step(encoder, objective, batch, micro)]
-        terms = {k: float(v) for k, v in matrices[0].terms.items()}
-    else:
-        if len(batch.edit_source) and len(micro) > 1:
-            raise ValueError("per_micro_batch accumulation cannot keep edit pairs together; use accumulation: exact")
-        matrices = []
-        for part in split_rows(batch, max(encode_batch_size, micro_batch_size)):
-            matrices += micro_batch_pass(encoder, objective, part, micro_batch_size, len(micro))
-        terms = mean_terms(matrices)
-    return StepResult(terms, combine_monitors(matrices), sum(m.rows for m in matrices))
+        matrix = exact_step(encoder, objective, batch, split_rows(batch, micro_batch_size))
+        return _exact_summary(objective, matrix, encoder.device)
+    matrices = per_micro_batch_step(encoder, objective, batch, micro_batch_size, encode_batch_size)
+    return _per_micro_summary(objective, matrices, encoder.device)

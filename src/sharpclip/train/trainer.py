@@ -49,7 +49,7 @@ from sharpclip.train.diagnostics import gradient_diagnostics
 from sharpclip.train.features import FeatureEncoder
 from sharpclip.train.logging import RunLogger, log, progress
 from sharpclip.train.optim import build_optimizer, build_scheduler, clamp_logit_scale, lr_for
-from sharpclip.train.step import run_step
+from sharpclip.train.step import check_batch_split, run_step
 
 DIVERGED_GROWTH = 10.0  # an update that multiplies the largest |weight| by this much, then only failed steps: diverged
 
@@ -104,6 +104,7 @@ class Trainer:
             raise ValueError("the feature encoder must encode the model being trained")
         self.encoder.to(self.device)
         self.micro = cfg.micro_batch_size
+        check_batch_split(cfg.batch_size, cfg.micro_batch_size, cfg.accumulation, distributed.world_size())
         self.optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, cfg.module_lr)
         if len(loader) == 0:
             raise ValueError(f"the training data yields no batch of {cfg.batch_size} rows: lower train.batch_size")
@@ -138,10 +139,13 @@ class Trainer:
         log.info("device %s, precision %s%s%s", devices.describe(self.device), self.cfg.precision,
                  ", TF32 matmuls" if self.device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32 else "",
                  ", towers compiled" if self.cfg.compile else "")  # fmt: skip
+        world = distributed.world_size()
         log.info(
-            "training %d steps, objective %r, accumulation %s: %d-row contrastive matrix from micro-batches of %d%s",
+            "training %d steps, objective %r, accumulation %s: %d-row contrastive matrix from micro-batches of %d%s%s",
             self.total_steps, self.objective, self.cfg.accumulation, self._matrix_rows(), self.micro,
             f", encoded {self.cfg.encode_batch_size} rows a pass" if self.cfg.encode_batch_size else "",
+            f" (local loss: each of {world} processes computes its {self.cfg.batch_size // world} rows against all "
+            f"{self.cfg.batch_size})" if world > 1 and self.cfg.accumulation == "exact" else "",
         )  # fmt: skip
         bar = progress(self.total_steps, self.state.step, self.cfg.progress and self.is_main)
         while self._budget_left():
@@ -156,8 +160,8 @@ class Trainer:
         return self.state
 
     def _matrix_rows(self) -> int:
-        per_rank = self.cfg.batch_size // distributed.world_size()
-        return self.cfg.batch_size if self.cfg.accumulation == "exact" else min(self.micro, per_rank)
+        """Rows of each contrastive matrix, at every world size: the global batch (exact) or a micro-batch."""
+        return self.cfg.batch_size if self.cfg.accumulation == "exact" else self.micro
 
     def _budget_left(self) -> bool:
         """train.max_steps counts steps; otherwise the budget is train.epochs passes over the data, however many
