@@ -12,7 +12,9 @@
                          `encode_batch_size` rows (several micro-batches) go through the towers in one pass
                          (`micro_batch_pass`), which is faster when memory allows and gives the same gradients
     → StepResult: the loss terms, the saturation monitor (the objective's diagnostic term, losses.monitors) and
-      the rows trained on.
+      the rows trained on. Terms and monitor stay device tensors: nothing in the step reads a value on the host (on
+      a GPU that would wait for the queued kernels); the caller reads them once, after the backward, together with
+      whatever else it needs (`StepResult.read`: the trainer adds the gradient norm).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+import torch
 from torch import Tensor
 
 from sharpclip.data.schema import Batch
@@ -53,15 +56,37 @@ class Matrix:
     """One contrastive matrix of a step: its detached loss terms, its diagnostic terms and its (global) rows."""
 
     terms: dict[str, Tensor]
-    diagnostics: dict[str, float]
+    diagnostics: dict[str, Tensor]
     rows: int
 
 
 @dataclass
+class StepValues:
+    """A step's numbers on the host (`StepResult.read`)."""
+
+    terms: dict[str, float]
+    monitor: dict[str, float]
+    rows: int
+    extra: dict[str, float]
+
+
+@dataclass
 class StepResult:
-    terms: dict[str, float]  # every loss term and the total, averaged as the accumulation mode defines
-    monitor: dict[str, float]  # the saturation monitor of the step's contrastive matrices: see `combine_monitors`
+    terms: dict[str, Tensor]  # every loss term and the total (0-dim, detached), averaged as the accumulation mode says
+    monitor: dict[str, Tensor | float]  # the saturation monitor of the step's contrastive matrices: `combine_monitors`
     rows: int  # rows the step trained on (global), over all its contrastive matrices
+
+    def read(self, **extra: Tensor) -> StepValues:
+        """Terms, monitor and `extra` (0-dim tensors on the training device) as floats, in one host read."""
+        named = {**{("t", k): v for k, v in self.terms.items()}, **{("m", k): v for k, v in self.monitor.items()},
+                 **{("x", k): v for k, v in extra.items()}}  # fmt: skip
+        tensors = {k: v for k, v in named.items() if isinstance(v, Tensor)}
+        if tensors:
+            device = next(iter(tensors.values())).device
+            values = torch.stack([v.detach().double().to(device) for v in tensors.values()]).tolist()
+            named.update(zip(tensors, values, strict=True))
+        pick = {part: {k: float(v) for (p, k), v in named.items() if p == part} for part in "tmx"}
+        return StepValues(pick["t"], pick["m"], self.rows, pick["x"])
 
 
 def objective_inputs(encoder: FeatureEncoder, rows: Mapping[str, Tensor], batch: Batch) -> dict[str, Tensor]:
@@ -103,16 +128,16 @@ def micro_batch_pass(
     return matrices
 
 
-def mean_terms(matrices: list[Matrix]) -> dict[str, float]:
+def mean_terms(matrices: list[Matrix]) -> dict[str, Tensor]:
     """Each term averaged over the step's matrices (the loss of per_micro_batch is their mean)."""
-    totals: dict[str, Tensor | float] = {}
+    totals: dict[str, Tensor] = {}
     for m in matrices:
         for name, value in m.terms.items():
             totals[name] = totals.get(name, 0.0) + value / len(matrices)
-    return {k: float(v) for k, v in totals.items()}
+    return totals
 
 
-def combine_monitors(matrices: list[Matrix]) -> dict[str, float]:
+def combine_monitors(matrices: list[Matrix]) -> dict[str, Tensor | float]:
     """One step's monitor from its contrastive matrices (one under exact accumulation, one per micro-batch under
     per_micro_batch): mean InfoNCE and saturated-row share (row-weighted), the share of matrices whose InfoNCE is
     below 1e-3 (HN-CLIP §2.1 counts batches of 16) and how many matrices there were."""
@@ -123,7 +148,7 @@ def combine_monitors(matrices: list[Matrix]) -> dict[str, float]:
     return {
         INFONCE_MONITOR: sum(m.diagnostics["infonce"] * m.rows for m in measured) / rows,
         ROWS_SATURATED_MONITOR: sum(m.diagnostics["rows_saturated"] * m.rows for m in measured) / rows,
-        SATURATED_MONITOR: sum(m.diagnostics["infonce"] < SATURATED for m in measured) / len(measured),
+        SATURATED_MONITOR: sum((m.diagnostics["infonce"] < SATURATED).float() for m in measured) / len(measured),
         MATRICES_MONITOR: float(len(measured)),
     }
 
@@ -146,7 +171,7 @@ def run_step(
             matrices = micro_batch_pass(encoder, objective, batch, len(batch), 1)
         else:
             matrices = [exact_step(encoder, objective, batch, micro)]
-        terms = {k: float(v) for k, v in matrices[0].terms.items()}
+        terms = dict(matrices[0].terms)
     else:
         if len(batch.edit_source) and len(micro) > 1:
             raise ValueError("per_micro_batch accumulation cannot keep edit pairs together; use accumulation: exact")

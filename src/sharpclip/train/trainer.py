@@ -22,7 +22,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -51,11 +51,17 @@ class TrainingDiverged(RuntimeError):
     """Too many consecutive steps had a non-finite loss or gradient, or an update made the weights non-finite."""
 
 
-def largest_weight(params: list[torch.Tensor]) -> float:
-    """max |w| over `params` (inf or nan when any weight is), with one device sync. aminmax, one pass per tensor,
-    was the fastest exact reduction measured (benchmarks/finite_check.py; an inf-norm was 70× slower on CPU)."""
+def max_abs(params: list[torch.Tensor]) -> torch.Tensor:
+    """max |w| over `params` as a 0-dim tensor (inf or nan when any weight is), without a host read. aminmax, one
+    pass per tensor, was the fastest exact reduction measured (benchmarks/finite_check.py; an inf-norm was 70×
+    slower on CPU)."""
     extremes = [torch.stack(torch.aminmax(p.detach())) for p in params if p.numel()]
-    return float(torch.stack(extremes).abs().max()) if extremes else 0.0
+    return torch.stack(extremes).abs().max() if extremes else torch.zeros(())
+
+
+def largest_weight(params: list[torch.Tensor]) -> float:
+    """max |w| over `params` (inf or nan when any weight is), with one device sync."""
+    return float(max_abs(params))
 
 
 @dataclass
@@ -150,8 +156,8 @@ class Trainer:
             checkpoint.set_rng_state(self._resume_rng, self.device)
             self._resume_rng = None
         saturated = []  # (saturated, all) contrastive matrices of each step
-        for batch in self._steps(batches):
-            record = self._train_step(batch)
+        for batch, waited in self._steps(batches):
+            record = self._train_step(batch, waited)
             if record is None:  # a skipped (non-finite) step: nothing to count, log or save
                 continue
             if MATRICES_MONITOR in record:
@@ -163,11 +169,15 @@ class Trainer:
             checkpoint.fault_point("step", self.state.step)
         self._end_epoch(saturated)
 
-    def _steps(self, batches: Iterable[Batch]) -> Iterable[Batch]:
-        for batch in batches:
-            if self.state.step >= self.total_steps:
+    def _steps(self, batches: Iterable[Batch]) -> Iterator[tuple[Batch, float]]:
+        """The epoch's batches, each with the seconds the loop waited for it (a starved GPU shows up here)."""
+        batches = iter(batches)
+        while self.state.step < self.total_steps:
+            start = time.perf_counter()
+            batch = next(batches, None)
+            if batch is None:
                 return
-            yield batch
+            yield batch, time.perf_counter() - start
 
     def _end_epoch(self, saturated: list[tuple[float, float]]) -> None:
         if saturated:  # image-caption objectives: HN-CLIP §2.1's saturation share of this epoch's batches
@@ -198,25 +208,29 @@ class Trainer:
         return metrics
 
     # -- one step ---------------------------------------------------------------------------------------------
-    def _train_step(self, batch: Batch) -> dict[str, float] | None:
+    def _train_step(self, batch: Batch, waited: float = 0.0) -> dict[str, float] | None:
+        """One optimiser step. The host reads two things, each in one read: the loss terms, monitor and gradient
+        norm once the backward is queued (the skip decision needs them), and max |w| with the logit scale after the
+        update; nothing in between waits for the device. `waited`: seconds spent waiting for this batch."""
         every = self.cfg.diagnostics_every
         if every and self.state.step % every == 0:
             self._diagnose(batch)
         start = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
-        result = self._run_step(batch)
+        step = self._run_step(batch)
         distributed.average_gradients(self.params)
         max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
-        if not (math.isfinite(result.terms["loss"]) and math.isfinite(grad_norm)):
-            self._skip(batch, result.terms["loss"], grad_norm)
+        result = step.read(grad_norm=torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+        loss, grad_norm = result.terms["loss"], result.extra["grad_norm"]
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            self._skip(batch, loss, grad_norm)
             return None
         self.state.bad_steps = 0
         lr = self.optimizer.param_groups[0]["lr"]  # the rate this step used
         self.optimizer.step()
         self.scheduler.step()
         clamp_logit_scale(self.model.logit_scale)
-        self._check_weights(lr, result.terms["loss"], grad_norm)
+        scale = self._check_weights(lr, loss, grad_norm)
         self.state.step += 1
         self.state.seen += result.rows
         seconds = time.perf_counter() - start
@@ -226,9 +240,10 @@ class Trainer:
             **result.terms,
             **result.monitor,
             "lr": lr,
-            "logit_scale": float(self.model.logit_scale.detach().exp()),
+            "logit_scale": scale,
             "grad_norm": grad_norm,
             "samples_per_s": result.rows / seconds,
+            "data_wait_s": waited,
             "seen": self.state.seen,
         }
         self.logger.step(record)
@@ -250,9 +265,12 @@ class Trainer:
         self._compiling = False
         return result
 
-    def _check_weights(self, lr: float, loss: float, grad_norm: float) -> None:
-        """After an update: all weights finite (else stop now, nothing saved); remember how much they grew."""
-        before, after = self._weights, largest_weight(self.params)
+    def _check_weights(self, lr: float, loss: float, grad_norm: float) -> float:
+        """After an update: all weights finite (else stop now, nothing saved); remember how much they grew.
+        Returns the logit scale (exp), read with max |w| in one host read."""
+        largest = max_abs(self.params)
+        scale = self.model.logit_scale.detach().exp().to(largest)
+        before, (after, scale) = self._weights, torch.stack([largest, scale]).tolist()
         step = self.state.step + 1
         if not math.isfinite(after):
             raise TrainingDiverged(
@@ -262,6 +280,7 @@ class Trainer:
             )
         self._weights = after
         self._last_update = {"step": step, "lr": lr, "before": before, "after": after}
+        return scale
 
     def _skip(self, batch: Batch, loss: float, grad_norm: float) -> None:
         self.optimizer.zero_grad(set_to_none=True)
