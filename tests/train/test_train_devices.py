@@ -285,17 +285,19 @@ def test_gradient_checkpointing_under_exact_accumulation_gives_the_same_gradient
 
 
 def test_a_compile_failure_says_which_key_turns_it_off(tmp_path, monkeypatch):
+    from torch._inductor.exc import InductorError
+
     import sharpclip.train.trainer as trainer_module
 
     def broken_compile(model):  # what a missing compiler does: the first call of the compiled tower raises
         def fail(*args, **kwargs):
-            raise RuntimeError("InductorError: no working C++ compiler found\nlong traceback")
+            raise InductorError(RuntimeError("no working C++ compiler found\nlong traceback"), None)
 
         model.vision_model.forward = fail
 
     monkeypatch.setattr(trainer_module, "compile_towers", broken_compile)
     trainer, _ = _trainer(tmp_path, "cpu", max_steps=1, compile=True)
     with pytest.raises(RuntimeError, match=r"^train.compile: torch.compile could not compile the towers on cpu "
-                                           r"\(RuntimeError: InductorError: no working C\+\+ compiler found\); "
+                                           r"\(InductorError: RuntimeError: no working C\+\+ compiler found\); "
                                            r"train without it: train.compile=false$"):  # fmt: skip
         trainer.fit()

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from sharpclip import devices
-from sharpclip.config import TrainConfig
+from sharpclip.config import ConfigError, TrainConfig
 from sharpclip.data.schema import Batch, Loader
 from sharpclip.eval.evaluator import Evaluate
 from sharpclip.eval.guards import GUARDS_HOLD
@@ -122,6 +122,7 @@ class Trainer:
             getattr(model, "hf_model", model).activation_checkpointing_enable({"use_reentrant": False})
         self._compiling = cfg.compile  # until the first step has run compiled
         if cfg.compile:
+            self._check_compile_replay()
             compile_towers(model)
 
     # -- the loop ---------------------------------------------------------------------------------------------
@@ -257,6 +258,8 @@ class Trainer:
         try:  # torch.compile fails lazily, at the first call of a compiled tower: say what to do
             result = run_step(*args)
         except Exception as err:
+            if not is_compile_error(err):  # an OOM, an NCCL or a data error keeps its own message
+                raise
             reason = (str(err).strip().splitlines() or [""])[0][:300]
             raise RuntimeError(
                 f"train.compile: torch.compile could not compile the towers on {self.device} "
@@ -264,6 +267,19 @@ class Trainer:
             ) from err
         self._compiling = False
         return result
+
+    def _check_compile_replay(self) -> None:
+        """Exact accumulation replays each micro-batch's forward with its recorded RNG state; a compiled no-grad
+        graph and a compiled training graph need not draw the same dropout masks from it, so the replayed gradient
+        would no longer be exact. Refuse that combination rather than train on a silently different objective."""
+        cached = self.cfg.accumulation == "exact" and self.cfg.batch_size // distributed.world_size() > self.micro
+        rate = dropout_rate(self.model)
+        if cached and rate > 0:
+            raise ConfigError(
+                f"train.compile: the model has dropout (rate {rate:g}) and train.accumulation=exact replays each "
+                "micro-batch's dropout masks, which compiled graphs do not promise to reproduce; set the model's "
+                "dropout to 0, train.compile=false, or train.accumulation=per_micro_batch"
+            )
 
     def _check_weights(self, lr: float, loss: float, grad_norm: float) -> float:
         """After an update: all weights finite (else stop now, nothing saved); remember how much they grew.
@@ -395,11 +411,46 @@ class Trainer:
                 writer.path.write_text("".join(kept))
 
 
-def compile_towers(model: DualEncoder) -> None:
+COMPILE_RECOMPILE_LIMIT = 32  # Dynamo cache entries per frame; both towers run through one transformers frame
+COMPILE_GRAPH_BUDGET = 8  # graphs over a run's shape mix: (vision, text) × (no-grad, grad) × (train, eval)
+
+
+def compile_towers(model: DualEncoder, backend: str = "inductor") -> None:
     """`torch.compile` the vision and text towers in place (parameter names, hence checkpoints, unchanged).
 
     Only the towers: the losses and the cached-gradient bookkeeping around them change shape with every batch
     layout, and their cost is small. Compilation itself happens at the first step (see `Trainer._run_step`).
+    The towers are compiled with dynamic shapes, so new caption widths, a short last micro-batch, a batch of one
+    micro-batch, `encode_batch_size` passes and evaluation batches reuse the same graphs (at most
+    COMPILE_GRAPH_BUDGET over the trainer's shape mix, tested with backend="eager"); Dynamo's per-frame recompile
+    limit is raised to COMPILE_RECOMPILE_LIMIT, as the two towers share transformers' wrapper frame and its default
+    of 8 would leave later variants running eagerly.
     """
+    import torch._dynamo  # noqa: F401  (torch imports Dynamo lazily)
+
+    limit = torch._dynamo.config.recompile_limit
+    torch._dynamo.config.recompile_limit = max(limit, COMPILE_RECOMPILE_LIMIT)
     for tower in (model.vision_model, model.text_model):
-        tower.compile()
+        tower.compile(backend=backend, dynamic=True)
+
+
+def is_compile_error(err: BaseException) -> bool:
+    """Whether `err` (or an exception it was raised from) comes from Dynamo or Inductor."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if any(c.__module__.startswith(("torch._dynamo", "torch._inductor")) for c in type(err).__mro__):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def dropout_rate(model: torch.nn.Module) -> float:
+    """The largest dropout rate in `model`: `nn.Dropout` modules and transformers' float `dropout` attributes."""
+    rates = [0.0]
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            rates.append(module.p)
+        elif isinstance(getattr(module, "dropout", None), float):
+            rates.append(module.dropout)
+    return max(rates)
