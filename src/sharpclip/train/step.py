@@ -102,7 +102,7 @@ def _evaluated(objective: Objective, features: Mapping[str, Tensor], terms: dict
 
 def exact_step(encoder: FeatureEncoder, objective: Objective, batch: Batch, micro: list[Batch]) -> Matrix:
     """The objective over the whole `batch` at the memory of one micro-batch (cached gradients, train.accumulate)."""
-    cache = CachedFeatures(encoder, micro, encoder.device)
+    cache = CachedFeatures(encoder, micro, encoder.device, constant=encoder.constant, replay=encoder)
     features = objective_inputs(encoder, cache.leaves, batch)
     terms = objective(features)
     terms["loss"].backward()
