@@ -75,6 +75,13 @@ def set_tf32(enabled: bool) -> None:
     torch.backends.cudnn.allow_tf32 = enabled
 
 
+def configure_tf32(device: torch.device, enabled: bool) -> None:
+    """Set TF32 once per process, before any model runs, when `device` is a GPU (train, distill and eval alike);
+    nothing on the CPU, where the flags do not apply."""
+    if device.type == "cuda":
+        set_tf32(enabled)
+
+
 def cores_for_this_rank() -> int:
     """CPU cores this process may run on (its affinity mask), shared evenly by the ranks on this node."""
     try:

@@ -15,6 +15,13 @@ Protocol (CLIP_benchmark's convention, as the long-caption papers report it; REA
 
 Memory: the full N × N matrix is never built. Queries are processed `chunk_size` rows at a time, so the working set is
 O(chunk_size × N_gallery) floats; every K is exact because ranks are counted, not cut off at a top-k.
+
+Both directions from one pass over S (`retrieval_ranks`): the positives' scores come first, one dot product per
+positive pair (O(E·D)), giving each caption's and each image's best positive score and index; then each chunk of
+caption rows S[c] = T[c] Iᵀ is computed once and counts both the text→image ranks of its rows and its share of the
+image→text ranks of every column. The positives' entries of each chunk are set to those same dot products, so a
+positive is compared with exactly the score that defines its query's threshold. Scoring runs on the device given
+(the evaluation device), in float32.
 """
 
 from __future__ import annotations
@@ -132,17 +139,64 @@ def query_ranks(query: Tensor, gallery: Tensor, positives: Tensor, chunk_size: i
     return ranks
 
 
-def retrieval_ranks(text: Tensor, image: Tensor, positives: Tensor, chunk_size: int = 1024) -> Ranks:
+def _best(score: Tensor, owner: Tensor, other: Tensor, n: int, n_other: int) -> tuple[Tensor, Tensor]:
+    """Per query (`owner` of each positive): its best positive score and, among equal ones, the lowest `other`."""
+    best = torch.full((n,), float("-inf"), dtype=score.dtype, device=score.device)
+    best = best.scatter_reduce(0, owner, score, reduce="amax")
+    at_best = score == best[owner]
+    first = torch.full((n,), n_other, dtype=torch.long, device=score.device)
+    return best, first.scatter_reduce(0, owner[at_best], other[at_best], reduce="amin")
+
+
+def _tie_lower(equal: Tensor, first: Tensor, index: Tensor, dim: int) -> Tensor:
+    """Per query along `dim` of `equal` (entries equal to its threshold): how many lie at a lower gallery index
+    (`index` along the other dim) than its best positive `first`. Only queries that can have one are looked at:
+    caption rows hold their own best positive, so they need a second equal entry; image columns any."""
+    out = torch.zeros(equal.shape[1 - dim], dtype=torch.long, device=equal.device)
+    some = torch.nonzero(equal.sum(dim) > (1 if dim == 1 else 0)).flatten()
+    if some.numel():
+        if dim == 0:
+            out[some] = (equal[:, some] & (index[:, None] < first[some][None, :])).sum(0)
+        else:
+            out[some] = (equal[some] & (index[None, :] < first[some][:, None])).sum(1)
+    return out
+
+
+def retrieval_ranks(
+    text: Tensor, image: Tensor, positives: Tensor, chunk_size: int = 1024, device: str | torch.device | None = None
+) -> Ranks:
     """Ranks in both directions. text: (T, D), image: (I, D) L2-normalised; positives: (E, 2) (text, image) pairs.
 
     Text→image ranks images for each caption; image→text ranks captions for each image (several may be positive).
+    One pass over S (see the module docstring) on `device` (default: the embeddings'); ranks come back on the CPU.
     """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     positives = torch.as_tensor(positives, dtype=torch.long)
     _check_inputs(text, image, positives)
+    device = torch.device(device) if device is not None else text.device
     with torch.no_grad():
-        t2i = query_ranks(text, image, positives, chunk_size)
-        i2t = query_ranks(image, text, positives.flip(1), chunk_size)
-    return Ranks(t2i=t2i, i2t=i2t)
+        text, image, pos = text.to(device).float(), image.to(device).float(), positives.to(device)
+        n_t, n_i = text.shape[0], image.shape[0]
+        pos_t, pos_i = pos[:, 0], pos[:, 1]
+        score = (text[pos_t] * image[pos_i]).sum(-1)  # (E,) the positives' scores
+        best_t, first_t = _best(score, pos_t, pos_i, n_t, n_i)  # each caption's best image
+        best_i, first_i = _best(score, pos_i, pos_t, n_i, n_t)  # each image's best caption
+        t2i = torch.empty(n_t, dtype=torch.long, device=device)
+        i2t = torch.zeros(n_i, dtype=torch.long, device=device)
+        cols = torch.arange(n_i, device=device)
+        for start in range(0, n_t, chunk_size):
+            stop = min(start + chunk_size, n_t)
+            s = text[start:stop] @ image.t()  # (c, I)
+            inside = (pos_t >= start) & (pos_t < stop)
+            s[pos_t[inside] - start, pos_i[inside]] = score[inside]  # positives: exactly their thresholds' scores
+            rows = torch.arange(start, stop, device=device)
+            thr = best_t[start:stop, None]
+            equal = s == thr
+            t2i[start:stop] = (s > thr).sum(1) + _tie_lower(equal, first_t[start:stop], cols, 1)
+            equal = s == best_i[None, :]
+            i2t += (s > best_i[None, :]).sum(0) + _tie_lower(equal, first_i, rows, 0)
+    return Ranks(t2i=t2i.cpu(), i2t=i2t.cpu())
 
 
 def recall_summary(ranks: Tensor, ks: Sequence[int] = DEFAULT_KS) -> dict[str, float]:
@@ -160,8 +214,14 @@ def recall_summary(ranks: Tensor, ks: Sequence[int] = DEFAULT_KS) -> dict[str, f
 
 
 def retrieval_metrics(
-    text: Tensor, image: Tensor, positives: Tensor, ks: Sequence[int] = DEFAULT_KS, chunk_size: int = 1024
+    text: Tensor,
+    image: Tensor,
+    positives: Tensor,
+    ks: Sequence[int] = DEFAULT_KS,
+    chunk_size: int = 1024,
+    device: str | torch.device | None = None,
 ) -> dict[str, dict[str, float]]:
-    """{"t2i": {R@K..., mean_rank, median_rank}, "i2t": {...}} for embeddings and positive (text, image) pairs."""
-    ranks = retrieval_ranks(text, image, positives, chunk_size)
+    """{"t2i": {R@K..., mean_rank, median_rank}, "i2t": {...}} for embeddings and positive (text, image) pairs,
+    scored on `device` (default: the embeddings')."""
+    ranks = retrieval_ranks(text, image, positives, chunk_size, device)
     return {"t2i": recall_summary(ranks.t2i, ks), "i2t": recall_summary(ranks.i2t, ks)}

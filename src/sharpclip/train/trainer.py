@@ -187,7 +187,7 @@ class Trainer:
             self.logger.step({"step": self.state.step, "epoch": self.state.epoch, "saturated_batches": share})
         metrics = self._evaluate()  # recorded under this epoch's index, as its steps are
         self.state.epoch += 1
-        # every rank evaluates the same model on the same data, so every rank takes the same decision below
+        # every rank scores the same gathered embeddings (train.validation), so every rank decides the same below
         held = metrics is not None and metrics.get(GUARDS_HOLD, 1.0) == 1.0  # train.guards' floors (if any) hold
         improved = held and metrics.get(self.cfg.best_metric, -math.inf) > self.state.best
         if improved:
