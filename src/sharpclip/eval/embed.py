@@ -178,7 +178,7 @@ class ModelEmbedder:
     @torch.no_grad()
     def images(self, refs: Sequence[Any]) -> Tensor:
         """Load, preprocess and encode `refs` in batches of `batch_size`; (N, D) on the CPU."""
-        workers = min(self.num_workers, max(1, len(refs) // self.batch_size)) if len(refs) else 0
+        workers = min(self.num_workers, -(-len(refs) // self.batch_size))  # no more workers than batches
         loader = torch.utils.data.DataLoader(
             _Pixels(refs, self.preprocess, self.draft_size), batch_size=self.batch_size, num_workers=workers,
             pin_memory=self.device.type == "cuda", prefetch_factor=4 if workers else None,
