@@ -177,7 +177,9 @@ def build_trainer(cfg: Config, evaluate: Evaluate | None = None) -> Trainer:
         data, data.train_split, preprocessing, batch_size=cfg.train.batch_size // world, rank=rank,
         world_size=world, seed=cfg.train.seed, pin_memory=device.type == "cuda",
     )  # fmt: skip
-    log.info("data: %d loader workers, JPEG draft decoding %s", loader.num_workers, "on" if data.jpeg_draft else "off")
+    draft = getattr(preprocessing.image, "size", None) if data.jpeg_draft else None  # every format decodes alike
+    log.info("data: %s, %d loader workers, JPEG draft decoding %s, images over %s pixels refused", data.format,
+             loader.num_workers, f"to sides >= {draft} px" if draft else "off", f"{data.max_image_pixels:,}")  # fmt: skip
     if rank == 0:
         distributed.barrier()
     # every rank read the same data: the same decision on every rank
