@@ -424,8 +424,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="l14,b16", help="comma-separated: l14, b16 (in this order)")
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--trainer-run", action="store_true",
-                        help="only: ViT-L through Trainer, bf16, compile on, exact and per-micro-batch, --steps each")
+    parser.add_argument(
+        "--trainer-run",
+        action="store_true",
+        help="only: ViT-L through Trainer, bf16, compile on, exact and per-micro-batch, --steps each",
+    )
     parser.add_argument("--full", action="store_true", help="every objective × accumulation × attention × compile")
     parser.add_argument("--dynamic", action="store_true", help="pad captions to the batch's longest (multiple of 8)")
     parser.add_argument("--check-on-cpu", action="store_true", help="run the default grid on a tiny CLIP on the CPU")

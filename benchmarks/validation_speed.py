@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 import torch
-from data_throughput import PHOTO_WORDS, make_photos
 
+from data_throughput import PHOTO_WORDS, make_photos
 from sharpclip.config import DataConfig
 from sharpclip.data import build_loader
 from sharpclip.data.transforms import ClipImageTransform, Preprocessing, TextTokenizer

@@ -58,7 +58,9 @@ def test_each_rank_embeds_its_share_and_receives_everything_in_order():
     for inner in inners:
         inner.seen.clear()
     for rank in range(world):
-        sharded = ShardedEmbedder(inners[rank], rank, world, gather=lambda mine, r=rank: shards[:r] + [mine] + shards[r + 1 :])
+        sharded = ShardedEmbedder(
+            inners[rank], rank, world, gather=lambda mine, r=rank: [*shards[:r], mine, *shards[r + 1 :]]
+        )
         out = sharded.images(items)
         assert inners[rank].seen == items[rank::world]  # this rank's share only
         assert out.tolist() == [[float(x), -float(x)] for x in items]
@@ -80,5 +82,7 @@ def test_the_embedder_pins_nothing_on_the_cpu(photos, monkeypatch):
         return original(*args, **kwargs)
 
     monkeypatch.setattr(torch.utils.data, "DataLoader", spy)
-    ModelEmbedder(tiny_model("clip"), lambda im: torch.zeros(3, 32, 32), None, batch_size=4, num_workers=2).images(photos)
+    ModelEmbedder(tiny_model("clip"), lambda im: torch.zeros(3, 32, 32), None, batch_size=4, num_workers=2).images(
+        photos
+    )
     assert built and built[0]["num_workers"] == 2 and built[0]["pin_memory"] is False

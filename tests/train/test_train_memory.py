@@ -29,7 +29,10 @@ def test_the_frozen_reference_tower_copies_the_text_side_only():
     vision = sum(p.numel() for p in model.vision_model.parameters())
     assert sum(p.numel() for p in frozen.parameters()) <= sum(p.numel() for p in model.parameters()) - vision
     assert not any(p.requires_grad for p in frozen.parameters())
-    assert all(a.data_ptr() != b.data_ptr() for a, b in zip(frozen.text_model.parameters(), model.text_model.parameters()))
+    assert all(
+        a.data_ptr() != b.data_ptr()
+        for a, b in zip(frozen.text_model.parameters(), model.text_model.parameters(), strict=True)
+    )
     batch = next(iter(ToyLoader(model.tokenizer, n=8, batch_size=8)))
     with torch.no_grad():
         torch.testing.assert_close(frozen.encode_text(batch.input_ids, batch.attention_mask).embedding,

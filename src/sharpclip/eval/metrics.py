@@ -17,11 +17,12 @@ Memory: the full N × N matrix is never built. Queries are processed `chunk_size
 O(chunk_size × N_gallery) floats; every K is exact because ranks are counted, not cut off at a top-k.
 
 Both directions from one pass over S (`retrieval_ranks`): the positives' scores come first, one dot product per
-positive pair (O(E·D)), giving each caption's and each image's best positive score and index; then each chunk of
-caption rows S[c] = T[c] Iᵀ is computed once and counts both the text→image ranks of its rows and its share of the
-image→text ranks of every column. The positives' entries of each chunk are set to those same dot products, so a
-positive is compared with exactly the score that defines its query's threshold. Scoring runs on the device given
-(the evaluation device), in float32.
+positive pair (O(E·D)), giving each image's best positive score up to float rounding; then each chunk of caption
+rows S[c] = T[c] Iᵀ is computed once and counts both the text→image ranks of its rows (from S's own values, as
+before) and, for every image column, the captions surely above its best positive. The few entries within the
+rounding bound of that score (D · 2⁻²² · max‖t‖ · max‖i‖) are kept and decided at the end against the best positive's
+score as S holds it, so the ranks are exactly those of the full matrix, ties included. Scoring runs on the device
+given (the evaluation device), in float32.
 """
 
 from __future__ import annotations
@@ -92,10 +93,10 @@ def _check_inputs(text: Tensor, image: Tensor, positives: Tensor) -> None:
 def _best_positive(scores: Tensor, q_local: Tensor, g: Tensor, n_rows: int) -> tuple[Tensor, Tensor]:
     """Per row of `scores` (c, N): the highest positive score and, among equal ones, the lowest gallery index."""
     s = scores[q_local, g]
-    best = torch.full((n_rows,), float("-inf"), dtype=scores.dtype)
+    best = torch.full((n_rows,), float("-inf"), dtype=scores.dtype, device=scores.device)
     best = best.scatter_reduce(0, q_local, s, reduce="amax")
     at_best = s == best[q_local]
-    first = torch.full((n_rows,), scores.shape[1], dtype=torch.long)
+    first = torch.full((n_rows,), scores.shape[1], dtype=torch.long, device=scores.device)
     first = first.scatter_reduce(0, q_local[at_best], g[at_best], reduce="amin")
     return best, first
 
@@ -108,7 +109,7 @@ def _chunk_ranks(scores: Tensor, best: Tensor, first: Tensor) -> Tensor:
     rank = higher
     tied = torch.nonzero(equal > 1).flatten()  # rows where another item shares the best score: count lower indices
     if tied.numel():
-        cols = torch.arange(scores.shape[1])
+        cols = torch.arange(scores.shape[1], device=scores.device)
         lower = ((scores[tied] == thr[tied]) & (cols[None, :] < first[tied, None])).sum(1)
         rank = rank.clone()
         rank[tied] += lower
@@ -139,27 +140,20 @@ def query_ranks(query: Tensor, gallery: Tensor, positives: Tensor, chunk_size: i
     return ranks
 
 
-def _best(score: Tensor, owner: Tensor, other: Tensor, n: int, n_other: int) -> tuple[Tensor, Tensor]:
-    """Per query (`owner` of each positive): its best positive score and, among equal ones, the lowest `other`."""
-    best = torch.full((n,), float("-inf"), dtype=score.dtype, device=score.device)
-    best = best.scatter_reduce(0, owner, score, reduce="amax")
-    at_best = score == best[owner]
-    first = torch.full((n,), n_other, dtype=torch.long, device=score.device)
-    return best, first.scatter_reduce(0, owner[at_best], other[at_best], reduce="amin")
-
-
-def _tie_lower(equal: Tensor, first: Tensor, index: Tensor, dim: int) -> Tensor:
-    """Per query along `dim` of `equal` (entries equal to its threshold): how many lie at a lower gallery index
-    (`index` along the other dim) than its best positive `first`. Only queries that can have one are looked at:
-    caption rows hold their own best positive, so they need a second equal entry; image columns any."""
-    out = torch.zeros(equal.shape[1 - dim], dtype=torch.long, device=equal.device)
-    some = torch.nonzero(equal.sum(dim) > (1 if dim == 1 else 0)).flatten()
-    if some.numel():
-        if dim == 0:
-            out[some] = (equal[:, some] & (index[:, None] < first[some][None, :])).sum(0)
-        else:
-            out[some] = (equal[some] & (index[None, :] < first[some][:, None])).sum(1)
-    return out
+def _i2t_from_band(
+    above: Tensor, band: list[Tensor], pos_i: Tensor, pos_t: Tensor, pos_score: Tensor, n_t: int
+) -> Tensor:
+    """Image→text ranks: `above` counts the entries surely above each image's best positive; the `band` entries
+    (rows, cols, values) near it are decided against the best positive's score as S itself holds it."""
+    n_i = above.shape[0]
+    best = torch.full((n_i,), float("-inf"), dtype=pos_score.dtype, device=above.device)
+    best = best.scatter_reduce(0, pos_i, pos_score, reduce="amax")
+    at_best = pos_score == best[pos_i]
+    first = torch.full((n_i,), n_t, dtype=torch.long, device=above.device)
+    first = first.scatter_reduce(0, pos_i[at_best], pos_t[at_best], reduce="amin")
+    rows, cols, values = (torch.cat(parts) for parts in zip(*band, strict=True))
+    counted = (values > best[cols]) | ((values == best[cols]) & (rows < first[cols]))
+    return above.scatter_add(0, cols, counted.long())
 
 
 def retrieval_ranks(
@@ -176,26 +170,33 @@ def retrieval_ranks(
     _check_inputs(text, image, positives)
     device = torch.device(device) if device is not None else text.device
     with torch.no_grad():
-        text, image, pos = text.to(device).float(), image.to(device).float(), positives.to(device)
-        n_t, n_i = text.shape[0], image.shape[0]
+        text, image = text.to(device).float(), image.to(device).float()
+        pos = positives.to(device)
+        pos = pos[torch.argsort(pos[:, 0], stable=True)]  # by caption: each chunk's positives are one run
         pos_t, pos_i = pos[:, 0], pos[:, 1]
-        score = (text[pos_t] * image[pos_i]).sum(-1)  # (E,) the positives' scores
-        best_t, first_t = _best(score, pos_t, pos_i, n_t, n_i)  # each caption's best image
-        best_i, first_i = _best(score, pos_i, pos_t, n_i, n_t)  # each image's best caption
+        n_t, n_i = text.shape[0], image.shape[0]
+        # each image's best positive score, up to float rounding (O(E·D)); `margin` bounds that rounding
+        approx = torch.full((n_i,), float("-inf"), device=device).scatter_reduce(
+            0, pos_i, (text[pos_t] * image[pos_i]).sum(-1), reduce="amax"
+        )
+        margin = text.shape[1] * 2.0**-22 * float(text.norm(dim=1).max() * image.norm(dim=1).max())
+        low, high = approx - margin, approx + margin
+        bounds = torch.searchsorted(pos_t, torch.arange(0, n_t + chunk_size, chunk_size, device=device)).tolist()
         t2i = torch.empty(n_t, dtype=torch.long, device=device)
-        i2t = torch.zeros(n_i, dtype=torch.long, device=device)
-        cols = torch.arange(n_i, device=device)
-        for start in range(0, n_t, chunk_size):
+        above = torch.zeros(n_i, dtype=torch.long, device=device)
+        pos_score = torch.empty(len(pos), dtype=text.dtype, device=device)
+        band = []
+        for c, start in enumerate(range(0, n_t, chunk_size)):
             stop = min(start + chunk_size, n_t)
-            s = text[start:stop] @ image.t()  # (c, I)
-            inside = (pos_t >= start) & (pos_t < stop)
-            s[pos_t[inside] - start, pos_i[inside]] = score[inside]  # positives: exactly their thresholds' scores
-            rows = torch.arange(start, stop, device=device)
-            thr = best_t[start:stop, None]
-            equal = s == thr
-            t2i[start:stop] = (s > thr).sum(1) + _tie_lower(equal, first_t[start:stop], cols, 1)
-            equal = s == best_i[None, :]
-            i2t += (s > best_i[None, :]).sum(0) + _tie_lower(equal, first_i, rows, 0)
+            lo, hi = bounds[c], bounds[c + 1]
+            s = text[start:stop] @ image.t()  # (c, I): the chunk's rows of S, computed once
+            best, first = _best_positive(s, pos_t[lo:hi] - start, pos_i[lo:hi], stop - start)
+            t2i[start:stop] = _chunk_ranks(s, best, first)
+            pos_score[lo:hi] = s[pos_t[lo:hi] - start, pos_i[lo:hi]]  # S's own values, for image→text below
+            above += (s > high[None, :]).sum(0)
+            near = torch.nonzero((s >= low[None, :]) & (s <= high[None, :]))
+            band.append((near[:, 0] + start, near[:, 1], s[near[:, 0], near[:, 1]]))
+        i2t = _i2t_from_band(above, band, pos_i, pos_t, pos_score, n_t)
     return Ranks(t2i=t2i.cpu(), i2t=i2t.cpu())
 
 

@@ -178,8 +178,9 @@ def build_trainer(cfg: Config, evaluate: Evaluate | None = None) -> Trainer:
         world_size=world, seed=cfg.train.seed, pin_memory=device.type == "cuda",
     )  # fmt: skip
     draft = getattr(preprocessing.image, "size", None) if data.jpeg_draft else None  # every format decodes alike
+    decoding = f"to sides >= {draft} px" if draft else "off"
     log.info("data: %s, %d loader workers, JPEG draft decoding %s, images over %s pixels refused", data.format,
-             loader.num_workers, f"to sides >= {draft} px" if draft else "off", f"{data.max_image_pixels:,}")  # fmt: skip
+             loader.num_workers, decoding, f"{data.max_image_pixels:,}")  # fmt: skip
     if rank == 0:
         distributed.barrier()
     # every rank read the same data: the same decision on every rank

@@ -426,7 +426,7 @@ def compile_towers(model: DualEncoder, backend: str = "inductor") -> None:
     limit is raised to COMPILE_RECOMPILE_LIMIT, as the two towers share transformers' wrapper frame and its default
     of 8 would leave later variants running eagerly.
     """
-    import torch._dynamo  # noqa: F401  (torch imports Dynamo lazily)
+    import torch._dynamo  # torch imports Dynamo lazily
 
     limit = torch._dynamo.config.recompile_limit
     torch._dynamo.config.recompile_limit = max(limit, COMPILE_RECOMPILE_LIMIT)
