@@ -173,7 +173,7 @@ def retrieval_ranks(
         text, image = text.to(device).float(), image.to(device).float()
         pos = positives.to(device)
         pos = pos[torch.argsort(pos[:, 0], stable=True)]  # by caption: each chunk's positives are one run
-        pos_t, pos_i = pos[:, 0], pos[:, 1]
+        pos_t, pos_i = pos[:, 0].contiguous(), pos[:, 1].contiguous()
         n_t, n_i = text.shape[0], image.shape[0]
         # each image's best positive score, up to float rounding (O(E·D)); `margin` bounds that rounding
         approx = torch.full((n_i,), float("-inf"), device=device).scatter_reduce(
