@@ -16,13 +16,11 @@ Protocol (CLIP_benchmark's convention, as the long-caption papers report it; REA
 Memory: the full N × N matrix is never built. Queries are processed `chunk_size` rows at a time, so the working set is
 O(chunk_size × N_gallery) floats; every K is exact because ranks are counted, not cut off at a top-k.
 
-Both directions from one pass over S (`retrieval_ranks`): the positives' scores come first, one dot product per
-positive pair (O(E·D)), giving each image's best positive score up to float rounding; then each chunk of caption
-rows S[c] = T[c] Iᵀ is computed once and counts both the text→image ranks of its rows (from S's own values, as
-before) and, for every image column, the captions surely above its best positive. The few entries within the
-rounding bound of that score (D · 2⁻²² · max‖t‖ · max‖i‖) are kept and decided at the end against the best positive's
-score as S holds it, so the ranks are exactly those of the full matrix, ties included. Scoring runs on the device
-given (the evaluation device), in float32.
+Scoring runs on the device given (the evaluation device: a GPU scores 20k × 20k in well under a second), in float32,
+one direction after the other. Counting both directions from one pass over S was tried (each image's best positive
+from the positives' dot products, the entries within float rounding of it decided against S's own values): it gave
+the same ranks but ran slower on the CPU (80.8 s against 39.6 s at N = 20,000, busy cores), because the comparisons
+over S, not its products, dominate there.
 """
 
 from __future__ import annotations
@@ -126,34 +124,19 @@ def query_ranks(query: Tensor, gallery: Tensor, positives: Tensor, chunk_size: i
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     query, gallery = query.float(), gallery.float()
-    positives = positives.long()
+    positives = positives.long().to(query.device)
     order = torch.argsort(positives[:, 0], stable=True)
     q_sorted, g_sorted = positives[order, 0], positives[order, 1]
-    bounds = torch.searchsorted(q_sorted, torch.arange(0, query.shape[0] + chunk_size, chunk_size))
-    ranks = torch.empty(query.shape[0], dtype=torch.long)
+    arange = torch.arange(0, query.shape[0] + chunk_size, chunk_size, device=query.device)
+    bounds = torch.searchsorted(q_sorted.contiguous(), arange).tolist()
+    ranks = torch.empty(query.shape[0], dtype=torch.long, device=query.device)
     for c, start in enumerate(range(0, query.shape[0], chunk_size)):
         stop = min(start + chunk_size, query.shape[0])
-        lo, hi = int(bounds[c]), int(bounds[c + 1])
+        lo, hi = bounds[c], bounds[c + 1]
         scores = query[start:stop] @ gallery.t()
         best, first = _best_positive(scores, q_sorted[lo:hi] - start, g_sorted[lo:hi], stop - start)
         ranks[start:stop] = _chunk_ranks(scores, best, first)
     return ranks
-
-
-def _i2t_from_band(
-    above: Tensor, band: list[Tensor], pos_i: Tensor, pos_t: Tensor, pos_score: Tensor, n_t: int
-) -> Tensor:
-    """Image→text ranks: `above` counts the entries surely above each image's best positive; the `band` entries
-    (rows, cols, values) near it are decided against the best positive's score as S itself holds it."""
-    n_i = above.shape[0]
-    best = torch.full((n_i,), float("-inf"), dtype=pos_score.dtype, device=above.device)
-    best = best.scatter_reduce(0, pos_i, pos_score, reduce="amax")
-    at_best = pos_score == best[pos_i]
-    first = torch.full((n_i,), n_t, dtype=torch.long, device=above.device)
-    first = first.scatter_reduce(0, pos_i[at_best], pos_t[at_best], reduce="amin")
-    rows, cols, values = (torch.cat(parts) for parts in zip(*band, strict=True))
-    counted = (values > best[cols]) | ((values == best[cols]) & (rows < first[cols]))
-    return above.scatter_add(0, cols, counted.long())
 
 
 def retrieval_ranks(
@@ -162,41 +145,15 @@ def retrieval_ranks(
     """Ranks in both directions. text: (T, D), image: (I, D) L2-normalised; positives: (E, 2) (text, image) pairs.
 
     Text→image ranks images for each caption; image→text ranks captions for each image (several may be positive).
-    One pass over S (see the module docstring) on `device` (default: the embeddings'); ranks come back on the CPU.
+    Scored on `device` (default: the embeddings'), see the module docstring; ranks come back on the CPU.
     """
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     positives = torch.as_tensor(positives, dtype=torch.long)
     _check_inputs(text, image, positives)
     device = torch.device(device) if device is not None else text.device
+    text, image, on_device = text.to(device), image.to(device), positives.to(device)
     with torch.no_grad():
-        text, image = text.to(device).float(), image.to(device).float()
-        pos = positives.to(device)
-        pos = pos[torch.argsort(pos[:, 0], stable=True)]  # by caption: each chunk's positives are one run
-        pos_t, pos_i = pos[:, 0].contiguous(), pos[:, 1].contiguous()
-        n_t, n_i = text.shape[0], image.shape[0]
-        # each image's best positive score, up to float rounding (O(E·D)); `margin` bounds that rounding
-        approx = torch.full((n_i,), float("-inf"), device=device).scatter_reduce(
-            0, pos_i, (text[pos_t] * image[pos_i]).sum(-1), reduce="amax"
-        )
-        margin = text.shape[1] * 2.0**-22 * float(text.norm(dim=1).max() * image.norm(dim=1).max())
-        low, high = approx - margin, approx + margin
-        bounds = torch.searchsorted(pos_t, torch.arange(0, n_t + chunk_size, chunk_size, device=device)).tolist()
-        t2i = torch.empty(n_t, dtype=torch.long, device=device)
-        above = torch.zeros(n_i, dtype=torch.long, device=device)
-        pos_score = torch.empty(len(pos), dtype=text.dtype, device=device)
-        band = []
-        for c, start in enumerate(range(0, n_t, chunk_size)):
-            stop = min(start + chunk_size, n_t)
-            lo, hi = bounds[c], bounds[c + 1]
-            s = text[start:stop] @ image.t()  # (c, I): the chunk's rows of S, computed once
-            best, first = _best_positive(s, pos_t[lo:hi] - start, pos_i[lo:hi], stop - start)
-            t2i[start:stop] = _chunk_ranks(s, best, first)
-            pos_score[lo:hi] = s[pos_t[lo:hi] - start, pos_i[lo:hi]]  # S's own values, for image→text below
-            above += (s > high[None, :]).sum(0)
-            near = torch.nonzero((s >= low[None, :]) & (s <= high[None, :]))
-            band.append((near[:, 0] + start, near[:, 1], s[near[:, 0], near[:, 1]]))
-        i2t = _i2t_from_band(above, band, pos_i, pos_t, pos_score, n_t)
+        t2i = query_ranks(text, image, on_device, chunk_size)
+        i2t = query_ranks(image, text, on_device.flip(1), chunk_size)
     return Ranks(t2i=t2i.cpu(), i2t=i2t.cpu())
 
 
