@@ -104,4 +104,3 @@ def test_perfect_retrieval_and_errors() -> None:
         retrieval_ranks(bad, emb, pairs_from_caption_index(range(10)))
     with pytest.raises(ValueError, match=">= 1"):
         recall_summary(torch.zeros(3, dtype=torch.long), ks=(0,))
-
