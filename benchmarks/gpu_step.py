@@ -1,23 +1,33 @@
-"""One training step on a GPU: img/s and peak memory of ViT-B/16- and ViT-L/14-size CLIPs, as JSON lines.
+"""One training step on a GPU: img/s and memory of ViT-L/14- and ViT-B/16-size CLIPs, with its own targets, as JSON
+lines.
 
-    python benchmarks/gpu_step.py [--models b16,l14] [--steps 5] [--full] [--dynamic]
+    python benchmarks/gpu_step.py [--models l14,b16] [--steps 5] [--full] [--dynamic]
+    python benchmarks/gpu_step.py --trainer-run [--steps 20]   (ViT-L through Trainer, bf16, compile on)
     python benchmarks/gpu_step.py --check-on-cpu      (the script's own smoke test: a tiny CLIP, batch 16, CPU)
 
-Models are transformers CLIPModels built in code with random weights (no download): OpenAI's ViT-B/16 and ViT-L/14
-shapes, 224 px, text towers stretched to 248 positions (Long-CLIP). Every step is a real `train.step.run_step` on a
-global batch of 128 (captions of 20-248 tokens, padded as the loader pads them: the full 248 positions here,
+Models are transformers CLIPModels built in code, on the device, with random weights (no download): OpenAI's
+ViT-L/14 (first) and ViT-B/16 shapes, 224 px, text towers stretched to 248 positions (Long-CLIP). Every step is a
+real `train.step.run_step` on a global batch of 128 (captions of 20-248 tokens, padded to the full 248 positions;
 `--dynamic` pads to the longest), bf16 autocast on the towers, AdamW, batches copied from pinned memory. Per
-configuration: 2 warm-up steps, then the median of `--steps` timed steps (CUDA-synchronised) and the peak allocated
-memory.
+setting: 2 warm-up steps, then the median of `--steps` timed steps (CUDA-synchronised), peak allocated and reserved
+memory. Dynamo is reset before every compiled setting, and each compiled row reports its graph count.
 
 The default grid, per model: `infonce`, `hn_clip`, `hn_clip` + `filip` under exact accumulation (micro-batches of 32)
-and per-micro-batch accumulation (16 × 8); SDPA against eager attention and `torch.compile` on/off for `infonce`
-under exact accumulation; and ViT-L/14 with gradient checkpointing under exact accumulation (the memory target).
-`--full` runs every objective × accumulation × attention × compile combination.
+and per-micro-batch accumulation (16); `hn_clip` exact and per-micro-batch at the same micro size (16 and 32) and
+per-micro-batch encoding 64 rows a pass (the recipes' `encode_batch_size`); eager attention; compile on; ViT-L with
+gradient checkpointing (the memory target). Besides the grid, per model:
 
-Ratios (targets): `hn_clip` step ≤ 1.01 × `infonce`; exact accumulation ≤ 1.4 × per-micro-batch at the same global
-batch; ViT-L/14, batch 128, exact accumulation + gradient checkpointing within 80 GB.
-Without CUDA it prints one JSON line saying it did not run, and exits 0.
+- `objective`: the objectives alone (forward + backward on cached features, no towers), timed with CUDA events
+  over 50 interleaved repetitions: what `hn_clip` costs over `infonce`, resolvable unlike whole-step ratios;
+- `interleaved`: whole `infonce` and `hn_clip` steps alternated, 20 each, medians;
+- `varying`: compiled, captions of changing widths and a short last micro-batch: recompiles and graph counts;
+- `trainer`: `Trainer._train_step` on in-memory batches (gradient averaging, clipping, the weight check and the
+  end-of-step reads included), exact accumulation;
+- `sdpa`: which attention kernels ran (profiler kernel names: flash, memory-efficient, cuDNN or math).
+
+Targets: `hn_clip` objective ≤ 1.01 × `infonce` objective in a ViT-L step's time; exact ≤ 1.4 × per-micro-batch at
+the same micro size; ViT-L/14, batch 128, exact accumulation + gradient checkpointing within 80 GB; the text tower
+on flash attention under bf16. Without CUDA it prints one JSON line saying it did not run, and exits 0.
 """
 
 from __future__ import annotations
@@ -27,19 +37,23 @@ import gc
 import itertools
 import json
 import statistics
+import tempfile
 import time
 from dataclasses import dataclass
 
 import torch
+import torch._dynamo
+from torch._dynamo.utils import counters
 from transformers import CLIPConfig, CLIPModel
 
-from sharpclip.config import LossConfig, TermConfig
+from sharpclip.config import LossConfig, TermConfig, TrainConfig
 from sharpclip.data.schema import Batch
 from sharpclip.models.hf import HFDualEncoder, wrap
+from sharpclip.train.accumulate import CachedFeatures
 from sharpclip.train.features import FeatureEncoder, build_objective
 from sharpclip.train.optim import build_optimizer
-from sharpclip.train.step import run_step
-from sharpclip.train.trainer import compile_towers
+from sharpclip.train.step import objective_inputs, run_step, split_rows
+from sharpclip.train.trainer import Trainer, compile_towers
 
 VOCAB, EOS, CONTEXT, IMAGE = 49408, 49407, 248, 224
 SHAPES = {  # OpenAI CLIP: (vision width, layers, heads, patch), (text width, layers, heads), projection
@@ -52,7 +66,8 @@ OBJECTIVES = {
     "hn_clip": {"hn": TermConfig("hn_clip")},
     "hn_clip+filip": {"hn": TermConfig("hn_clip"), "tok": TermConfig("filip")},
 }
-ACCUMULATION = {"exact": ("exact", 32), "per_micro_batch": ("per_micro_batch", 16)}  # micro-batch rows at 128
+BACKEND = {"name": "inductor"}  # --check-on-cpu compiles with "eager": the same Dynamo guards, no C++ build
+ACCUMULATION = {"exact": 32, "per_micro_batch": 16}  # the default grid's micro-batch rows at a batch of 128
 
 
 @dataclass(frozen=True)
@@ -63,6 +78,8 @@ class Setting:
     attention: str = "sdpa"
     compiled: bool = False
     checkpointing: bool = False
+    micro: int = 0  # micro-batch rows at a batch of 128 (0: ACCUMULATION's)
+    encode: int = 0  # per_micro_batch: rows per tower pass (train.encode_batch_size)
 
 
 def build_clip(name: str, attention: str) -> HFDualEncoder:
@@ -77,6 +94,28 @@ def build_clip(name: str, attention: str) -> HFDualEncoder:
     config.text_config._attn_implementation = attention
     config.vision_config._attn_implementation = attention
     return wrap(CLIPModel(config))
+
+
+def build_on(device: torch.device, name: str, attention: str = "sdpa") -> HFDualEncoder:
+    """The model initialised on `device` itself (no CPU initialisation and copy)."""
+    with torch.device(device):
+        return build_clip(name, attention).train()
+
+
+def memory(device: torch.device) -> dict:
+    if device.type != "cuda":
+        return {}
+    return {"peak_allocated_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2),
+            "peak_reserved_gib": round(torch.cuda.max_memory_reserved(device) / 2**30, 2)}  # fmt: skip
+
+
+def graphs() -> int:
+    return int(counters["stats"]["unique_graphs"])
+
+
+def fresh_dynamo() -> None:
+    torch._dynamo.reset()
+    counters.clear()
 
 
 def random_batch(rows: int, dynamic: bool, seed: int = 0, pin: bool = True) -> Batch:
@@ -101,57 +140,249 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure(setting: Setting, steps: int, dynamic: bool, device: torch.device, batch_size: int = 128) -> dict:
-    model = build_clip(setting.model, setting.attention).to(device).train()
-    if setting.checkpointing:
-        model.hf_model.activation_checkpointing_enable({"use_reentrant": False})
-    if setting.compiled:
-        compile_towers(model)
-    objective = build_objective(LossConfig(terms=OBJECTIVES[setting.objective]))
-    encoder = FeatureEncoder(model, objective.feature_keys, precision="bf16")
-    optimizer = build_optimizer(model, 1e-5, 0.1, {})
-    mode, micro = ACCUMULATION[setting.accumulation]
-    micro = micro * batch_size // 128
-    batch = random_batch(batch_size, dynamic, pin=device.type == "cuda")
-
-    def step() -> float:
-        _sync(device)
-        start = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        run_step(encoder, objective, batch, micro, mode)
-        optimizer.step()
-        _sync(device)
-        return time.perf_counter() - start
-
-    record = {**setting.__dict__, "micro_batch": micro, "batch": batch_size, "text_positions": batch.input_ids.shape[1]}
+def _reported(record: dict, run) -> dict:
+    """`run()`'s numbers into `record`; a failed setting (OOM, compile) is reported, not fatal to the others."""
     try:
-        for _ in range(2):  # warm-up: kernels selected, compiled graphs built, allocator grown
-            step()
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        seconds = statistics.median(step() for _ in range(steps))
-        record.update(step_s=round(seconds, 4), img_per_s=round(batch_size / seconds, 1))
-        if device.type == "cuda":
-            record["peak_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+        record.update(run())
     except torch.cuda.OutOfMemoryError:
         record["error"] = "out of memory"
-    except Exception as err:  # a failed configuration (e.g. compile) is reported, not fatal to the others
+    except Exception as err:
         record["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
     return record
+
+
+class Rig:
+    """A model, its encoder, objective and optimiser on the device, ready to step."""
+
+    def __init__(self, setting: Setting, device: torch.device, batch_size: int):
+        if setting.compiled:
+            fresh_dynamo()
+        self.model = build_on(device, setting.model, setting.attention)
+        if setting.checkpointing:
+            self.model.hf_model.activation_checkpointing_enable({"use_reentrant": False})
+        if setting.compiled:
+            compile_towers(self.model, backend=BACKEND["name"])
+        self.objective = build_objective(LossConfig(terms=OBJECTIVES[setting.objective]))
+        self.encoder = FeatureEncoder(self.model, self.objective.feature_keys, precision="bf16")
+        self.optimizer = build_optimizer(self.model, 1e-5, 0.1, {})
+        self.micro = (setting.micro or ACCUMULATION[setting.accumulation]) * batch_size // 128
+        self.encode = setting.encode * batch_size // 128
+        self.setting, self.device = setting, device
+
+    def step(self, batch: Batch, objective=None) -> float:
+        _sync(self.device)
+        start = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        run_step(self.encoder, objective or self.objective, batch, self.micro, self.setting.accumulation, self.encode)
+        self.optimizer.step()
+        _sync(self.device)
+        return time.perf_counter() - start
+
+
+def measure(setting: Setting, steps: int, dynamic: bool, device: torch.device, batch_size: int = 128) -> dict:
+    batch = random_batch(batch_size, dynamic, pin=device.type == "cuda")
+    record = {**setting.__dict__, "batch": batch_size, "text_positions": batch.input_ids.shape[1]}
+
+    def run() -> dict:
+        rig = Rig(setting, device, batch_size)
+        for _ in range(2):  # warm-up: kernels selected, compiled graphs built, allocator grown
+            rig.step(batch)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        seconds = statistics.median(rig.step(batch) for _ in range(steps))
+        out = {"micro_batch": rig.micro, "step_s": round(seconds, 4), "img_per_s": round(batch_size / seconds, 1)}
+        return {**out, **memory(device), **({"graphs": graphs()} if setting.compiled else {})}
+
+    return _reported(record, run)
+
+
+def _events(device: torch.device):
+    if device.type == "cuda":
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        return start, stop, lambda: (torch.cuda.synchronize(device), start.elapsed_time(stop) / 1000)[1]
+    clock: dict = {}
+
+    class Wall:
+        def __init__(self, key):
+            self.key = key
+
+        def record(self):
+            clock[self.key] = time.perf_counter()
+
+    return Wall("a"), Wall("b"), lambda: clock["b"] - clock["a"]
+
+
+def objective_only(model_name: str, device: torch.device, batch_size: int, reps: int = 50) -> dict:
+    """Forward + backward of each objective alone on cached (gathered) features of one batch, interleaved."""
+    record: dict = {"kind": "objective", "model": model_name, "batch": batch_size, "reps": reps}
+
+    def run() -> dict:
+        model = build_on(device, model_name)
+        objectives = {name: build_objective(LossConfig(terms=OBJECTIVES[name])) for name in OBJECTIVES}
+        keys = set().union(*(o.feature_keys for o in objectives.values()))
+        encoder = FeatureEncoder(model, keys, precision="bf16")
+        batch = encoder.to_device(random_batch(batch_size, False, pin=device.type == "cuda"))
+        cache = CachedFeatures(encoder, split_rows(batch, max(1, batch_size // 4)), device)
+        times: dict[str, list[float]] = {name: [] for name in objectives}
+        start, stop, elapsed = _events(device)
+        for rep in range(reps + 2):
+            for name, objective in objectives.items():
+                leaves = {k: v.detach().requires_grad_(v.requires_grad) for k, v in cache.leaves.items()}
+                start.record()
+                objective(objective_inputs(encoder, leaves, batch))["loss"].backward()
+                stop.record()
+                if rep >= 2:
+                    times[name].append(elapsed())
+        median = {name: statistics.median(t) for name, t in times.items()}
+        out = {f"{name}_ms": round(1000 * t, 3) for name, t in median.items()}
+        out["hn_clip_over_infonce_objective"] = round(median["hn_clip"] / median["infonce"], 3)
+        return out
+
+    return _reported(record, run)
+
+
+def interleaved(model_name: str, device: torch.device, batch_size: int, steps: int = 20) -> dict:
+    """Whole `infonce` and `hn_clip` steps alternated (exact, micro 32), medians of `steps` each."""
+    record: dict = {"kind": "interleaved", "model": model_name, "batch": batch_size, "steps": steps}
+
+    def run() -> dict:
+        rig = Rig(Setting(model_name, "infonce", "exact"), device, batch_size)
+        hn = build_objective(LossConfig(terms=OBJECTIVES["hn_clip"]))
+        batch = random_batch(batch_size, False, pin=device.type == "cuda")
+        times: dict[str, list[float]] = {"infonce": [], "hn_clip": []}
+        for k in range(steps + 2):
+            for name, objective in (("infonce", rig.objective), ("hn_clip", hn)):
+                t = rig.step(batch, objective)
+                if k >= 2:
+                    times[name].append(t)
+        med = {n: statistics.median(t) for n, t in times.items()}
+        return {**{f"{n}_step_s": round(t, 4) for n, t in med.items()},
+                "hn_clip_over_infonce_step": round(med["hn_clip"] / med["infonce"], 4)}  # fmt: skip
+
+    return _reported(record, run)
+
+
+def varying(model_name: str, device: torch.device, batch_size: int, steps: int) -> dict:
+    """Compiled towers under changing caption widths and a short last micro-batch: graphs, and steady-state time."""
+    record: dict = {"kind": "varying", "model": model_name, "batch": batch_size, "compiled": True}
+
+    def run() -> dict:
+        rig = Rig(Setting(model_name, "hn_clip", "exact", compiled=True), device, batch_size)
+        batches = [random_batch(batch_size - (k % 3 == 2) * (batch_size // 4 + 2), True, seed=k,
+                                pin=device.type == "cuda") for k in range(max(steps, 6))]  # fmt: skip
+        first = [rig.step(b) for b in batches[:3]]  # new widths and a short last micro-batch: any recompiles here
+        after = graphs()
+        timed = [rig.step(b) for b in batches[3:]]
+        return {"first_steps_s": [round(t, 3) for t in first], "graphs_after_3": after, "graphs": graphs(),
+                "steady_step_s": round(statistics.median(timed), 4),
+                "widths": [b.input_ids.shape[1] for b in batches], "rows": [len(b) for b in batches]}  # fmt: skip
+
+    return _reported(record, run)
+
+
+class MemoryLoader:
+    """In-memory batches with the loader contract the trainer uses."""
+
+    def __init__(self, batches: list[Batch]):
+        self.batches = batches
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self):
+        return iter(self.batches)
+
+    def set_epoch(self, epoch: int) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+def trainer_steps(model_name: str, device: torch.device, batch_size: int, steps: int, accumulation: str = "exact",
+                  compiled: bool = False) -> dict:  # fmt: skip
+    """`Trainer._train_step` (the whole trainer step) on in-memory pinned batches, bf16."""
+    record: dict = {"kind": "trainer", "model": model_name, "batch": batch_size, "accumulation": accumulation,
+                    "compiled": compiled, "steps": steps}  # fmt: skip
+
+    def run() -> dict:
+        if compiled:
+            fresh_dynamo()
+        model = build_on(device, model_name)
+        if compiled and BACKEND["name"] != "inductor":  # the trainer compiles with inductor; keep the check cheap
+            compile_towers(model, backend=BACKEND["name"])
+            compiled_here = True
+        else:
+            compiled_here = False
+        objective = build_objective(LossConfig(terms=OBJECTIVES["hn_clip+filip"]))
+        micro = ACCUMULATION[accumulation] * batch_size // 128
+        batches = [random_batch(batch_size, True, seed=k, pin=device.type == "cuda") for k in range(4)]
+        with tempfile.TemporaryDirectory() as out:
+            cfg = TrainConfig(output_dir=out, max_steps=steps + 2, batch_size=batch_size, micro_batch_size=micro,
+                              accumulation=accumulation, precision="bf16", compile=compiled and not compiled_here,
+                              device=str(device),
+                              progress=False, eval_every=0, checkpoint_every=0, warmup_steps=1)  # fmt: skip
+            trainer = Trainer(model, objective, MemoryLoader(batches), cfg, out, lambda d: None)
+            model.train()
+            times = []
+            for k in range(steps + 2):
+                _sync(device)
+                start = time.perf_counter()
+                trainer._train_step(batches[k % len(batches)])
+                _sync(device)
+                if k >= 2:
+                    times.append(time.perf_counter() - start)
+                if k == 1 and device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)
+            trainer.logger.close()
+        seconds = statistics.median(times)
+        return {"step_s": round(seconds, 4), "img_per_s": round(batch_size / seconds, 1), **memory(device),
+                **({"graphs": graphs()} if compiled else {})}  # fmt: skip
+
+    return _reported(record, run)
+
+
+def sdpa_kernels(model_name: str, device: torch.device, batch_size: int) -> dict:
+    """The attention kernels one bf16 exact step launches (profiler kernel names)."""
+    record: dict = {"kind": "sdpa", "model": model_name}
+    if device.type != "cuda":
+        return {**record, "skipped": "CPU: no CUDA kernels to name"}
+
+    def run() -> dict:
+        rig = Rig(Setting(model_name, "infonce", "exact"), device, batch_size)
+        batch = random_batch(batch_size, True, pin=True)
+        rig.step(batch)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            rig.step(batch)
+        names = {e.key for e in prof.key_averages()}
+        found = {kind: sorted(n for n in names if any(w in n.lower() for w in words))[:4]
+                 for kind, words in {"flash": ("flash",), "memory_efficient": ("fmha", "efficient"),
+                                     "cudnn": ("cudnn",), "math_softmax": ("softmax",)}.items()}  # fmt: skip
+        return {"kernels": found}
+
+    return _reported(record, run)
 
 
 def grid(models: list[str], full: bool) -> list[Setting]:
     if full:
         combos = itertools.product(models, OBJECTIVES, ACCUMULATION, ("sdpa", "eager"), (False, True))
         return [Setting(*c) for c in combos]
-    out = [Setting(m, o, a) for m in models for o in OBJECTIVES for a in ACCUMULATION]
-    out += [Setting(m, "infonce", "exact", attention="eager") for m in models]
-    out += [Setting(m, "infonce", "exact", compiled=True) for m in models]
-    out += [Setting(m, "infonce", "exact", checkpointing=True) for m in models if m != "b16"]  # L/14: the memory target
+    out = []
+    for m in models:
+        out += [Setting(m, o, a) for o in OBJECTIVES for a in ACCUMULATION]
+        out += [Setting(m, "hn_clip", "exact", micro=16), Setting(m, "hn_clip", "per_micro_batch", micro=32),
+                Setting(m, "hn_clip", "per_micro_batch", micro=16, encode=64)]  # fmt: skip
+        out += [Setting(m, "infonce", "exact", attention="eager"), Setting(m, "infonce", "exact", compiled=True)]
+        if m != "b16":  # L/14: the memory target
+            out.append(Setting(m, "infonce", "exact", checkpointing=True))
     return out
 
 
 def _time(results: list[dict], **match) -> float | None:
+    match = {"micro": 0, "encode": 0, **match}
     for r in results:
         if all(r.get(k) == v for k, v in match.items()) and "step_s" in r:
             return r["step_s"]
@@ -168,10 +399,17 @@ def ratios(results: list[dict], models: list[str]) -> dict:
                 t = _time(results, model=m, objective=obj, accumulation=acc, **base)
                 if infonce and t:
                     out[f"{m}/{acc}/{obj}_over_infonce"] = round(t / infonce, 4)
-        exact = _time(results, model=m, objective="hn_clip", accumulation="exact", **base)
+        for micro in (16, 32):  # the same micro size: the accumulation mode alone
+            exact = _time(results, model=m, objective="hn_clip", accumulation="exact", **base,
+                          micro=0 if micro == 32 else micro)  # fmt: skip
+            per_micro = _time(results, model=m, objective="hn_clip", accumulation="per_micro_batch", **base,
+                              micro=0 if micro == 16 else micro)  # fmt: skip
+            if exact and per_micro:
+                out[f"{m}/hn_clip/exact_over_per_micro_batch@{micro}"] = round(exact / per_micro, 4)
+        encoded = _time(results, model=m, objective="hn_clip", accumulation="per_micro_batch", **base, encode=64)
         per_micro = _time(results, model=m, objective="hn_clip", accumulation="per_micro_batch", **base)
-        if exact and per_micro:
-            out[f"{m}/hn_clip/exact_over_per_micro_batch"] = round(exact / per_micro, 4)
+        if encoded and per_micro:
+            out[f"{m}/hn_clip/per_micro_encode64_over_per_micro"] = round(encoded / per_micro, 4)
         sdpa = _time(results, model=m, objective="infonce", accumulation="exact", **base)
         eager = _time(results, model=m, objective="infonce", accumulation="exact", **{**base, "attention": "eager"})
         compiled = _time(results, model=m, objective="infonce", accumulation="exact", **{**base, "compiled": True})
@@ -184,14 +422,20 @@ def ratios(results: list[dict], models: list[str]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="b16,l14", help="comma-separated: b16, l14")
+    parser.add_argument("--models", default="l14,b16", help="comma-separated: l14, b16 (in this order)")
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument(
+        "--trainer-run",
+        action="store_true",
+        help="only: ViT-L through Trainer, bf16, compile on, exact and per-micro-batch, --steps each",
+    )
     parser.add_argument("--full", action="store_true", help="every objective × accumulation × attention × compile")
     parser.add_argument("--dynamic", action="store_true", help="pad captions to the batch's longest (multiple of 8)")
     parser.add_argument("--check-on-cpu", action="store_true", help="run the default grid on a tiny CLIP on the CPU")
     args = parser.parse_args()
-    if args.check_on_cpu:
+    if args.check_on_cpu:  # every code path once, quickly: one timed step, eager compile backend
         device, models, batch_size = torch.device("cpu"), ["tiny"], 16
+        args.steps, BACKEND["name"] = 1, "eager"
     elif not torch.cuda.is_available():
         print(json.dumps({"benchmark": "gpu_step", "ran": False, "reason": "no CUDA device (torch.cuda.is_available() "
                           "is False); run it on a GPU machine"}))  # fmt: skip
@@ -203,12 +447,28 @@ def main() -> None:
     header = {"benchmark": "gpu_step", "ran": True, "device": name, "torch": torch.__version__, "bf16": True}
     print(json.dumps(header), flush=True)
     results = []
-    for setting in grid(models, args.full):
-        results.append(measure(setting, args.steps, args.dynamic, device, batch_size))
-        print(json.dumps(results[-1]), flush=True)
+
+    def report(record: dict) -> None:
+        results.append(record)
+        print(json.dumps(record), flush=True)
         gc.collect()  # the previous model and optimizer state, before the next is built
         if device.type == "cuda":
             torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+
+    if args.trainer_run:
+        model = models[0] if args.check_on_cpu else "l14"
+        for accumulation in ACCUMULATION:
+            report(trainer_steps(model, device, batch_size, args.steps, accumulation, compiled=True))
+        return
+    for m in models:
+        report(objective_only(m, device, batch_size, reps=2 if args.check_on_cpu else 50))
+        report(interleaved(m, device, batch_size, steps=1 if args.check_on_cpu else 20))
+        report(sdpa_kernels(m, device, batch_size))
+        for setting in [s for s in grid(models, args.full) if s.model == m]:
+            report(measure(setting, args.steps, args.dynamic, device, batch_size))
+        report(varying(m, device, batch_size, args.steps))
+        report(trainer_steps(m, device, batch_size, args.steps))
     print(json.dumps({"benchmark": "gpu_step", "ratios": ratios(results, models)}), flush=True)
 
 

@@ -423,6 +423,8 @@ class EvalConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N, as train.device
     jpeg_draft: bool = False  # JPEG draft decoding (see data.jpeg_draft); off: scores from the exact full decode
     progress: bool = True
+    precision: str = "fp32"  # fp32 | bf16 (autocast on the towers; in-training validation uses train.precision)
+    num_workers: int | str = "auto"  # image decoding processes: auto (as data.num_workers) or a number
 
     def __post_init__(self) -> None:
         if self.chunk_size < 1 or self.batch_size < 1:
@@ -434,6 +436,7 @@ class EvalConfig:
         if bad:
             raise ConfigError(f"eval.recall_k / eval.zeroshot_k: values must be >= 1, got {bad}")
         _check_choice("eval.image_alpha", self.image_alpha, ALPHA_POLICIES)
+        _check_choice("eval.precision", self.precision, ("fp32", "bf16"))
         self._check_data_options()
 
     def _check_data_options(self) -> None:

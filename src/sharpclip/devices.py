@@ -3,7 +3,7 @@
 
     device = resolve_device(cfg.train.device, "train.device")    # auto -> cuda:<LOCAL_RANK> if CUDA, else cpu
     check_precision(cfg.train.precision, device, "train.precision")
-    workers = resolve_num_workers(cfg.data.num_workers)           # auto -> this rank's cores, at most 8
+    workers = resolve_num_workers(cfg.data.num_workers)           # auto -> this rank's cores (quota-aware)
 
 Every other module is device-agnostic: it takes a device (or reads the model's) and never guesses one. Errors are
 `ConfigError`s naming the key and what the machine offers, so `sharpclip train` prints one line.
@@ -11,14 +11,16 @@ Every other module is device-agnostic: it takes a device (or reads the model's) 
 
 from __future__ import annotations
 
+import math
 import os
+from pathlib import Path
 
 import torch
 
 from sharpclip.config import DEVICE_SPEC, ConfigError
 
 AUTO = "auto"
-MAX_AUTO_WORKERS = 8  # beyond this, decoding stops being the bottleneck for one GPU and start-up costs grow
+CGROUP = Path("/sys/fs/cgroup")  # where a container's CPU quota is
 
 
 def check_device_spec(spec: str, key: str) -> None:
@@ -80,20 +82,49 @@ def set_tf32(enabled: bool) -> None:
     torch.backends.cudnn.allow_tf32 = enabled
 
 
+def configure_tf32(device: torch.device, enabled: bool) -> None:
+    """Set TF32 once per process, before any model runs, when `device` is a GPU (train, distill and eval alike);
+    nothing on the CPU, where the flags do not apply."""
+    if device.type == "cuda":
+        set_tf32(enabled)
+
+
+def cpu_quota(root: Path | None = None) -> float | None:
+    """The container's CPU quota in cores (cgroup v2 `cpu.max`, else v1 `cpu.cfs_quota_us` / `cpu.cfs_period_us`),
+    or None when there is none (or no cgroup file to read: not Linux). root: the cgroup mount (CGROUP)."""
+    root = CGROUP if root is None else root
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+        return None if quota_us <= 0 or period_us <= 0 else quota_us / period_us
+    except (OSError, ValueError):
+        return None
+
+
 def cores_for_this_rank() -> int:
-    """CPU cores this process may run on (its affinity mask), shared evenly by the ranks on this node."""
+    """CPU cores this process may use: its affinity mask, within the container's CPU quota (a pod's affinity may list
+    every host core while its quota allows a few), shared evenly by the ranks on this node."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
         cores = os.cpu_count() or 1
+    quota = cpu_quota()
+    if quota is not None:
+        cores = min(cores, max(1, math.ceil(quota)))
     ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     return max(1, cores // ranks_here)
 
 
 def resolve_num_workers(value: int | str, key: str = "data.num_workers") -> int:
-    """`auto`: this rank's cores, at most 8; an integer (or its string) as given."""
+    """`auto`: this rank's cores (quota and affinity, shared by the node's ranks); an integer (or its string) as
+    given."""
     if value == AUTO:
-        return min(MAX_AUTO_WORKERS, cores_for_this_rank())
+        return cores_for_this_rank()
     try:
         workers = int(value)
     except (TypeError, ValueError):

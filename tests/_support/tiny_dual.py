@@ -7,6 +7,8 @@ own longest caption (so token lengths differ across ranks), with edit pairs (row
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import torch
 from torch import Tensor
 
@@ -37,9 +39,9 @@ class TinyDual(TinyTowers):
 class Float64Encoder(FeatureEncoder):
     """The feature encoder without its cast to float32 (the towers here compute in float64)."""
 
-    def __call__(self, batch: Batch) -> dict[str, Tensor]:
+    def __call__(self, batch: Batch, names: Collection[str] | None = None) -> dict[str, Tensor]:
         passes = TowerPasses(self, self.to_device(batch))
-        return {f.name: f.produce(passes) for f in self.rows}
+        return {f.name: f.produce(passes) for f in self.rows if names is None or f.name in names}
 
 
 def tiny_batch(rows: list[int], n: int = 32, seed: int = 1, edits: bool = True) -> Batch:
@@ -117,10 +119,10 @@ def run_case(name: str, mode: str, batch: Batch, device: str = "cpu"):
         micro = split_rows(encoder.to_device(batch), MICRO[mode])
         terms = cached_gradient_step(encoder, micro, lambda f: objective({**f, **encoder.model_inputs()}),
                                      gather=distributed.gather_features)  # fmt: skip
-        result = StepResult({k: float(v) for k, v in terms.items()}, {}, 0)
+        result = StepResult({k: v.detach() for k, v in terms.items()}, {}, 0).read()
     else:
         accumulation = "per_micro_batch" if mode == "per_micro_batch" else "exact"
-        result = run_step(encoder, objective, batch, MICRO[mode], accumulation)
+        result = run_step(encoder, objective, batch, MICRO[mode], accumulation).read()  # the host values
     params = [p for p in model.parameters() if p.requires_grad]
     distributed.average_gradients(params)
     # every rank zero-fills a gradient its loss did not reach (to take part in the all-reduce): count none as zero

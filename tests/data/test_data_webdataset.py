@@ -244,3 +244,21 @@ def test_validate_data_shows_progress_and_says_how_many_shards_it_left_out(tmp_p
     assert len(json.loads((tmp_path / "r.json").read_text())["shards"]) == 10
     assert main(["validate-data", str(tmp_path), "--no-progress", "--json", str(tmp_path / "r.json")]) == 0
     assert "read shards" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("draft", [True, False])
+def test_streams_decode_as_the_map_style_loader_does(tmp_path, monkeypatch, draft):
+    """data.jpeg_draft and data.max_image_pixels apply to webdataset shards too (decoded in this process here)."""
+    from sharpclip.data import stream
+
+    img2dataset(tmp_path, shards=1, per_shard=4)
+    calls = []
+    load = stream.load_image
+    monkeypatch.setattr(stream, "load_image", lambda src, *a: calls.append(a) or load(src, *a))
+    loader = build_loader(cfg(tmp_path, num_workers=0, jpeg_draft=draft, max_image_pixels=1000), "train", PREP,
+                          batch_size=2)  # fmt: skip
+    assert len(next(iter(loader))) == 2
+    size = PREP.image.size
+    assert calls and set(calls) == {(size if draft else None, 1000)}
+    with pytest.raises(BadSampleError, match="pixels"):  # 10 × 8 = 80 pixels > 79: every sample is refused
+        next(iter(build_loader(cfg(tmp_path, num_workers=0, max_image_pixels=79), "train", PREP, batch_size=2)))

@@ -26,10 +26,10 @@ from sharpclip.train.trainer import Trainer
 def record_ids(directory: Path) -> None:
     step = Trainer._train_step
 
-    def recorded(self, batch):
+    def recorded(self, batch, *args):
         with open(directory / f"rank{os.environ.get('RANK', '0')}.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps({"step": self.state.step + 1, "epoch": self.state.epoch, "ids": batch.ids}) + "\n")
-        return step(self, batch)
+        return step(self, batch, *args)
 
     Trainer._train_step = recorded
 

@@ -105,7 +105,7 @@ def test_per_micro_batch_is_the_mean_of_small_losses():
     encoder = FeatureEncoder(model, obj.feature_keys)
     micro = split_rows(batch, 4)
     model.zero_grad()
-    result = run_step(encoder, obj, batch, 4, "per_micro_batch")
+    result = run_step(encoder, obj, batch, 4, "per_micro_batch").read()
     per_micro = model.hf_model.text_projection.weight.grad.clone()
     with torch.no_grad():
         expected = sum(float(obj(objective_inputs(encoder, encoder(mb), mb))["loss"]) for mb in micro) / 4
@@ -132,7 +132,7 @@ def test_encoding_several_micro_batches_a_pass_changes_nothing_but_speed(terms):
     runs = {}
     for encode in (0, 8, 16):
         model.zero_grad()
-        result = run_step(encoder, obj, batch, 4, "per_micro_batch", encode_batch_size=encode)
+        result = run_step(encoder, obj, batch, 4, "per_micro_batch", encode_batch_size=encode).read()
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         runs[encode] = result, grads
     base, base_grads = runs[0]
@@ -178,12 +178,12 @@ def test_exact_with_one_micro_batch_skips_the_cache_and_matches_it(monkeypatch):
     obj = build_objective(LossConfig(terms={"hn": TermConfig("hn_clip")}))
     encoder = FeatureEncoder(model, obj.feature_keys)
     model.zero_grad()
-    cached = step.run_step(encoder, obj, batch, 4, "exact")
+    cached = step.run_step(encoder, obj, batch, 4, "exact").read()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     built = []
     monkeypatch.setattr(step, "CachedFeatures", lambda *a: built.append(a) or pytest.fail("cached"))
     model.zero_grad()
-    whole = step.run_step(encoder, obj, batch, 16, "exact")
+    whole = step.run_step(encoder, obj, batch, 16, "exact").read()
     assert not built
     assert whole.terms == pytest.approx(cached.terms, rel=1e-5) and whole.rows == cached.rows == 16
     for name, p in model.named_parameters():

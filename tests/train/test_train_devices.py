@@ -201,12 +201,17 @@ def test_tf32_is_on_by_default_and_switchable():
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
 
 
-def test_num_workers_auto_is_this_ranks_cores_capped_at_eight(monkeypatch):
+def test_num_workers_auto_is_this_ranks_cores_within_the_cpu_quota(monkeypatch, tmp_path):
+    monkeypatch.setattr(devices, "CGROUP", tmp_path)  # no quota file: no quota
     monkeypatch.setattr(devices.os, "sched_getaffinity", lambda _: set(range(2)), raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     assert devices.resolve_num_workers("auto") == 2
     monkeypatch.setattr(devices.os, "sched_getaffinity", lambda _: set(range(64)), raising=False)
-    assert devices.resolve_num_workers("auto") == 8
+    assert devices.resolve_num_workers("auto") == 64  # not capped below what the cores allow
+    (tmp_path / "cpu.max").write_text("450000 100000\n")  # a pod allowed 4.5 cores on a 64-core host
+    assert devices.cpu_quota() == 4.5 and devices.resolve_num_workers("auto") == 5
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert devices.cpu_quota() is None
     monkeypatch.setattr(devices.os, "sched_getaffinity", lambda _: set(range(12)), raising=False)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # four ranks share the node's 12 cores
     assert devices.resolve_num_workers("auto") == 3
@@ -326,18 +331,20 @@ def test_gradient_checkpointing_under_exact_accumulation_gives_the_same_gradient
 
 
 def test_a_compile_failure_says_which_key_turns_it_off(tmp_path, monkeypatch):
+    from torch._inductor.exc import InductorError
+
     import sharpclip.train.trainer as trainer_module
 
     def broken_compile(model):  # what a missing compiler does: the first call of the compiled tower raises
         def fail(*args, **kwargs):
-            raise RuntimeError("InductorError: no working C++ compiler found\nlong traceback")
+            raise InductorError(RuntimeError("no working C++ compiler found\nlong traceback"), None)
 
         model.vision_model.forward = fail
 
     monkeypatch.setattr(trainer_module, "compile_towers", broken_compile)
     trainer, _ = _trainer(tmp_path, "cpu", max_steps=1, compile=True)
     with pytest.raises(RuntimeError, match=r"^train.compile: torch.compile could not compile the towers on cpu "
-                                           r"\(RuntimeError: InductorError: no working C\+\+ compiler found\); "
+                                           r"\(InductorError: RuntimeError: no working C\+\+ compiler found\); "
                                            r"train without it: train.compile=false$"):  # fmt: skip
         trainer.fit()
 

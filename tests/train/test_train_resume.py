@@ -225,7 +225,7 @@ def test_a_newest_checkpoint_whose_weights_do_not_fit_the_model_falls_back(data,
 
 
 def _without_speed(records: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if k != "samples_per_s"} for r in records]
+    return [{k: v for k, v in r.items() if k not in ("samples_per_s", "data_wait_s")} for r in records]
 
 
 def test_a_kill_after_the_last_checkpoint_before_the_epochs_end_runs_the_final_validation_on_resume(

@@ -278,7 +278,7 @@ def test_per_micro_batch_counts_every_micro_batch(tmp_path):
         parts = [encoder(mb) for mb in split_rows(batch, 4)]
         expected = [infonce_saturation(f["image"], f["text"], trainer.model.logit_scale) for f in parts]
     trainer.model.zero_grad()
-    result = run_step(encoder, trainer.objective, batch, 4, "per_micro_batch")
+    result = run_step(encoder, trainer.objective, batch, 4, "per_micro_batch").read()
     assert result.rows == 16
     assert result.monitor["matrices_monitor"] == 4
     assert result.monitor["infonce_monitor"] == pytest.approx(sum(float(m["infonce"]) for m in expected) / 4, rel=1e-5)

@@ -149,7 +149,7 @@ def build_loader(
     if cfg.format == "webdataset":  # streamed, not indexed: data.stream
         return build_stream_loader(
             cfg, split, tokenize, batch_size=batch_size, image_transform=transform, rank=rank,
-            world_size=world_size, seed=seed, train=train, pin_memory=pin_memory,
+            world_size=world_size, seed=seed, train=train, pin_memory=pin_memory, draft_size=draft,
         )  # fmt: skip
     dataset = build_dataset(cfg, split, transform, seed, draft)
     workers = cfg.num_workers

@@ -80,6 +80,7 @@ class StreamSettings:
     world_size: int = 1
     seed: int = 0
     train: bool = True
+    draft_size: int | None = None  # JPEG draft decoding to sides >= this (data.jpeg_draft), as the map-style loader
 
 
 class ShardStream(IterableDataset):
@@ -114,7 +115,8 @@ class ShardStream(IterableDataset):
         row = Row(serial, sample.id, sample.image, None, sample.short_caption, _unit(sample, serial))
         caption = wds_format.pick_caption(sample, self.cfg, self.settings.seed, self.epoch)
         try:
-            return Item(replace(row, caption=caption), self.transform(load_image(sample.image)), caption)
+            image = load_image(sample.image, self.settings.draft_size, self.cfg.max_image_pixels)
+            return Item(replace(row, caption=caption), self.transform(image), caption)
         except ImageLoadError as err:  # returned, not raised: StreamLoader applies the policy in the main process
             return BadSample(sample.source, sample.id, err.reason)
 
@@ -286,8 +288,10 @@ def build_stream_loader(
     seed: int = 0,
     train: bool = True,
     pin_memory: bool = False,
+    draft_size: int | None = None,
 ) -> StreamLoader:
-    """A `StreamLoader` of `split`'s shards for this rank (see the module docstring)."""
+    """A `StreamLoader` of `split`'s shards for this rank (see the module docstring); images decode as the map-style
+    loader's: JPEG draft to `draft_size` (data.jpeg_draft), refused over `data.max_image_pixels`."""
     urls = wds_format.shard_urls(cfg, split)
     num_workers = resolve_num_workers(cfg.num_workers)
     workers = max(num_workers, 1)
@@ -303,7 +307,7 @@ def build_stream_loader(
                 length, batch_size, length * batch_size * world_size, sum(counts), unused,
                 100 * unused / sum(counts))  # fmt: skip
     with_short = _has_short(urls[0], cfg)
-    settings = StreamSettings(batch_size, rank, world_size, seed, train)
+    settings = StreamSettings(batch_size, rank, world_size, seed, train, draft_size)
     stream = ShardStream(urls, cfg, image_transform, Collator(tokenize, with_short), settings)
     return StreamLoader(stream, length, num_workers, pin_memory)
 

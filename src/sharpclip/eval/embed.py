@@ -4,6 +4,11 @@ Evaluators depend on the small `Embedder` protocol (two callables returning L2-n
 a model class. `ModelEmbedder` adapts any dual encoder with `encode_image(pixel_values)` / `encode_text(input_ids,
 attention_mask)` (sharpclip.models.DualEncoder) given its image preprocessing and tokenizer, and counts how many
 captions the tokenizer truncated (recorded in the eval manifest).
+
+Images are decoded and preprocessed by a DataLoader (`num_workers` processes, pinned batches on a GPU), as training
+batches are, and the towers run under the precision given (bf16: autocast, embeddings returned in float32), so a
+validation during training runs at training speed. `ShardedEmbedder` splits the work over the ranks of a
+distributed run and gathers the embeddings, so that no rank repeats another's.
 """
 
 from __future__ import annotations
@@ -119,6 +124,19 @@ def _load(ref: Any, draft_size: int | None = None) -> Any:
     return load_source(ref, draft_size)  # bytes, PIL images, parquet cells
 
 
+class _Pixels(torch.utils.data.Dataset):
+    """refs[i] -> (3, H, W) preprocessed pixels (what the embedder's DataLoader workers run)."""
+
+    def __init__(self, refs: Sequence[Any], preprocess: Callable[[Any], Tensor], draft_size: int | None) -> None:
+        self.refs, self.preprocess, self.draft_size = refs, preprocess, draft_size
+
+    def __len__(self) -> int:
+        return len(self.refs)
+
+    def __getitem__(self, i: int) -> Tensor:
+        return self.preprocess(_load(self.refs[i], self.draft_size))
+
+
 class ModelEmbedder:
     """Batches images and captions through a dual encoder without gradients, with a progress bar.
 
@@ -126,6 +144,7 @@ class ModelEmbedder:
     (data.transforms.TextTokenizer). `num_truncated` counts captions longer than the context length.
     device: where inputs go; default the model's own (its parameters' device), so a model trained on a GPU is
     evaluated there. jpeg_draft: JPEG draft decoding to the preprocessing's size (off by default: exact pixels).
+    num_workers: image decoding processes (0: in this process). precision: fp32, or bf16 (autocast on the towers).
     """
 
     def __init__(
@@ -137,11 +156,14 @@ class ModelEmbedder:
         device: str | torch.device | None = None,
         progress: bool = True,
         jpeg_draft: bool = False,
+        num_workers: int = 0,
+        precision: str = "fp32",
     ) -> None:
         self.model, self.preprocess, self.tokenizer = model, preprocess, tokenizer
         self.batch_size, self.progress = batch_size, progress
         self.device = torch.device(device) if device is not None else _model_device(model)
         self.draft_size = getattr(preprocess, "size", None) if jpeg_draft else None
+        self.num_workers, self.precision = num_workers, precision
         self.num_captions = 0
         self.num_truncated = 0
 
@@ -149,14 +171,24 @@ class ModelEmbedder:
         starts = range(0, len(items), self.batch_size)
         return tqdm(starts, desc=f"embed {what}", disable=not self.progress, unit="batch")
 
+    def _autocast(self) -> Any:
+        enabled = self.precision == "bf16"
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled)
+
     @torch.no_grad()
     def images(self, refs: Sequence[Any]) -> Tensor:
         """Load, preprocess and encode `refs` in batches of `batch_size`; (N, D) on the CPU."""
+        workers = min(self.num_workers, -(-len(refs) // self.batch_size))  # no more workers than batches
+        loader = torch.utils.data.DataLoader(
+            _Pixels(refs, self.preprocess, self.draft_size), batch_size=self.batch_size, num_workers=workers,
+            pin_memory=self.device.type == "cuda", prefetch_factor=4 if workers else None,
+        )  # fmt: skip
+        bar = tqdm(loader, desc="embed images", disable=not self.progress, unit="batch")
         out = []
-        for s in self._batches(refs, "images"):
-            pixels = torch.stack([self.preprocess(_load(r, self.draft_size)) for r in refs[s : s + self.batch_size]])
-            out.append(_embedding(self.model.encode_image(pixels.to(self.device))).cpu())
-        return torch.cat(out)
+        for pixels in bar:
+            with self._autocast():
+                out.append(_embedding(self.model.encode_image(pixels.to(self.device, non_blocking=True))))
+        return torch.cat(out).cpu() if out else torch.empty(0)
 
     @torch.no_grad()
     def texts(self, captions: Sequence[str]) -> Tensor:
@@ -167,8 +199,41 @@ class ModelEmbedder:
             self.num_captions += len(batch)
             self.num_truncated += sum(n > self.tokenizer.context_length for n in self.tokenizer.lengths(batch))
             ids, mask = self.tokenizer(batch)
-            out.append(_embedding(self.model.encode_text(ids.to(self.device), mask.to(self.device))).cpu())
-        return torch.cat(out)
+            with self._autocast():
+                out.append(_embedding(self.model.encode_text(ids.to(self.device), mask.to(self.device))))
+        return torch.cat(out).cpu() if out else torch.empty(0)
+
+
+Gather = Callable[[Tensor], list[Tensor]]  # this rank's rows -> every rank's, in rank order
+
+
+class ShardedEmbedder:
+    """An Embedder whose rank `rank` of `world` embeds every world-th item (from `rank` on) and `gather` collects
+    the ranks' shards: each item is embedded once over the ranks, and every rank receives all (N, D) in order."""
+
+    def __init__(self, inner: Embedder, rank: int, world: int, gather: Gather) -> None:
+        self.inner, self.rank, self.world, self.gather = inner, rank, world, gather
+
+    def __getattr__(self, name: str) -> Any:  # device, preprocess, num_truncated, ... for the manifest
+        return getattr(self.inner, name)
+
+    def _sharded(self, items: Sequence[Any], embed: Callable[[list], Tensor]) -> Tensor:
+        mine = embed(list(items[self.rank :: self.world]))
+        shards = [s.cpu() for s in self.gather(mine)]
+        width = max(s.shape[-1] if s.ndim == 2 else 0 for s in shards)
+        out = torch.empty(len(items), width)
+        for r, shard in enumerate(shards):
+            if shard.numel():  # a rank past the last item has nothing
+                out[r :: self.world] = shard
+        return out
+
+    def images(self, refs: Sequence[Any]) -> Tensor:
+        """(N, D) image embeddings, this rank's share embedded here."""
+        return self._sharded(refs, self.inner.images)
+
+    def texts(self, captions: Sequence[str]) -> Tensor:
+        """(N, D) caption embeddings, this rank's share embedded here."""
+        return self._sharded(captions, self.inner.texts)
 
 
 class CachedEmbedder:

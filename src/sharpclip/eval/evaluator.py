@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from sharpclip.config import VALIDATION_KS, EvalConfig
-from sharpclip.devices import resolve_device
+from sharpclip.devices import resolve_device, resolve_num_workers
 from sharpclip.eval.embed import Embedder, ModelEmbedder
 from sharpclip.eval.retrieval import RetrievalSet, evaluate_retrieval, from_samples
 from sharpclip.models.base import DualEncoder
@@ -31,16 +31,19 @@ def model_embedder(
     device: str | torch.device | None = None,
     progress: bool = False,
     jpeg_draft: bool = False,
+    num_workers: int = 0,
+    precision: str = "fp32",
 ) -> ModelEmbedder:
     """An Embedder over `model` with the preprocessing the model decides (models.preprocessing.model_transforms).
 
     device: None leaves the model where it is and embeds there (a model being trained is never moved); otherwise the
     model is moved to `device` first. alpha: the transparency policy (data.image_alpha / eval.image_alpha).
+    num_workers: image decoding processes; precision: fp32 or bf16 (autocast), as the training run's.
     """
     if device is not None:
         model.to(device)
     preprocess, tokenizer = model_transforms(model, alpha=alpha)
-    return ModelEmbedder(model, preprocess, tokenizer, batch_size, device, progress, jpeg_draft)
+    return ModelEmbedder(model, preprocess, tokenizer, batch_size, device, progress, jpeg_draft, num_workers, precision)
 
 
 def as_embedder(model: Any, cfg: EvalConfig) -> Embedder:
@@ -48,7 +51,9 @@ def as_embedder(model: Any, cfg: EvalConfig) -> Embedder:
     if isinstance(model, Embedder):
         return model
     device = resolve_device(cfg.device, "eval.device")
-    return model_embedder(model, cfg.image_alpha, cfg.batch_size, device, cfg.progress, cfg.jpeg_draft)
+    workers = resolve_num_workers(cfg.num_workers, "eval.num_workers")
+    return model_embedder(model, cfg.image_alpha, cfg.batch_size, device, cfg.progress, cfg.jpeg_draft, workers,
+                          cfg.precision)  # fmt: skip
 
 
 def flat_retrieval(metrics: dict[str, Any], ks: Sequence[int]) -> dict[str, float]:
@@ -63,13 +68,19 @@ def retrieval_validator(
     alpha: str = "drop",
     ks: Sequence[int] = VALIDATION_KS,
     batch_size: int = 64,
+    num_workers: int = 0,
+    precision: str = "fp32",
+    wrap: Callable[[Embedder], Embedder] | None = None,
 ) -> Evaluate:
     """A Trainer's `evaluate`: R@K both directions over `samples` (pair samples, or a RetrievalSet named `name`) and
-    `mean_R@1`, the best-checkpoint key; embedded where the model is, without progress bars."""
+    `mean_R@1`, the best-checkpoint key; embedded where the model is, without progress bars, with `num_workers`
+    decoding processes at `precision`. wrap: applied to the embedder (the trainer shards it over ranks)."""
     dataset = samples if isinstance(samples, RetrievalSet) else from_samples(name, samples)
 
     def evaluate(model: DualEncoder) -> dict[str, float]:
-        embedder = model_embedder(model, alpha, batch_size)
+        embedder: Embedder = model_embedder(model, alpha, batch_size, num_workers=num_workers, precision=precision)
+        if wrap is not None:
+            embedder = wrap(embedder)
         return flat_retrieval(evaluate_retrieval(embedder, dataset, ks), ks)
 
     return evaluate

@@ -11,11 +11,13 @@ with the highest target metric; ties go to the earliest candidate. When no candi
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from sharpclip.config import DataConfig, EvalConfig, GuardConfig
+from sharpclip.eval.embed import Embedder
+from sharpclip.eval.evaluator import as_embedder
 from sharpclip.eval.suite import run_suite
 
 MEAN_R1 = "mean_R@1"  # derived key of a retrieval suite: (t2i R@1 + i2t R@1) / 2
@@ -40,12 +42,19 @@ def suites_for(paths: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(path.split("/")[0] for path in paths))
 
 
-def evaluate_guards(model: Any, guards: Sequence[Guard], cfg: EvalConfig, data: DataConfig | None) -> dict[str, Any]:
+def evaluate_guards(
+    model: Any,
+    guards: Sequence[Guard],
+    cfg: EvalConfig,
+    data: DataConfig | None,
+    wrap: Callable[[Embedder], Embedder] | None = None,
+) -> dict[str, Any]:
     """The evaluation report of the guards' suites for `model`, on the device its parameters are on (a model being
-    trained is never moved), without progress bars."""
+    trained is never moved), without progress bars; `wrap`: applied to the model's embedder (sharding over ranks)."""
     device = str(next(model.parameters()).device)
     suites = suites_for([g.metric for g in guards])
-    return run_suite(model, replace(cfg, suites=suites, device=device, progress=False), data).results
+    cfg = replace(cfg, suites=suites, device=device, progress=False)
+    return run_suite(wrap(as_embedder(model, cfg)) if wrap else model, cfg, data).results
 
 
 def guard_metrics(

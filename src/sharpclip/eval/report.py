@@ -109,6 +109,11 @@ def suite_manifest(result: SuiteResult, model: Any, cfg: EvalConfig, model_name:
     settings = asdict(cfg)
     if getattr(emb, "device", None) is not None:
         settings["device"] = str(emb.device)  # the resolved device, not "auto"
+        cuda = emb.device.type == "cuda"
+        settings["tf32"] = bool(torch.backends.cuda.matmul.allow_tf32) if cuda else None  # matmul precision used
+    if getattr(emb, "num_workers", None) is not None:
+        settings["num_workers"] = emb.num_workers  # resolved from "auto"
+    settings["precision"] = getattr(emb, "precision", "fp32")  # what the towers ran at (bf16: autocast)
     return build_manifest(
         model=model_record(model, model_name) if is_module else {"name": model_name, "class": type(model).__name__},
         image=image,

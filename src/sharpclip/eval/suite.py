@@ -18,6 +18,7 @@ from sharpclip.config import DataConfig, EvalConfig, load_config
 from sharpclip.data import read_edit_samples, read_samples
 from sharpclip.data.overlap import check_overlap, sample_images
 from sharpclip.data.schema import log
+from sharpclip.devices import configure_tf32, resolve_device
 from sharpclip.eval.benchmarks import eval_images, image_files, load_eval_set, suite_root
 from sharpclip.eval.embed import CachedEmbedder
 from sharpclip.eval.evaluator import as_embedder
@@ -104,6 +105,8 @@ def run_eval(cfg: Any, model: Any = None) -> list[Path]:
     When the training data is known (the config's data section, or the run that wrote the checkpoint being
     evaluated), every suite is first checked against the images of its training split: shared images refuse the
     run unless data.overlap=warn."""
+    device = resolve_device(cfg.eval.device, "eval.device")
+    configure_tf32(device, cfg.train.tf32)  # before any model runs; the manifest records it
     if model is None:
         model = create_model(cfg.model)
     trained_on = training_data(cfg)

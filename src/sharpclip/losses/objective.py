@@ -86,12 +86,13 @@ class Objective:
         out["loss"] = total  # type: ignore[assignment]
         return out
 
-    def diagnose(self, features: Mapping[str, Tensor]) -> dict[str, float]:
-        """The diagnostic terms' values on `features` (no gradient), flattened: {name: value}."""
-        out: dict[str, float] = {}
+    def diagnose(self, features: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """The diagnostic terms' values on `features` (no gradient), flattened: {name: 0-dim tensor}. They stay on
+        the features' device, so that evaluating them between forward and backward waits for nothing."""
+        out: dict[str, Tensor] = {}
         for term in self.terms:
             if term.diagnostic:
-                out.update({k: float(v) for k, v in term(features).items()})
+                out.update({k: v.detach() for k, v in term(features).items()})
         return out
 
     def bindings(self) -> Iterator[tuple[str, str, str]]:

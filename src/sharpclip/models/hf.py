@@ -10,6 +10,12 @@ the text `head` that projects the pooled token.
 
 SigLIP was trained on captions padded to the full length with padding attended to, and pools the last position; its
 adapter therefore does not pass `attention_mask` to the tower (the mask only marks real tokens for the token term).
+
+CLIP's text tower (OpenAI CLIP, Long-CLIP, the RoPE tower of models.rope) is causal and pools its end-of-text token.
+With captions padded on the right, no real token can attend to a padding token, so the tower runs without the
+padding mask: its embeddings and real-token states are exactly the masked run's, attention gets `attn_mask=None,
+is_causal=True` (flash-eligible on a GPU), and transformers does not read the mask on the host mid-forward. A
+tokenizer that pads on the left keeps the mask. The mask still marks the real tokens for the token term (FILIP).
 """
 
 from __future__ import annotations
@@ -77,9 +83,16 @@ class CLIPDualEncoder(HFDualEncoder):
         mask = torch.ones(patches.shape[:2], dtype=torch.bool, device=patches.device)
         return Embeddings(emb, patches, mask)
 
+    @property
+    def pads_left(self) -> bool:
+        """True when the tokenizer pads captions on the left: then the causal tower needs the padding mask."""
+        return getattr(self.tokenizer, "padding_side", "right") == "left"
+
     def encode_text(self, input_ids: Tensor, attention_mask: Tensor | None = None, tokens: bool = False) -> Embeddings:
-        """Projected eos embedding; with `tokens`, projected token states and a real-token mask (else up to eos)."""
-        out = self.text_model(input_ids=input_ids, attention_mask=attention_mask)
+        """Projected eos embedding; with `tokens`, projected token states and a real-token mask (else up to eos).
+        The tower reads the mask only under left padding (see the module docstring)."""
+        tower_mask = attention_mask if self.pads_left else None
+        out = self.text_model(input_ids=input_ids, attention_mask=tower_mask)
         proj = self.hf_model.text_projection
         emb = normalize(proj(out.pooler_output))
         if not tokens:

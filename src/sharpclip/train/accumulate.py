@@ -17,7 +17,7 @@ paper's effective batch of 128 was 16 × 8 that way) needs no machinery and is w
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,7 @@ from torch import Tensor
 
 Features = dict[str, Tensor]
 EncodeFn = Callable[[Any], Mapping[str, Tensor]]  # micro-batch -> per-sample features, dim 0 = samples
+ReplayFn = Callable[[Any, Collection[str]], Mapping[str, Tensor]]  # micro-batch, names -> those features
 LossFn = Callable[[Mapping[str, Tensor]], Mapping[str, Tensor]]  # global features -> {"loss": ..., term: ...}
 GatherFn = Callable[[Mapping[str, Tensor]], Mapping[str, Tensor]]
 NoSyncFn = Callable[[], contextlib.AbstractContextManager]
@@ -76,18 +77,18 @@ def concat_features(parts: Sequence[Mapping[str, Tensor]]) -> Features:
     return out
 
 
-def _split_like(full: Tensor, parts: Sequence[Tensor]) -> list[Tensor]:
-    """Undo `concat_features` for one key: slice rows and strip the padding of each micro-batch."""
+def _split_like(full: Tensor, shapes: Sequence[torch.Size]) -> list[Tensor]:
+    """Undo `concat_features` for one key: slice rows and strip the padding of each micro-batch (its `shapes`)."""
     out, start = [], 0
-    for p in parts:
-        block = full[start : start + p.shape[0]]
-        out.append(block[tuple(slice(0, n) for n in p.shape)])
-        start += p.shape[0]
+    for shape in shapes:
+        block = full[start : start + shape[0]]
+        out.append(block[tuple(slice(0, n) for n in shape)])
+        start += shape[0]
     return out
 
 
-def _as_leaves(features: Mapping[str, Tensor]) -> Features:
-    return {k: v.detach().requires_grad_(v.is_floating_point()) for k, v in features.items()}
+def _as_leaves(features: Mapping[str, Tensor], constant: Collection[str] = ()) -> Features:
+    return {k: v.detach().requires_grad_(v.is_floating_point() and k not in constant) for k, v in features.items()}
 
 
 class CachedFeatures:
@@ -100,18 +101,31 @@ class CachedFeatures:
 
     encode: runs the towers on one micro-batch (the caller applies autocast there if wanted); dim 0 = samples.
     device: the training device; on a GPU its generator is replayed with the CPU's, so dropout masks match.
+    constant: features that receive no gradient (a frozen tower's): their leaves do not require grad.
+    replay: `(micro-batch, names) -> features` computing only `names`, the features whose leaves received a
+    gradient (default: `encode`, all of them); the replay then skips what needs no graph (frozen towers).
     `leaves` are the (B, ...) features of all micro-batches, detached, floating ones requiring grad. Parameters that
-    live in the loss (the logit scale and bias) receive their gradient in step 2, once.
+    live in the loss (the logit scale and bias) receive their gradient in step 2, once. Only the micro-batches'
+    shapes are kept besides the leaves, not a second copy of their features.
     """
 
-    def __init__(self, encode: EncodeFn, micro_batches: Sequence[Any], device: torch.device | None = None):
+    def __init__(
+        self,
+        encode: EncodeFn,
+        micro_batches: Sequence[Any],
+        device: torch.device | None = None,
+        constant: Collection[str] = (),
+        replay: ReplayFn | None = None,
+    ):
         self.encode, self.micro_batches = encode, list(micro_batches)
-        self.states, self.parts = [], []
+        self.replay = replay or (lambda mb, names: encode(mb))
+        self.states, parts = [], []
         for mb in self.micro_batches:
             self.states.append(RngState.capture(device))
             with torch.no_grad():
-                self.parts.append({k: v.detach() for k, v in encode(mb).items()})
-        self.leaves = _as_leaves(concat_features(self.parts))
+                parts.append({k: v.detach() for k, v in encode(mb).items()})
+        self.shapes = [{k: v.shape for k, v in p.items()} for p in parts]
+        self.leaves = _as_leaves(concat_features(parts), constant)
 
     def backward(self, no_sync: NoSyncFn = contextlib.nullcontext) -> None:
         """Step 3, once the loss was backpropagated to `leaves`: each micro-batch's share of ∂L/∂θ into `.grad`.
@@ -119,12 +133,12 @@ class CachedFeatures:
         no_sync: context that suspends DDP's gradient all-reduce; entered for every replay but the last.
         """
         grads = {
-            k: _split_like(v.grad, [p[k] for p in self.parts]) for k, v in self.leaves.items() if v.grad is not None
+            k: _split_like(v.grad, [p[k] for p in self.shapes]) for k, v in self.leaves.items() if v.grad is not None
         }
         last = len(self.micro_batches) - 1
         for j, (mb, state) in enumerate(zip(self.micro_batches, self.states, strict=True)):
             with no_sync() if j < last else contextlib.nullcontext(), state.replay():
-                fresh = self.encode(mb)
+                fresh = self.replay(mb, frozenset(grads))
                 surrogate = sum((fresh[k] * g[j]).sum() for k, g in grads.items())
                 if isinstance(surrogate, Tensor) and surrogate.requires_grad:
                     surrogate.backward()

@@ -19,6 +19,9 @@ record also lists, per micro-batch, its InfoNCE and whether its own InfoNCE grad
 (micro_loss_infonce, micro_grad_zero_infonce); the step's gradient is their mean, as in training. As in training,
 each micro-batch's matrix is built from one rank's rows alone (`micro_batch_size` rows at every world size), and the
 lists hold every rank's micro-batches, in rank order.
+
+Memory: gradients are kept per parameter (the `.grad` tensors themselves, taken out of the model), never flattened
+into one copy; norms come from `torch._foreach_norm` and the cosine from per-parameter dot products.
 """
 
 from __future__ import annotations
@@ -48,11 +51,28 @@ _KEYS = {
 }
 
 
-def _flat_grad(params: list[torch.nn.Parameter], average: bool = True) -> Tensor:
-    """Every parameter's gradient, flattened (zeros where none); `average`: first averaged over ranks."""
+Grads = list[Tensor]  # one gradient per trainable parameter
+
+
+def _take_grads(params: list[torch.nn.Parameter], average: bool = True) -> Grads:
+    """The parameters' gradients (`average`: first averaged over ranks), taken out of the model (every `.grad` is
+    None afterwards)."""
     if average:
         distributed.average_gradients(params)
-    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten().float() for p in params])
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    for p in params:
+        p.grad = None
+    return grads
+
+
+def _norm(grads: Grads) -> Tensor:
+    """‖g‖ over all parameters (fp32), from per-parameter norms."""
+    return torch.linalg.vector_norm(torch.stack([n.float() for n in torch._foreach_norm(grads)]))
+
+
+def _dot(a: Grads, b: Grads) -> Tensor:
+    """⟨a, b⟩ over all parameters, one dot product per parameter (flattened views, no copies)."""
+    return sum(torch.dot(x.reshape(-1).float(), y.reshape(-1).float()) for x, y in zip(a, b, strict=True))
 
 
 def margin_stats(text: Tensor) -> dict[str, float]:
@@ -72,18 +92,25 @@ def _per_micro_batch(encoder: FeatureEncoder, micro: list[Batch], fn, params: li
         feats = encoder(mb)
         loss = fn(feats["image"], feats["text"], encoder.model.logit_scale)
         loss.backward()
-        grad = _flat_grad(params, average=False)
+        grad = _take_grads(params, average=False)
         losses.append(float(loss.detach()))
-        zero.append(float(grad.norm() == 0.0))
+        zero.append(float(_norm(grad) == 0.0))
         margins.append(margin_stats(feats["text"].detach()))
-        total = grad if total is None else total + grad
+        if total is None:
+            total = grad
+        else:
+            torch._foreach_add_(total, grad)
+        del grad
     losses, zero, margins = (distributed.all_ranks_lists(x) for x in (losses, zero, margins))
-    total = distributed.all_reduce_sum(total if total is not None else _flat_grad(params, average=False) * 0.0)
+    for p, g in zip(params, total or [None] * len(params), strict=True):  # the sum, back in place to be reduced
+        p.grad = g
+    total = _take_grads(params)  # every rank's sum, averaged over ranks: the sum over ranks / W
+    torch._foreach_mul_(total, distributed.world_size() / len(losses))  # the mean over every rank's micro-batches
     record["_zero"], record["_margin"] = zero, margins
-    return sum(losses) / len(losses), total / len(losses), losses
+    return sum(losses) / len(losses), total, losses
 
 
-def _whole_batch(encoder: FeatureEncoder, micro: list[Batch], fn, params: list) -> tuple[float, Tensor, dict]:
+def _whole_batch(encoder: FeatureEncoder, micro: list[Batch], fn, params: list) -> tuple[float, Grads, dict]:
     """The loss over the whole batch (cached gradients, as training), its gradient and the batch's Ḡ statistics."""
     cache = CachedFeatures(encoder, micro, encoder.device)
     feats = distributed.gather_features(cache.leaves)
@@ -91,7 +118,7 @@ def _whole_batch(encoder: FeatureEncoder, micro: list[Batch], fn, params: list) 
     loss.backward()
     cache.backward()
     stats = {**margin_stats(feats["text"].detach()), "batch_rows": len(feats["text"])}
-    return float(loss.detach()), _flat_grad(params), stats
+    return float(loss.detach()), _take_grads(params), stats
 
 
 def gradient_diagnostics(
@@ -120,9 +147,9 @@ def gradient_diagnostics(
         if name == "hn":
             record.update(stats)
     model.zero_grad(set_to_none=True)
-    norm_c, norm_h = float(grads["infonce"].norm()), float(grads["hn"].norm())
+    norm_c, norm_h = float(_norm(grads["infonce"])), float(_norm(grads["hn"]))
     both = norm_c > 0 and norm_h > 0
-    cosine = float(torch.nn.functional.cosine_similarity(grads["infonce"], grads["hn"], dim=0)) if both else math.nan
+    cosine = float(_dot(grads["infonce"], grads["hn"])) / (norm_c * norm_h) if both else math.nan
     record.update(
         {
             GRAD_NORM_INFONCE: norm_c,

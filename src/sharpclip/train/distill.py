@@ -79,6 +79,7 @@ def agreement(teacher: HFDualEncoder, student: HFDualEncoder, captions: Sequence
 def run_distill(cfg: Config, captions_file: str | Path, out_dir: str | Path) -> str:
     """The `sharpclip distill` command: 5% of the captions (at least one) are held out for the closing report."""
     device = devices.resolve_device(cfg.train.device, "train.device")
+    devices.configure_tf32(device, cfg.train.tf32)  # before any model runs
     distributed.init_from_env(device, cfg.train.dist_timeout_min)
     teacher_cfg = replace(cfg.model, text_encoder="absolute", context_length=None, adapter=AdapterConfig())
     teacher = create_model(teacher_cfg)

@@ -229,6 +229,14 @@ def check_provided(objective: Objective, provided: Collection[str], source: str)
             )
 
 
+def frozen_text_copy(model: DualEncoder) -> DualEncoder:
+    """A frozen copy of `model` for `encode_text` only: the vision tower is not copied (None in the copy), which
+    spares a ViT-L its ~1.2 GB of fp32 weights."""
+    vision = getattr(model, "vision_model", None)
+    skip = {id(vision): None} if vision is not None else {}  # deepcopy's memo: "already copied", as None
+    return copy.deepcopy(model, memo=skip).eval().requires_grad_(False)
+
+
 def model_device(model: torch.nn.Module) -> torch.device:
     """The device of a model's parameters (the training device: the trainer moved the model there)."""
     return next(model.parameters()).device
@@ -268,7 +276,7 @@ class FeatureEncoder:
         if TEACHER in needs and TEACHER not in self.towers:
             raise ValueError("the objective reads 'teacher' but no teacher tower was given")
         if FROZEN_TEXT in needs:  # HN-CLIP Table 3c: Ḡ from the initial text tower, frozen
-            self.towers[FROZEN_TEXT] = copy.deepcopy(model).eval().requires_grad_(False)
+            self.towers[FROZEN_TEXT] = frozen_text_copy(model)
 
     def to(self, device: torch.device) -> FeatureEncoder:
         """Move the model and every frozen tower to `device`."""
@@ -290,13 +298,20 @@ class FeatureEncoder:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
 
-    def __call__(self, batch: Batch) -> dict[str, Tensor]:
-        """The row features of a (micro-)batch, float32 (masks bool), in table order."""
+    def __call__(self, batch: Batch, names: Collection[str] | None = None) -> dict[str, Tensor]:
+        """The row features of a (micro-)batch, float32 (masks bool), in table order; `names`: only those (the
+        exact replay asks for the features that received a gradient, so frozen towers do not run again)."""
         batch = self.to_device(batch)
         passes = TowerPasses(self, batch)
+        rows = self.rows if names is None else [f for f in self.rows if f.name in names]
         with self._autocast():
-            feats = {f.name: f.produce(passes) for f in self.rows}
+            feats = {f.name: f.produce(passes) for f in rows}
         return {k: v.float() if v.is_floating_point() else v for k, v in feats.items()}
+
+    @property
+    def constant(self) -> frozenset[str]:
+        """Row features that never carry a gradient: those of the frozen towers (Ḡ's text tower, the teacher)."""
+        return frozenset(f.name for f in self.rows if f.needs in (FROZEN_TEXT, TEACHER))
 
     def with_edits(self, rows: Mapping[str, Tensor], batch: Batch) -> dict[str, Tensor]:
         """`rows` (the row features of all of `batch`) plus the edit features picked by its edit index."""

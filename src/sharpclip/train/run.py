@@ -21,6 +21,7 @@ import json
 import logging
 import secrets
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -36,7 +37,7 @@ from sharpclip.losses import Objective
 from sharpclip.models.base import DualEncoder
 from sharpclip.models.factory import create_model, save_checkpoint
 from sharpclip.models.preprocessing import model_transforms
-from sharpclip.train import checkpoint, distributed, run_dir
+from sharpclip.train import checkpoint, distributed, run_dir, validation
 from sharpclip.train import resume as resume_policy
 from sharpclip.train.features import build_objective, check_provided
 from sharpclip.train.logging import log
@@ -104,17 +105,19 @@ def guarded_validator(evaluate: Callable, model: DualEncoder, cfg: Config, data:
     RUN/guards_initial.json, which a resume reads back instead of evaluating the trained weights as "initial".
     """
     guards, path = cfg.train.guards, run_dir / GUARDS_INITIAL
+    eval_cfg = replace(cfg.eval, precision=cfg.train.precision, num_workers=cfg.data.num_workers)  # training's
     if path.is_file():
         initial = json.loads(path.read_text())
     else:
-        initial = evaluate_guards(model, guards, cfg.eval, data)
+        initial = evaluate_guards(model, guards, eval_cfg, data, validation.shard)
         if distributed.rank() == 0:  # atomically: another rank may be reading it (all ranks compute the same)
             path.with_suffix(".tmp").write_text(json.dumps(initial, indent=2, default=float) + "\n")
             path.with_suffix(".tmp").replace(path)
     log.info("guards: %s, measured against the initial model (%s)", ", ".join(g.metric for g in guards), path.name)
 
     def validate(model: DualEncoder) -> dict[str, float]:
-        metrics, crossed = guard_metrics(evaluate_guards(model, guards, cfg.eval, data), initial, guards)
+        metrics, crossed = guard_metrics(evaluate_guards(model, guards, eval_cfg, data, validation.shard), initial,
+                                         guards)  # fmt: skip
         if crossed:
             log.warning("guards: floor crossed by %s; this evaluation cannot make its checkpoint the best",
                         "; ".join(crossed))  # fmt: skip
@@ -186,7 +189,10 @@ def build_trainer(cfg: Config, evaluate: Evaluate | None = None) -> Trainer:
         data, data.train_split, preprocessing, batch_size=cfg.train.batch_size // world, rank=rank,
         world_size=world, seed=cfg.train.seed, pin_memory=device.type == "cuda",
     )  # fmt: skip
-    log.info("data: %d loader workers, JPEG draft decoding %s", loader.num_workers, "on" if data.jpeg_draft else "off")
+    draft = getattr(preprocessing.image, "size", None) if data.jpeg_draft else None  # every format decodes alike
+    decoding = f"to sides >= {draft} px" if draft else "off"
+    log.info("data: %s, %d loader workers, JPEG draft decoding %s, images over %s pixels refused", data.format,
+             loader.num_workers, decoding, f"{data.max_image_pixels:,}")  # fmt: skip
     if rank == 0:
         distributed.barrier()
     # every rank read the same data: the same decision on every rank
@@ -194,7 +200,8 @@ def build_trainer(cfg: Config, evaluate: Evaluate | None = None) -> Trainer:
     if cfg.train.eval_every:
         if evaluate is None:
             held_out = checked_validation_samples(data, getattr(getattr(loader, "dataset", None), "samples", None))
-            evaluate = retrieval_validator(held_out, data.eval_split, data.image_alpha)
+            evaluate = retrieval_validator(held_out, data.eval_split, data.image_alpha, num_workers=loader.num_workers,
+                                           precision=cfg.train.precision, wrap=validation.shard)  # fmt: skip
         if cfg.train.guards:
             evaluate = guarded_validator(evaluate, model, cfg, data, Path(cfg.train.output_dir))
 
@@ -213,6 +220,7 @@ def run_train(cfg: Config, resume: str | Path | None = None, overwrite: bool = F
     directory; `cfg` may change only what train.resume applies (the rest is an error listing saved → new).
     """
     device = devices.resolve_device(cfg.train.device, "train.device")
+    devices.configure_tf32(device, cfg.train.tf32)  # before any model runs (the guards' initial evaluation too)
     distributed.init_from_env(device, cfg.train.dist_timeout_min)
     directory, named = resume_policy.locate(resume) if resume is not None else (Path(cfg.train.output_dir), None)
     mode = "resume" if resume is not None else "overwrite" if overwrite else "fresh"

@@ -13,7 +13,10 @@
                          `encode_batch_size` rows (several micro-batches) go through the towers in one pass
                          (`micro_batch_pass`), which is faster when memory allows and gives the same gradients
     → StepResult: the loss terms, the saturation monitor (the objective's diagnostic term, losses.monitors) and
-      the rows trained on, all over every rank's rows.
+      the rows trained on, all over every rank's rows. Terms and monitor stay device tensors: nothing in the step
+      reads a value on the host (on a GPU that would wait for the queued kernels); the caller reads them once,
+      after the backward, together with whatever else it needs (`StepResult.read`: the trainer adds the gradient
+      norm).
 
 What W processes compute, with global batch B = W·b:
 
@@ -82,15 +85,37 @@ class Matrix:
     its diagnostic terms and its rows (all ranks' under exact)."""
 
     terms: dict[str, Tensor]
-    diagnostics: dict[str, float]
+    diagnostics: dict[str, Tensor]
     rows: int
 
 
 @dataclass
+class StepValues:
+    """A step's numbers on the host (`StepResult.read`)."""
+
+    terms: dict[str, float]
+    monitor: dict[str, float]
+    rows: int
+    extra: dict[str, float]
+
+
+@dataclass
 class StepResult:
-    terms: dict[str, float]  # every loss term and the total, averaged as the accumulation mode defines
-    monitor: dict[str, float]  # the saturation monitor of the step's contrastive matrices: see `combine_monitors`
-    rows: int  # rows the step trained on (global), over all its contrastive matrices
+    terms: dict[str, Tensor]  # every loss term and the total (0-dim, detached), averaged as the accumulation mode says
+    monitor: dict[str, Tensor | float]  # the saturation monitor of the step's contrastive matrices: `combine_monitors`
+    rows: Tensor | int  # rows the step trained on (global), over all its contrastive matrices
+
+    def read(self, **extra: Tensor) -> StepValues:
+        """Terms, monitor, rows and `extra` (0-dim tensors on the training device) as floats, in one host read."""
+        named = {**{("t", k): v for k, v in self.terms.items()}, **{("m", k): v for k, v in self.monitor.items()},
+                 **{("x", k): v for k, v in extra.items()}, ("r", "rows"): self.rows}  # fmt: skip
+        tensors = {k: v for k, v in named.items() if isinstance(v, Tensor)}
+        if tensors:
+            device = next(iter(tensors.values())).device
+            values = torch.stack([v.detach().double().to(device) for v in tensors.values()]).tolist()
+            named.update(zip(tensors, values, strict=True))
+        pick = {part: {k: float(v) for (p, k), v in named.items() if p == part} for part in "tmxr"}
+        return StepValues(pick["t"], pick["m"], int(pick["r"]["rows"]), pick["x"])
 
 
 def objective_inputs(
@@ -116,8 +141,13 @@ def _evaluated(objective: Objective, features: Mapping[str, Tensor], terms: dict
 
 def exact_step(encoder: FeatureEncoder, objective: Objective, batch: Batch, micro: list[Batch]) -> Matrix:
     """The objective over the global batch at the memory of one micro-batch (cached gradients, train.accumulate);
-    on several ranks, this rank's loss rows against every rank's columns (see the module docstring)."""
-    cache = CachedFeatures(encoder, micro, encoder.device) if len(micro) > 1 else None
+    on several ranks, this rank's loss rows against every rank's columns (see the module docstring). A batch of one
+    micro-batch has nothing to cache: one forward and one backward."""
+    cache = (
+        CachedFeatures(encoder, micro, encoder.device, constant=encoder.constant, replay=encoder)
+        if len(micro) > 1
+        else None
+    )
     features = objective_inputs(encoder, cache.leaves if cache else encoder(batch), batch, gather=True)
     terms = objective(features)
     (terms["loss"] * distributed.world_size()).backward()
@@ -169,25 +199,28 @@ def term_names(objective: Objective) -> list[str]:
     return [t.name for t in objective.terms if t.weight != 0] + ["loss"]
 
 
-def _monitor_sums(matrices: list[Matrix]) -> list[float]:
-    """Row-weighted InfoNCE and saturated-row share, measured rows, saturated matrices, measured matrices."""
+def _monitor_sums(matrices: list[Matrix], device: torch.device) -> Tensor:
+    """Row-weighted InfoNCE and saturated-row share, measured rows, saturated matrices, measured matrices: (5,)
+    float64 on the device (zeros without a monitor, so every rank takes part in the same reduction)."""
+    zero = torch.zeros((), dtype=torch.float64, device=device)
     measured = [m for m in matrices if "infonce" in m.diagnostics]
-    return [
-        sum(m.diagnostics["infonce"] * m.rows for m in measured),
-        sum(m.diagnostics["rows_saturated"] * m.rows for m in measured),
-        float(sum(m.rows for m in measured)),
-        float(sum(m.diagnostics["infonce"] < SATURATED for m in measured)),
-        float(len(measured)),
-    ]
+    infonce = [m.diagnostics["infonce"].double() for m in measured]
+    return torch.stack([
+        sum((x * m.rows for x, m in zip(infonce, measured, strict=True)), zero),
+        sum((m.diagnostics["rows_saturated"].double() * m.rows for m in measured), zero),
+        zero + sum(m.rows for m in measured),
+        sum(((x < SATURATED).double() for x in infonce), zero),
+        zero + len(measured),
+    ])  # fmt: skip
 
 
-def combine_monitors(sums: list[float]) -> dict[str, float]:
+def combine_monitors(sums: Tensor, measured: bool) -> dict[str, Tensor]:
     """One step's monitor from the `_monitor_sums` of its contrastive matrices over all ranks (one under exact
     accumulation, one per micro-batch under per_micro_batch): mean InfoNCE and saturated-row share
     (row-weighted), the share of matrices whose InfoNCE is below 1e-3 (HN-CLIP §2.1 counts batches of 16) and how
-    many matrices there were."""
-    weighted, saturated_rows, rows, saturated, matrices = sums
-    if not matrices:
+    many matrices there were; `measured`: whether the objective has the monitor at all (else {})."""
+    weighted, saturated_rows, rows, saturated, matrices = sums.unbind()
+    if not measured:
         return {}
     return {
         INFONCE_MONITOR: weighted / rows,
@@ -208,19 +241,20 @@ def _exact_summary(objective: Objective, matrix: Matrix, device: torch.device) -
     """The terms of the global matrix: its shares summed over ranks (one all-reduce, one read back); its monitor
     and rows are the global matrix's already."""
     names, shares = _summed_terms(objective, [matrix], device)
-    terms = dict(zip(names, distributed.all_reduce_sum(shares).tolist(), strict=True))
-    return StepResult(terms, combine_monitors(_monitor_sums([matrix])), matrix.rows)
+    terms = dict(zip(names, distributed.all_reduce_sum(shares).unbind(), strict=True))
+    measured = "infonce" in matrix.diagnostics
+    return StepResult(terms, combine_monitors(_monitor_sums([matrix], device), measured), matrix.rows)
 
 
 def _per_micro_summary(objective: Objective, matrices: list[Matrix], device: torch.device) -> StepResult:
     """Every rank's matrices: terms averaged over all of them, monitor and rows summed (one all-reduce, one read)."""
     names, sums = _summed_terms(objective, matrices, device)
-    counts = [float(len(matrices)), float(sum(m.rows for m in matrices)), *_monitor_sums(matrices)]
-    values = distributed.all_reduce_sum(torch.cat([sums, torch.tensor(counts, dtype=sums.dtype, device=device)]))
-    values = values.tolist()
-    count, rows, *monitor = values[len(names) :]
-    terms = {n: v / count for n, v in zip(names, values[: len(names)], strict=True)}
-    return StepResult(terms, combine_monitors(monitor), int(rows))
+    counts = torch.tensor([len(matrices), sum(m.rows for m in matrices)], dtype=sums.dtype, device=device)
+    values = distributed.all_reduce_sum(torch.cat([sums, counts, _monitor_sums(matrices, device)]))
+    count, rows = values[len(names)], values[len(names) + 1]
+    terms = {n: v / count for n, v in zip(names, values[: len(names)].unbind(), strict=True)}
+    measured = any("infonce" in m.diagnostics for m in matrices)
+    return StepResult(terms, combine_monitors(values[len(names) + 2 :], measured), rows)
 
 
 def run_step(

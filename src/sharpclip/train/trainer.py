@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from sharpclip import devices
-from sharpclip.config import TrainConfig
+from sharpclip.config import ConfigError, TrainConfig
 from sharpclip.data.schema import Batch, Loader
 from sharpclip.eval.evaluator import Evaluate
 from sharpclip.eval.guards import GUARDS_HOLD
@@ -58,11 +58,17 @@ class TrainingDiverged(RuntimeError):
     """Too many consecutive steps had a non-finite loss or gradient, or an update made the weights non-finite."""
 
 
-def largest_weight(params: list[torch.Tensor]) -> float:
-    """max |w| over `params` (inf or nan when any weight is), with one device sync. aminmax, one pass per tensor,
-    was the fastest exact reduction measured (benchmarks/finite_check.py; an inf-norm was 70× slower on CPU)."""
+def max_abs(params: list[torch.Tensor]) -> torch.Tensor:
+    """max |w| over `params` as a 0-dim tensor (inf or nan when any weight is), without a host read. aminmax, one
+    pass per tensor, was the fastest exact reduction measured (benchmarks/finite_check.py; an inf-norm was 70×
+    slower on CPU)."""
     extremes = [torch.stack(torch.aminmax(p.detach())) for p in params if p.numel()]
-    return float(torch.stack(extremes).abs().max()) if extremes else 0.0
+    return torch.stack(extremes).abs().max() if extremes else torch.zeros(())
+
+
+def largest_weight(params: list[torch.Tensor]) -> float:
+    """max |w| over `params` (inf or nan when any weight is), with one device sync."""
+    return float(max_abs(params))
 
 
 @dataclass
@@ -132,6 +138,7 @@ class Trainer:
             getattr(model, "hf_model", model).activation_checkpointing_enable({"use_reentrant": False})
         self._compiling = cfg.compile  # until the first step has run compiled
         if cfg.compile:
+            self._check_compile_replay()
             compile_towers(model)
 
     # -- the loop ---------------------------------------------------------------------------------------------
@@ -183,7 +190,7 @@ class Trainer:
             self._end_at_once, batches = False, iter(())
         for batch in self._steps(batches):
             taken += 1
-            record = self._train_step(batch)
+            record = self._train_step(batch, self._data_wait)
             if record is None:  # a skipped (non-finite) step: nothing to count, log or save
                 continue
             self._epoch_open = True
@@ -259,7 +266,7 @@ class Trainer:
         metrics = self._evaluate()  # recorded under this epoch's index, as its steps are
         self.state.epoch += 1
         self._epoch_open = False
-        # every rank evaluates the same model on the same data, so every rank takes the same decision below
+        # every rank scores the same gathered embeddings (train.validation), so every rank decides the same below
         held = metrics is not None and metrics.get(GUARDS_HOLD, 1.0) == 1.0  # train.guards' floors (if any) hold
         improved = held and metrics.get(self.cfg.best_metric, -math.inf) > self.state.best
         if improved:
@@ -286,25 +293,29 @@ class Trainer:
         return metrics
 
     # -- one step ---------------------------------------------------------------------------------------------
-    def _train_step(self, batch: Batch) -> dict[str, float] | None:
+    def _train_step(self, batch: Batch, waited: float = 0.0) -> dict[str, float] | None:
+        """One optimiser step. The host reads two things, each in one read: the loss terms, monitor and gradient
+        norm once the backward is queued (the skip decision needs them), and max |w| with the logit scale after the
+        update; nothing in between waits for the device. `waited`: seconds spent waiting for this batch."""
         every = self.cfg.diagnostics_every
         if every and self.state.step % every == 0:
             self._diagnose(batch)
         start = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
-        result = self._run_step(batch)
+        step = self._run_step(batch)
         distributed.average_gradients(self.params)
         max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
-        if not (math.isfinite(result.terms["loss"]) and math.isfinite(grad_norm)):
-            self._skip(batch, result.terms["loss"], grad_norm)
+        result = step.read(grad_norm=torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+        loss, grad_norm = result.terms["loss"], result.extra["grad_norm"]
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            self._skip(batch, loss, grad_norm)
             return None
         self.state.bad_steps = 0
         lr = self.optimizer.param_groups[0]["lr"]  # the rate this step used
         self.optimizer.step()
         self.scheduler.step()
         clamp_logit_scale(self.model.logit_scale)
-        self._check_weights(lr, result.terms["loss"], grad_norm)
+        scale = self._check_weights(lr, loss, grad_norm)
         self.state.step += 1
         self.state.seen += result.rows
         seconds = time.perf_counter() - start
@@ -314,9 +325,10 @@ class Trainer:
             **result.terms,
             **result.monitor,
             "lr": lr,
-            "logit_scale": float(self.model.logit_scale.detach().exp()),
+            "logit_scale": scale,
             "grad_norm": grad_norm,
             "samples_per_s": result.rows / seconds,
+            "data_wait_s": waited,
             "seen": self.state.seen,
         }
         self.logger.step(record)
@@ -330,6 +342,8 @@ class Trainer:
         try:  # torch.compile fails lazily, at the first call of a compiled tower: say what to do
             result = run_step(*args)
         except Exception as err:
+            if not is_compile_error(err):  # an OOM, an NCCL or a data error keeps its own message
+                raise
             reason = (str(err).strip().splitlines() or [""])[0][:300]
             raise RuntimeError(
                 f"train.compile: torch.compile could not compile the towers on {self.device} "
@@ -338,9 +352,25 @@ class Trainer:
         self._compiling = False
         return result
 
-    def _check_weights(self, lr: float, loss: float, grad_norm: float) -> None:
-        """After an update: all weights finite (else stop now, nothing saved); remember how much they grew."""
-        before, after = self._weights, largest_weight(self.params)
+    def _check_compile_replay(self) -> None:
+        """Exact accumulation replays each micro-batch's forward with its recorded RNG state; a compiled no-grad
+        graph and a compiled training graph need not draw the same dropout masks from it, so the replayed gradient
+        would no longer be exact. Refuse that combination rather than train on a silently different objective."""
+        cached = self.cfg.accumulation == "exact" and self.cfg.batch_size // distributed.world_size() > self.micro
+        rate = dropout_rate(self.model)
+        if cached and rate > 0:
+            raise ConfigError(
+                f"train.compile: the model has dropout (rate {rate:g}) and train.accumulation=exact replays each "
+                "micro-batch's dropout masks, which compiled graphs do not promise to reproduce; set the model's "
+                "dropout to 0, train.compile=false, or train.accumulation=per_micro_batch"
+            )
+
+    def _check_weights(self, lr: float, loss: float, grad_norm: float) -> float:
+        """After an update: all weights finite (else stop now, nothing saved); remember how much they grew.
+        Returns the logit scale (exp), read with max |w| in one host read."""
+        largest = max_abs(self.params)
+        scale = self.model.logit_scale.detach().exp().to(largest)
+        before, (after, scale) = self._weights, torch.stack([largest, scale]).tolist()
         step = self.state.step + 1
         if not math.isfinite(after):
             raise TrainingDiverged(
@@ -350,6 +380,7 @@ class Trainer:
             )
         self._weights = after
         self._last_update = {"step": step, "lr": lr, "before": before, "after": after}
+        return scale
 
     def _skip(self, batch: Batch, loss: float, grad_norm: float) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -516,11 +547,46 @@ class Trainer:
                 writer.path.write_text("".join(kept))
 
 
-def compile_towers(model: DualEncoder) -> None:
+COMPILE_RECOMPILE_LIMIT = 32  # Dynamo cache entries per frame; both towers run through one transformers frame
+COMPILE_GRAPH_BUDGET = 8  # graphs over a run's shape mix: (vision, text) × (no-grad, grad) × (train, eval)
+
+
+def compile_towers(model: DualEncoder, backend: str = "inductor") -> None:
     """`torch.compile` the vision and text towers in place (parameter names, hence checkpoints, unchanged).
 
     Only the towers: the losses and the cached-gradient bookkeeping around them change shape with every batch
     layout, and their cost is small. Compilation itself happens at the first step (see `Trainer._run_step`).
+    The towers are compiled with dynamic shapes, so new caption widths, a short last micro-batch, a batch of one
+    micro-batch, `encode_batch_size` passes and evaluation batches reuse the same graphs (at most
+    COMPILE_GRAPH_BUDGET over the trainer's shape mix, tested with backend="eager"); Dynamo's per-frame recompile
+    limit is raised to COMPILE_RECOMPILE_LIMIT, as the two towers share transformers' wrapper frame and its default
+    of 8 would leave later variants running eagerly.
     """
+    import torch._dynamo  # torch imports Dynamo lazily
+
+    limit = torch._dynamo.config.recompile_limit
+    torch._dynamo.config.recompile_limit = max(limit, COMPILE_RECOMPILE_LIMIT)
     for tower in (model.vision_model, model.text_model):
-        tower.compile()
+        tower.compile(backend=backend, dynamic=True)
+
+
+def is_compile_error(err: BaseException) -> bool:
+    """Whether `err` (or an exception it was raised from) comes from Dynamo or Inductor."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if any(c.__module__.startswith(("torch._dynamo", "torch._inductor")) for c in type(err).__mro__):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def dropout_rate(model: torch.nn.Module) -> float:
+    """The largest dropout rate in `model`: `nn.Dropout` modules and transformers' float `dropout` attributes."""
+    rates = [0.0]
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            rates.append(module.p)
+        elif isinstance(getattr(module, "dropout", None), float):
+            rates.append(module.dropout)
+    return max(rates)
