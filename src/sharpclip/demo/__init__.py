@@ -34,7 +34,7 @@ from sharpclip.config import ModelConfig
 from sharpclip.data.synthetic import ensure
 from sharpclip.demo import report, wise_ft
 from sharpclip.demo.measure import evaluate_model, training_stats
-from sharpclip.demo.plan import PROFILES, Arm, Profile, arms, core_arms
+from sharpclip.demo.plan import DEFAULT_TASK, PROFILES, TASKS, Arm, Profile, arms, core_arms
 from sharpclip.demo.stages import (
     Init,
     arm_config,
@@ -62,6 +62,7 @@ class DemoOptions:
     only: tuple[str, ...] = ()  # run only these arms (names in demo.plan); InfoNCE is always run (the baseline)
     steps: int = 0  # > 0: fine-tuning steps per arm instead of the profile's (e.g. more epochs for saturation)
     sizes: tuple[str, ...] = ()  # "field=value" changes of the profile (demo.plan.Profile), e.g. "lr=3e-4"
+    task: str = DEFAULT_TASK  # the target task (demo.plan.TASKS): its Profile changes come before `sizes`
 
 
 QUICK_ALSO = ("clipin",)  # --quick (the CI run) also runs CLIP-IN's arm, so both papers' objectives are covered
@@ -83,9 +84,13 @@ def select(opts: DemoOptions) -> list[Arm]:
 
 
 def profile_for(opts: DemoOptions) -> Profile:
-    """The mode's sizes with `opts.steps` and `opts.sizes` applied; an unknown field or a bad value is a ValueError."""
+    """The mode's sizes with the task's changes, `opts.steps` and `opts.sizes` applied (in that order); an unknown
+    task or field or a bad value is a ValueError."""
+    if opts.task not in TASKS:
+        raise ValueError(f"--task {opts.task!r}: unknown; known: {', '.join(TASKS)}")
     p = PROFILES["quick" if opts.quick else "default"]
-    changes: dict[str, Any] = {"steps": opts.steps} if opts.steps else {}
+    changes: dict[str, Any] = dict(TASKS[opts.task])
+    changes.update({"steps": opts.steps} if opts.steps else {})
     known = {f.name: f for f in fields(Profile) if f.name != "name"}
     for item in opts.sizes:
         key, sep, value = item.partition("=")
@@ -117,9 +122,8 @@ def obtain_init(p: Profile, opts: DemoOptions) -> Init:
     cache = cache_dir(opts.cache)
     if not (init_home(p, cache) / "init.json").is_file():
         print(f"pre-training the strong initialisation (stage A: {p.init_steps} steps on coarse captions, then "
-              f"stage A2: {p.a2_steps} steps stretched to {p.context_length} tokens on dense captions with random "
-              f"details); "
-              f"done once, cached under {cache}", flush=True)  # fmt: skip
+              f"stage A2: {p.a2_steps} steps stretched to {p.context_length} tokens on dense captions, "
+              f"{a2_details(p)}); done once, cached under {cache}", flush=True)  # fmt: skip
     init = ensure_init(p, cache, opts.progress)
     stages = f"stage A {init.record['stage_a']['seconds']:.0f} s, A2 {init.record['stage_a2']['seconds']:.0f} s"
     if init.reused:
@@ -127,6 +131,12 @@ def obtain_init(p: Profile, opts: DemoOptions) -> Init:
     else:
         print(f"pre-training took {stages}; the next demo reuses {init.model_dir}", flush=True)
     return init
+
+
+def a2_details(p: Profile) -> str:
+    """What stage A2's captions say of the details and how its scale is set, in words."""
+    random = "random details" if p.a2_detail_random_p == 1.0 else f"each detail word random with p {p.a2_detail_random_p:g}"
+    return random + (f", scale frozen at {p.a2_scale:g}" if p.a2_scale > 0 else "")
 
 
 def _slim(test: dict[str, Any]) -> dict[str, Any]:
@@ -163,6 +173,7 @@ def run_arms(p: Profile, plan: list[Arm], init: Init, data: Any, validation: Any
 
 def command_line(opts: DemoOptions) -> str:
     words = ["sharpclip demo", "--quick" * opts.quick, "--full" * opts.full, f"--seeds {opts.seeds}"]
+    words += [f"--task {opts.task}" * (opts.task != DEFAULT_TASK)]
     words += [f"--arms {','.join(opts.only)}" * bool(opts.only), f"--steps {opts.steps}" * bool(opts.steps)]
     words += [f"--set {item}" for item in opts.sizes]
     return " ".join(w for w in words if w)
@@ -183,7 +194,7 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
     inits = {}
     for name, model_dir, label, stage in (
         ("init_a", init.stage_a_dir, "stage-A init (coarse captions)", "stage_a"),
-        ("init", init.model_dir, "stage-A2 init (dense captions, random details; every arm starts here)", "stage_a2"),
+        ("init", init.model_dir, f"stage-A2 init (dense captions, {a2_details(p)}; every arm starts here)", "stage_a2"),
     ):
         model = create_model(ModelConfig(name=str(model_dir), context_length=p.context_length))
         test = evaluate_model(model, data)  # stretched as the arms start, so no caption is truncated
@@ -201,6 +212,7 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
         figures += [Path(f) for curve in wise.values() for f in curve["files"]]
     meta = {
         "command": command_line(opts),
+        "task": opts.task,
         "profile": asdict(p),
         "arms": [a.name for a in plan],
         "seeds": opts.seeds,

@@ -26,6 +26,7 @@ import gc
 import hashlib
 import json
 import logging
+import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ from sharpclip.analysis.dynamics import read_jsonl
 from sharpclip.config import Config, DataConfig, SynthDenseConfig, load_config, to_yaml
 from sharpclip.data import read_samples
 from sharpclip.data.synthetic import VERSION as generator
+from sharpclip.data.synthetic import identity as corpus_identity
 from sharpclip.demo.plan import SCALE, Arm, Profile, term_overrides
 from sharpclip.eval.evaluator import retrieval_validator
 from sharpclip.models.base import DualEncoder
@@ -63,9 +65,10 @@ def validation_corpus(p: Profile) -> SynthDenseConfig:
 
 
 def pretrain_corpus(p: Profile) -> SynthDenseConfig:
+    """Stage A's and A2's scenes; A2's `pretrain_noisy` captions randomise each detail word with `a2_detail_random_p`."""
     return SynthDenseConfig(
         resolution=p.image_size, train_families=0, test_families=0, pretrain_scenes=p.pretrain_scenes, edits=0,
-        mmvp_pairs=0,
+        mmvp_pairs=0, detail_random_p=p.a2_detail_random_p,
     )  # fmt: skip
 
 
@@ -112,8 +115,11 @@ def init_config(p: Profile, home: Path, progress: bool) -> Config:
 
 def a2_config(p: Profile, home: Path, progress: bool) -> Config:
     """Stage A2 (Long-CLIP's stage): stage A stretched to `context_length` positions, trained with InfoNCE and a
-    learnable scale on `p.a2_split`, dense captions of the same pre-training scenes with random details."""
+    learnable scale (frozen at `p.a2_scale` when > 0) on `p.a2_split`, dense captions of the same pre-training scenes
+    whose detail words are random with probability `p.a2_detail_random_p`."""
     overrides = [f"model.name={home / 'stage_a' / 'model'}", f"model.context_length={p.context_length}"]
+    if p.a2_scale > 0:
+        overrides += ["model.logit_scale_learnable=false", f"model.logit_scale_init={math.log(p.a2_scale)}"]
     overrides += [*_data_overrides(home / "synthdense", pretrain_corpus(p)), f"data.train_split={p.a2_split}"]
     overrides += _train_overrides(home / "stage_a2" / "run", 0, p.a2_steps, p.a2_batch_size, p.a2_lr, progress)
     return load_config(None, [*overrides, "train.eval_every=0", "train.grad_clip=5.0"])
@@ -122,12 +128,17 @@ def a2_config(p: Profile, home: Path, progress: bool) -> Config:
 def init_key(p: Profile) -> str:
     """What determines the init (both stages): the recipe version, model sizes, corpus, steps, lr and batch sizes."""
     fields = {k: v for k, v in asdict(p).items() if k.startswith(("init_", "a2_")) or k in _INIT_FIELDS}
-    corpus_id = {"generator": generator, **asdict(pretrain_corpus(p))}
+    fields = {k: v for k, v in fields.items() if not (k in _LATER_FIELDS and v == _LATER_FIELDS[k])}
+    sd = pretrain_corpus(p)
+    corpus_id = {"generator": generator, **corpus_identity(sd), "workers": sd.workers}
     blob = json.dumps({"v": INIT_VERSION, **fields, "corpus": corpus_id}, sort_keys=True)
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
 
 _INIT_FIELDS = ("width", "layers", "image_size", "patch_size", "pretrain_scenes", "context_length")
+# Profile fields added after INIT_VERSION 3, with the value that reproduces its init: at that value a field stays out
+# of the key, so caches made before it existed are still found (as data.synthetic.LATER_FIELDS does for corpora)
+_LATER_FIELDS = {"a2_detail_random_p": 1.0, "a2_scale": 0.0}
 
 
 def init_home(p: Profile, cache: Path) -> Path:
