@@ -81,7 +81,7 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
                    help="change one size of the mode (demo.plan.Profile), e.g. lr=3e-4 or train_detail_pairs=0; "
                    "repeatable")  # fmt: skip
     p.add_argument("--task", default="unseen-details", metavar="NAME",
-                   help="the target task (demo.plan.TASKS): unseen-details (the default) or paper-geometry")  # fmt: skip
+                   help="the target task (demo.plan.TASKS): unseen-details (default) or paper-geometry")  # fmt: skip
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
 
     def run(args: argparse.Namespace) -> int:

@@ -95,7 +95,10 @@ def test_paper_geometry_changes_only_stage_a2_and_has_its_own_cache_key():
     from sharpclip.demo.plan import TASKS
 
     for quick in (False, True):
-        base, paper = profile_for(DemoOptions(quick=quick)), profile_for(DemoOptions(quick=quick, task="paper-geometry"))
+        base, paper = (
+            profile_for(DemoOptions(quick=quick)),
+            profile_for(DemoOptions(quick=quick, task="paper-geometry")),
+        )
         changed = {k for k in base.__dataclass_fields__ if getattr(base, k) != getattr(paper, k)}
         assert changed == set(TASKS["paper-geometry"]) and all(k.startswith("a2_") for k in changed)
         assert init_key(paper) != init_key(base)

@@ -38,6 +38,7 @@ from sharpclip.demo.plan import DEFAULT_TASK, PROFILES, TASKS, Arm, Profile, arm
 from sharpclip.demo.stages import (
     Init,
     arm_config,
+    arm_validator,
     corpus,
     data_config,
     ensure_init,
@@ -135,7 +136,9 @@ def obtain_init(p: Profile, opts: DemoOptions) -> Init:
 
 def a2_details(p: Profile) -> str:
     """What stage A2's captions say of the details and how its scale is set, in words."""
-    random = "random details" if p.a2_detail_random_p == 1.0 else f"each detail word random with p {p.a2_detail_random_p:g}"
+    random = (
+        "random details" if p.a2_detail_random_p == 1.0 else f"each detail word random with p {p.a2_detail_random_p:g}"
+    )
     return random + (f", scale frozen at {p.a2_scale:g}" if p.a2_scale > 0 else "")
 
 
@@ -146,8 +149,9 @@ def _slim(test: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def run_arms(p: Profile, plan: list[Arm], init: Init, data: Any, validation: Any, opts: DemoOptions, out: Path):
-    """Fine-tune and measure every arm for every seed; returns results, run dirs (first seed), geometry stats."""
+def run_arms(p: Profile, plan: list[Arm], init: Init, data: Any, validate: Any, opts: DemoOptions, out: Path):
+    """Fine-tune and measure every arm for every seed (`validate`: stages.arm_validator); returns results, run dirs
+    (first seed), geometry stats."""
     results: report.Results = {}
     run_dirs: dict[str, Path] = {}
     geometry: dict[str, dict] = {}
@@ -157,7 +161,7 @@ def run_arms(p: Profile, plan: list[Arm], init: Init, data: Any, validation: Any
         bar.set_description(f"seed {seed} {arm.label}")
         run_dir = out / "runs" / f"seed{seed}" / arm.name
         cfg = arm_config(p, arm, init.model_dir, Path(data.root), run_dir, seed, opts.progress)
-        model, seconds = run_arm(cfg, validation)
+        model, seconds = run_arm(cfg, validate)
         test = evaluate_model(model, data)
         entry = results.setdefault(arm.name, {"label": arm.label, "seeds": {}})
         entry["seeds"][seed] = {"test": _slim(test), "train": training_stats(run_dir), "seconds": seconds}
@@ -191,6 +195,7 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
     sizes += f"{p.val_families} × 6 validation"
     print(f"SynthDense in {out}: {sizes}, {p.edits} edit pairs, MMVP pairs ({data_seconds:.0f} s)", flush=True)
     init = obtain_init(p, opts)
+    validate = arm_validator(data, validation, p.micro_batch_size)
     inits = {}
     for name, model_dir, label, stage in (
         ("init_a", init.stage_a_dir, "stage-A init (coarse captions)", "stage_a"),
@@ -198,9 +203,12 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
     ):
         model = create_model(ModelConfig(name=str(model_dir), context_length=p.context_length))
         test = evaluate_model(model, data)  # stretched as the arms start, so no caption is truncated
-        inits[name] = {"label": label, "seeds": {0: {"test": test, "seconds": init.record[stage]["seconds"]}}}
+        with torch.no_grad():
+            start = validate(model)  # where the arms' validation curves start (the geometry verdicts' reference)
+        record = {"test": test, "validation": start, "seconds": init.record[stage]["seconds"]}
+        inits[name] = {"label": label, "seeds": {0: record}}
         print(f"{label}: mean R@1 {test['mean_R@1']:.1f}, within-family {test['within_mean_R@1']:.1f}", flush=True)
-    results, run_dirs, geometry = run_arms(p, plan, init, data, validation, opts, out)
+    results, run_dirs, geometry = run_arms(p, plan, init, data, validate, opts, out)
     geometry = {"init": inits["init"]["seeds"][0]["test"]["geometry"], **geometry}
     for entry in inits.values():
         entry["seeds"][0]["test"] = _slim(entry["seeds"][0]["test"])
