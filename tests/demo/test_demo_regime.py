@@ -47,6 +47,7 @@ def test_the_regime_check_prints_the_measured_geometry_and_recall_beside_the_pap
     assert not check["within_mean_R@1"]["holds"] and not check["holds"]  # 2 × chance = 100 > 60: out of range
     results = {"init": {"label": "stage-A2 init", "seeds": {0: {"test": test, "validation": {SAT_TWIN: 25.0}}}}}
     md = report.regime_section(results)
+    assert all(line.count("|") == 5 for line in md.splitlines() if line.startswith("|"))
     assert "| HN-CLIP Fig. 1: Long-CLIP-L, DOCCI | 0.84 | 0.93 | – |" in md
     assert "| HN-CLIP Fig. 1: Long-CLIP-L, Urban-1K | 0.88 | 0.94 | – |" in md
     assert "| stage-A2 init | 0.867 | 0.940 | 62.5 |" in md
@@ -119,6 +120,7 @@ def test_geometry_along_training_and_the_kept_or_reshaped_verdict(tmp_path):
     assert verdicts["infonce"]["verdict"] == "kept it"
     assert verdicts["hn"]["verdict"] == "reshaped it (pairwise -0.396)"
     md = report.geometry_section(results)
+    assert all(line.count("|") == 5 for line in md.splitlines() if line.startswith("|"))  # 4 columns every row
     assert "| (a) InfoNCE | 0.400 → 0.320 | 0.990 → 0.980 | kept it |" in md
     assert "| (b) HN | 0.400 → 0.004 | 0.990 → 0.970 | reshaped it (pairwise -0.396) |" in md
     geometry = {"init": caption_geometry(_captions())}

@@ -204,8 +204,8 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
         model = create_model(ModelConfig(name=str(model_dir), context_length=p.context_length))
         test = evaluate_model(model, data)  # stretched as the arms start, so no caption is truncated
         with torch.no_grad():
-            start = validate(model)  # where the arms' validation curves start (the geometry verdicts' reference)
-        record = {"test": test, "validation": start, "seconds": init.record[stage]["seconds"]}
+            before = validate(model)  # where the arms' validation curves start (the geometry verdicts' reference)
+        record = {"test": test, "validation": before, "seconds": init.record[stage]["seconds"]}
         inits[name] = {"label": label, "seeds": {0: record}}
         print(f"{label}: mean R@1 {test['mean_R@1']:.1f}, within-family {test['within_mean_R@1']:.1f}", flush=True)
     results, run_dirs, geometry = run_arms(p, plan, init, data, validate, opts, out)

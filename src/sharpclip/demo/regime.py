@@ -115,7 +115,7 @@ def geometry_verdicts(results: dict[str, dict[str, Any]], inits: tuple[str, ...]
 
 def geometry_markdown(verdicts: dict[str, Any]) -> str:
     """One line per arm: the validation captions' mean pairwise and hardest cosine, init -> last validation."""
-    rule = f"reshaped: |Δ pairwise| > {MOVED['pairwise']:g} or |Δ hardest| > {MOVED['hardest']:g}"
+    rule = f"reshaped: pairwise moved by > {MOVED['pairwise']:g} or hardest by > {MOVED['hardest']:g}"
     lines = [f"| objective | pairwise: init → last | hardest: init → last | init's geometry ({rule}) |"]
     lines.append("|---|---|---|---|")
     for v in verdicts.values():

@@ -40,8 +40,8 @@ COLUMNS = [  # (header, section, key, gains shown: "" | "base" (over InfoNCE) | 
     ("hardest sim", "test", "hardest_sim", ""),
     ("sat. micro-batches ep1 %", "train", "sat_batches_ep1", ""),
     # the validation's probe after epoch 1: fixed training micro-batches with / without near-twin pairs
-    ("sat. twin micro-batches ep1 %", "train", "sat_twin_ep1", ""),
-    ("sat. other micro-batches ep1 %", "train", "sat_plain_ep1", ""),
+    ("sat. twin micro-batches after ep1 %", "train", "sat_twin_ep1", ""),
+    ("sat. other micro-batches after ep1 %", "train", "sat_plain_ep1", ""),
     ("sat. rows ep1 %", "train", "sat_rows_ep1", ""),
     ("s at end", "train", "final_scale", ""),
 ]
