@@ -4,7 +4,8 @@
    MMVP-style pairs, and a validation corpus (another seed) for the convergence curves.
 2. The strong initialisation (demo.stages), made as CLIP then Long-CLIP were and cached for reuse: stage A, a tiny
    CLIP pre-trained on coarse captions at 32 tokens; stage A2, stretched to 152 tokens and trained on dense captions
-   whose size and texture words are drawn at random (it reads them but learns not to trust them).
+   whose size and texture words are drawn at random (it reads them but learns not to trust them). `task` picks how
+   (demo.plan.TASKS): `unseen-details`, every detail word random (the default), or `paper-geometry`.
 3. One fine-tuning run per objective (demo.plan) on the target task, the full dense captions (size and texture
    included) with test families whose near-duplicates differ exactly there: InfoNCE and HN-CLIP (eq. 2) in the
    paper's regime (micro-batches 16 × 8, scale frozen at 100); `--quick` adds CLIP-IN stage 2 (eq. 8), and `--full`
@@ -12,8 +13,9 @@
    accumulation and HN-CLIP's ablations (frozen Ḡ, γ sweep, LoRA ± boost, learnable scale).
 4. Each is measured (demo.measure), tabulated with its gain over InfoNCE and over the init, its forgetting guard's
    drop (zero-shot colour + shape classification, what stage A taught) beside it, and judged against the papers'
-   claims (demo.report); with `--full` (and `--quick`) the InfoNCE and HN-CLIP arms are blended back towards the init
-   (demo.wise_ft, WiSE-FT); report.md / report.json and the figures go into the run directory.
+   claims (demo.report), under the init's regime check against HN-CLIP's caption geometry and each arm's caption
+   geometry along training (demo.regime); with `--full` (and `--quick`) the InfoNCE and HN-CLIP arms are blended back
+   towards the init (demo.wise_ft, WiSE-FT); report.md / report.json and the figures go into the run directory.
 
     run_demo(DemoOptions(out="runs/demo"))            # what `sharpclip demo` calls
 """
