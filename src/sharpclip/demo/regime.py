@@ -25,9 +25,9 @@ from sharpclip.demo.measure import CAPTION_HARDEST, CAPTION_PAIRWISE, SAT_PLAIN,
 PAPER_FIG1 = {"DOCCI": (0.84, 0.93), "DCI": (0.85, 0.92), "Urban-1K": (0.88, 0.94)}
 PAIRWISE_RANGE, HARDEST_RANGE = (0.80, 0.90), (0.90, 0.96)
 WITHIN_CHANCE_FACTOR, WITHIN_MAX = 2.0, 60.0  # within-family R@1: ≥ 2 × chance, ≤ 60 %
-# cosine changes of the validation captions, init -> last validation, beyond which an arm reshaped the geometry: the
-# pairwise threshold is a tenth of the cosine range the paper's captions span from the demo's (0.0 to 0.9); the
-# hardest one half that, as it sits in a narrower band (0.9-1.0)
+# cosine changes of the validation captions, init -> last validation, beyond which an arm reshaped the geometry:
+# pairwise, about a tenth of the way from an init that spreads its captions apart (≈ 0) to the paper's (≈ 0.85);
+# hardest, half that, as it lives in the narrower band 0.9-1.0
 MOVED = {"pairwise": 0.1, "hardest": 0.05}
 
 
