@@ -47,6 +47,9 @@ def test_demo_quick_writes_every_row(tmp_path, capsys):
     # the regime check of the init and the geometry along training, per arm, in both report files
     assert "## Regime check" in markdown and "| HN-CLIP Fig. 1: Long-CLIP-L, DOCCI | 0.84 | 0.93 | – |" in markdown
     check = report["regime_check"]
+    assert {"sat_micro_twin", "sat_micro_plain", "caption_pairwise"} <= set(
+        report["results"]["init"]["seeds"]["0"]["validation"]
+    )
     assert check["pairwise_sim"]["value"] == report["results"]["init"]["seeds"]["0"]["test"]["pairwise_sim"]
     for arm in ("infonce", "hn"):
         train = report["results"][arm]["seeds"]["0"]["train"]

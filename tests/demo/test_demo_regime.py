@@ -91,6 +91,14 @@ def test_micro_saturation_counts_micro_batches_below_1e_3():
     assert micro_saturation(both, both, scale, []) is None
 
 
+def test_the_same_micro_batch_saturates_at_scale_100_and_not_at_a_pre_training_scale_of_19():
+    """Why an init is probed at the arms' scale: A2's learnt scale ends near 19, where nothing saturates."""
+    emb = torch.cat([torch.full((4, 1), math.sqrt(0.7)), math.sqrt(0.3) * torch.eye(4)], dim=1)  # cosines 0.7
+    batch = [[0, 1, 2, 3]]
+    assert micro_saturation(emb, emb, torch.tensor(math.log(100.0)), batch) == 100.0  # 3 · e^-30
+    assert micro_saturation(emb, emb, torch.tensor(math.log(18.7)), batch) == 0.0  # 3 · e^-5.6 ≈ 0.011
+
+
 def _metrics(path, pairwise: list[float], hardest: list[float]) -> None:
     step = {"loss": 0.1, "infonce_monitor": 0.1, "rows_saturated_monitor": 0.0, "logit_scale": 100.0, "grad_norm": 1.0,
             "samples_per_s": 1.0}  # fmt: skip

@@ -36,7 +36,7 @@ from sharpclip.config import ModelConfig
 from sharpclip.data.synthetic import ensure
 from sharpclip.demo import report, wise_ft
 from sharpclip.demo.measure import evaluate_model, training_stats
-from sharpclip.demo.plan import DEFAULT_TASK, PROFILES, TASKS, Arm, Profile, arms, core_arms
+from sharpclip.demo.plan import DEFAULT_TASK, PROFILES, SCALE, TASKS, Arm, Profile, arms, core_arms
 from sharpclip.demo.stages import (
     Init,
     arm_config,
@@ -198,6 +198,7 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
     print(f"SynthDense in {out}: {sizes}, {p.edits} edit pairs, MMVP pairs ({data_seconds:.0f} s)", flush=True)
     init = obtain_init(p, opts)
     validate = arm_validator(data, validation, p.micro_batch_size)
+    validate_init = arm_validator(data, validation, p.micro_batch_size, SCALE)  # probed at the arms' scale
     inits = {}
     for name, model_dir, label, stage in (
         ("init_a", init.stage_a_dir, "stage-A init (coarse captions)", "stage_a"),
@@ -206,7 +207,7 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
         model = create_model(ModelConfig(name=str(model_dir), context_length=p.context_length))
         test = evaluate_model(model, data)  # stretched as the arms start, so no caption is truncated
         with torch.no_grad():
-            before = validate(model)  # where the arms' validation curves start (the geometry verdicts' reference)
+            before = validate_init(model)  # where the arms' validation curves start (the geometry verdicts' reference)
         record = {"test": test, "validation": before, "seconds": init.record[stage]["seconds"]}
         inits[name] = {"label": label, "seeds": {0: record}}
         print(f"{label}: mean R@1 {test['mean_R@1']:.1f}, within-family {test['within_mean_R@1']:.1f}", flush=True)

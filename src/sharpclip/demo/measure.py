@@ -220,10 +220,18 @@ def micro_saturation(image: Tensor, text: Tensor, log_scale: Tensor, batches: li
     return _share([float(per_row_infonce(image[b], text[b], log_scale).mean()) < SATURATED for b in batches])
 
 
-def along_training(captions: Sequence[str], probe: Sequence[Any], batches: dict[str, list[list[int]]], alpha: str):
+def along_training(
+    captions: Sequence[str],
+    probe: Sequence[Any],
+    batches: dict[str, list[list[int]]],
+    alpha: str,
+    log_scale: float | None = None,
+):
     """A validation add-on: model -> {CAPTION_PAIRWISE, CAPTION_HARDEST: the mean pairwise and mean hardest cosine of
     `captions` (the validation captions; analysis.geometry), SAT_TWIN, SAT_PLAIN: the saturated share (%) of the
-    probe's micro-batches with and without near-twin pairs}. probe: the training samples `batches` index."""
+    probe's micro-batches with and without near-twin pairs}. probe: the training samples `batches` index. The
+    probe's InfoNCE is at the scale exp(log_scale), or at the model's own when None (an arm's, as it trains; an init
+    is probed at the scale the arms start from, not at the one its own pre-training ended with)."""
 
     def measure(model: Any) -> dict[str, float]:
         embed = model_embedder(model, alpha)
@@ -231,7 +239,7 @@ def along_training(captions: Sequence[str], probe: Sequence[Any], batches: dict[
             geometry = caption_geometry(embed.texts(list(captions)).float().cpu(), bins=2)
             text = embed.texts([s.caption for s in probe]).float().cpu()
             image = embed.images([s.image for s in probe]).float().cpu()
-        scale = model.logit_scale.detach().float().cpu()
+        scale = model.logit_scale.detach().float().cpu() if log_scale is None else torch.tensor(log_scale)
         out = {CAPTION_PAIRWISE: geometry["mean_pairwise"], CAPTION_HARDEST: geometry["mean_hardest"]}
         for key, kind in ((SAT_TWIN, "twin"), (SAT_PLAIN, "plain")):
             share = micro_saturation(image, text, scale, batches[kind])

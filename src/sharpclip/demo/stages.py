@@ -238,16 +238,19 @@ def arm_config(p: Profile, arm: Arm, init: Path, data_root: Path, out: Path, see
     return load_config(None, overrides + list(arm.overrides) + [passes] + term_overrides(arm))
 
 
-def arm_validator(data: DataConfig, validation: DataConfig, micro_batch_size: int) -> Evaluate:
+def arm_validator(
+    data: DataConfig, validation: DataConfig, micro_batch_size: int, log_scale: float | None = None
+) -> Evaluate:
     """The arms' per-epoch validation: retrieval on `validation`'s test split (eval.evaluator) and, of the same
     model, those captions' geometry and the saturation of fixed training micro-batches of `data` with and without
-    near-twin pairs (demo.measure.along_training)."""
+    near-twin pairs (demo.measure.along_training; at the model's own scale, or exp(log_scale) when given)."""
     held_out, train = read_samples(validation, "test"), read_samples(data, "train")
     batches = probe_micro_batches([s.group or s.id for s in train], micro_batch_size, PROBE_MICRO_BATCHES)
     rows = sorted({i for kind in batches.values() for b in kind for i in b})  # embed each probed row once
     where = {i: k for k, i in enumerate(rows)}
     local = {kind: [[where[i] for i in b] for b in bs] for kind, bs in batches.items()}
-    extra = along_training([s.caption for s in held_out], [train[i] for i in rows], local, validation.image_alpha)
+    captions, probe = [s.caption for s in held_out], [train[i] for i in rows]
+    extra = along_training(captions, probe, local, validation.image_alpha, log_scale)
     return with_measures(retrieval_validator(held_out, "test", validation.image_alpha), extra)
 
 
