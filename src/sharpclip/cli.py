@@ -91,6 +91,8 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--set", dest="sizes", action="append", default=[], metavar="FIELD=VALUE",
                    help="change one size of the mode (demo.plan.Profile), e.g. lr=3e-4 or train_detail_pairs=0; "
                    "repeatable")  # fmt: skip
+    p.add_argument("--task", default="unseen-details", metavar="NAME",
+                   help="the target task (demo.plan.TASKS): unseen-details (default) or paper-geometry")  # fmt: skip
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     p.set_defaults(console_level=logging.WARNING)  # its own bar holds the terminal; each arm logs to its folder
 
@@ -102,7 +104,7 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
             return 2
         only = tuple(a for a in args.arms.split(",") if a)
         opts = DemoOptions(args.out, args.quick, args.full, args.seeds, args.cache, args.progress, only, args.steps)
-        opts.sizes = tuple(args.sizes)
+        opts.sizes, opts.task = tuple(args.sizes), args.task
         try:
             select(opts)
             profile_for(opts)

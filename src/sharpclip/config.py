@@ -156,10 +156,15 @@ class SynthDenseConfig:
     # zero-shot colour + shape classification (64 classes) of single-object scenes, images per class: what coarse
     # pre-training knows, the demo's forgetting guard
     zeroshot_per_class: int = 0
+    # `caption_noisy`: the probability that each size and each texture word is drawn at random (independently per
+    # word, seeded) instead of being the image's; 1: every detail word random, 0: `caption_noisy` is the true caption
+    detail_random_p: float = 1.0
     workers: int = 2  # rendering processes
 
     def __post_init__(self) -> None:
         _check_choice("data.synthdense.test_variants", self.test_variants, ("any", "details"))
+        if not 0.0 <= self.detail_random_p <= 1.0:
+            raise ConfigError(f"data.synthdense.detail_random_p must be in [0, 1]; got {self.detail_random_p}")
 
 
 @dataclass

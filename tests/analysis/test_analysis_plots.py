@@ -15,6 +15,7 @@ from sharpclip.analysis.geometry import caption_geometry
 from sharpclip.analysis.plots import (
     fig_caption_similarity,
     fig_convergence,
+    fig_geometry_along,
     fig_geometry_summary,
     fig_gradient_dynamics,
     fig_margin_heatmap,
@@ -222,3 +223,13 @@ def test_a_log_axis_within_two_decades_labels_its_twos_and_fives(values, labelle
     assert labelled <= minor | major
     if not labelled:
         assert not minor and "0.001" in major  # wide: the powers of ten alone, plainly written
+
+
+def test_geometry_along_training_figure(tmp_path: Path) -> None:
+    curves = {
+        "InfoNCE": {"epoch": [0, 1, 2], "pairwise": [0.38, 0.33, 0.30], "hardest": [0.999, 0.998, 0.997]},
+        "HN-CLIP": {"epoch": [0, 1, 2], "pairwise": [0.2, 0.05, 0.004], "hardest": [0.99, 0.97, 0.95]},
+    }
+    numbers = _check_png(*fig_geometry_along(curves, {"pairwise": 0.376, "hardest": 0.9995}, tmp_path / "along"))
+    assert numbers["runs"]["HN-CLIP"]["pairwise"] == [0.2, 0.05, 0.004] and numbers["init"]["pairwise"] == 0.376
+    assert _check_png(*fig_geometry_along(curves, None, tmp_path / "no_init"))["init"] is None

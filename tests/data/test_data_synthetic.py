@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import astuple
+from dataclasses import astuple, replace
 
 import numpy as np
 import pytest
@@ -221,3 +221,66 @@ def test_zeroshot_split_is_an_image_folder_of_single_objects_one_class_per_colou
     image = np.asarray(load_image(root / "images" / "zeroshot" / "red_circle" / "000000.png"))
     pixels = {tuple(p) for p in image.reshape(-1, 3)}
     assert sd.COLOURS["red"] in pixels  # the object is drawn in its class colour
+
+
+# ---------------------------------------------------------------- caption_noisy's detail words, random with p
+
+NOISY = SynthDenseConfig(train_families=0, test_families=0, pretrain_scenes=60, edits=0, mmvp_pairs=0, workers=1)
+
+
+def _pretrain(cfg: SynthDenseConfig) -> list[tuple[dict, sd.Scene]]:
+    return [rs for i in range(cfg.pretrain_scenes) for rs in sd._records(cfg, "pretrain", i)]
+
+
+def _every_detail_drawn(scene: sd.Scene, rng: random.Random) -> sd.Scene:
+    """The rule caption_noisy followed before it had a probability: each object's size, then texture, from `rng`."""
+    objects = [replace(o, size=rng.choice(sd.SIZES), texture=rng.choice(sd.TEXTURES)) for o in scene.objects]
+    return scene.with_objects(objects)
+
+
+def test_detail_random_p_0_gives_the_true_captions_and_1_every_detail_drawn_at_random():
+    for record, _ in _pretrain(replace(NOISY, detail_random_p=0.0)):
+        assert record["caption_noisy"] == record["caption"]
+    assert NOISY.detail_random_p == 1.0  # the default: every detail word random
+    for i, (record, scene) in enumerate(_pretrain(NOISY)):
+        drawn = _every_detail_drawn(scene, sd._rng(NOISY.seed, "pretrain-noisy", i * 8))
+        assert record["caption_noisy"] == sd.dense_caption(drawn)
+
+
+def test_intermediate_p_randomises_each_detail_word_independently_at_rate_p():
+    scenes = [sd.random_scene(random.Random(f"scene{i}"), 3, 5) for i in range(3000)]
+
+    def noisy(p: float) -> list[sd.Scene]:
+        return [sd.noisy_details(s, random.Random(f"d{i}"), p, random.Random(f"c{i}")) for i, s in enumerate(scenes)]
+
+    drawn = [_every_detail_drawn(s, random.Random(f"d{i}")) for i, s in enumerate(scenes)]
+    for p in (0.3, 0.7):
+        got = noisy(p)
+        assert got == noisy(p)  # seeded
+        flags: dict[str, list[bool]] = {"size": [], "texture": []}
+        both = []
+        for true, draw, out in zip(scenes, drawn, got, strict=True):
+            for o, d, n in zip(true.objects, draw.objects, out.objects, strict=True):
+                assert n.size in (o.size, d.size) and n.texture in (o.texture, d.texture)
+                assert (n.shape, n.colour, n.cell) == (o.shape, o.colour, o.cell)
+                # where the draw differs from the truth, the word shows whether it was randomised
+                for name in ("size", "texture"):
+                    if getattr(d, name) != getattr(o, name):
+                        flags[name].append(getattr(n, name) == getattr(d, name))
+                if d.size != o.size and d.texture != o.texture:
+                    both.append(n.size == d.size and n.texture == d.texture)
+        for name, f in flags.items():
+            assert sum(f) / len(f) == pytest.approx(p, abs=0.03), name
+        assert sum(both) / len(both) == pytest.approx(p * p, abs=0.03)  # size and texture decided independently
+    low, high = noisy(0.3), noisy(0.7)  # the same draws and coins: a word random at 0.3 is random at 0.7
+    for true, a, b in zip(scenes, low, high, strict=True):
+        for o, x, y in zip(true.objects, a.objects, b.objects, strict=True):
+            assert x.size == o.size or y.size == x.size
+            assert x.texture == o.texture or y.texture == x.texture
+
+
+def test_detail_random_p_is_in_the_manifest_only_when_it_changes_the_corpus():
+    assert "detail_random_p" not in sd.manifest(NOISY)["config"]  # corpora generated before the field stay valid
+    assert sd.manifest(replace(NOISY, detail_random_p=0.5))["config"]["detail_random_p"] == 0.5
+    with pytest.raises(ValueError, match="detail_random_p must be in"):
+        SynthDenseConfig(detail_random_p=1.5)

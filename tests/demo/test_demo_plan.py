@@ -75,3 +75,48 @@ def test_set_changes_one_size_of_the_mode_and_refuses_unknown_fields():
         profile_for(DemoOptions(sizes=("nope=1",)))
     with pytest.raises(ValueError, match="train_detail_pairs takes a int"):
         profile_for(DemoOptions(sizes=("train_detail_pairs=many",)))
+
+
+def test_the_default_task_is_todays_profile_and_keeps_its_cache_key():
+    from sharpclip.demo import profile_for
+    from sharpclip.demo.plan import DEFAULT_TASK
+
+    assert DEFAULT_TASK == "unseen-details"
+    for quick in (False, True):
+        assert profile_for(DemoOptions(quick=quick, task="unseen-details")) == profile_for(DemoOptions(quick=quick))
+    # the keys of the inits cached before the task variants existed: a cache made then is still found
+    assert (init_key(PROFILES["default"]), init_key(PROFILES["quick"])) == ("be1816d95ee5", "b5e106fde98b")
+    cfg = a2_config(PROFILES["default"], Path("/tmp/x"), progress=False)
+    assert cfg.data.synthdense.detail_random_p == 1.0 and cfg.model.logit_scale_init is None
+
+
+def test_paper_geometry_changes_only_stage_a2_and_has_its_own_cache_key():
+    from sharpclip.demo import profile_for
+    from sharpclip.demo.plan import TASKS
+
+    for quick in (False, True):
+        base, paper = (
+            profile_for(DemoOptions(quick=quick)),
+            profile_for(DemoOptions(quick=quick, task="paper-geometry")),
+        )
+        changed = {k for k in base.__dataclass_fields__ if getattr(base, k) != getattr(paper, k)}
+        assert changed == set(TASKS["paper-geometry"]) and all(k.startswith("a2_") for k in changed)
+        assert init_key(paper) != init_key(base)
+        assert 0.0 < paper.a2_detail_random_p < 1.0
+    cfg = a2_config(paper, Path("/tmp/x"), progress=False)
+    assert cfg.data.synthdense.detail_random_p == paper.a2_detail_random_p and cfg.data.train_split == "pretrain_noisy"
+    assert not cfg.model.logit_scale_learnable and cfg.model.logit_scale_init == pytest.approx(4.60517, abs=1e-5)
+    # --set comes after the task's changes
+    p = profile_for(DemoOptions(task="paper-geometry", sizes=("a2_detail_random_p=0.25", "a2_steps=48")))
+    assert (p.a2_detail_random_p, p.a2_steps, p.a2_scale) == (0.25, 48, 100.0)
+    with pytest.raises(ValueError, match="--task 'nope': unknown; known: unseen-details, paper-geometry"):
+        profile_for(DemoOptions(task="nope"))
+
+
+def test_the_demo_command_line_takes_a_task(capsys):
+    from sharpclip.cli import build_parser
+
+    assert build_parser().parse_args(["demo"]).task == "unseen-details"
+    args = build_parser().parse_args(["demo", "--task", "nope"])
+    assert args.handler(args) == 2  # refused before anything runs
+    assert "unknown; known: unseen-details" in capsys.readouterr().err

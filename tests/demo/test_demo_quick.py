@@ -42,8 +42,20 @@ def test_demo_quick_writes_every_row(tmp_path, capsys):
         assert curve["points"][0]["deltas"]["zeroshot/top1"] == 0.0
         assert (out / f"wise_ft_{arm}" / "wise_ft.png").stat().st_size > 0
         assert f"wise_ft_{arm}/wise_ft.png" in markdown
-    for figure in ("gradient_dynamics", "convergence", "geometry", "caption_similarity"):
+    for figure in ("gradient_dynamics", "convergence", "geometry", "caption_similarity", "geometry_along_training"):
         assert (out / f"{figure}.png").stat().st_size > 0, figure
+    # the regime check of the init and the geometry along training, per arm, in both report files
+    assert "## Regime check" in markdown and "| HN-CLIP Fig. 1: Long-CLIP-L, DOCCI | 0.84 | 0.93 | – |" in markdown
+    check = report["regime_check"]
+    assert {"sat_micro_twin", "sat_micro_plain", "caption_pairwise"} <= set(
+        report["results"]["init"]["seeds"]["0"]["validation"]
+    )
+    assert check["pairwise_sim"]["value"] == report["results"]["init"]["seeds"]["0"]["test"]["pairwise_sim"]
+    for arm in ("infonce", "hn"):
+        train = report["results"][arm]["seeds"]["0"]["train"]
+        assert len(train["geometry_curve"]["pairwise"]) == len(train["geometry_curve"]["epoch"]) >= 1
+        assert report["geometry_along_training"][arm]["verdict"].startswith(("kept", "reshaped"))
+        assert 0 <= train["sat_twin_ep1"] <= 100 and 0 <= train["sat_plain_ep1"] <= 100
     # a second demo finds the cached initialisation instead of pre-training again
     init = ensure_init(PROFILES["quick"], cache, progress=False)
     assert init.reused and init.model_dir.is_dir() and init.seconds == report["meta"]["init"]["seconds"]

@@ -7,6 +7,7 @@
 | fig_margin_heatmap       | Fig. A5           | {dataset: one batch of caption embeddings (B, D)}         |
 | fig_gradient_dynamics    | Fig. 4            | dynamics.gradient_dynamics(records)                       |
 | fig_convergence          | Fig. 5 / A9       | {run: dynamics.convergence(run_dir)}                      |
+| fig_geometry_along       | -                 | {run: {"epoch", "pairwise", "hardest"}}, the init's values  |
 | fig_training_curves      | -                 | {run: dynamics.training_curve(run_dir)}                   |
 
 matplotlib runs on the Agg backend (no display needed).
@@ -278,6 +279,28 @@ def fig_convergence(curves: dict[str, dict[str, list]], out: str | Path) -> tupl
     _integer_ticks(ax)
     _legend_outside(ax)
     return _save(fig, curves, out)
+
+
+def fig_geometry_along(
+    curves: dict[str, dict[str, list]], start: dict[str, float] | None, out: str | Path
+) -> tuple[Path, Path]:
+    """The captions' mean pairwise and mean hardest-companion cosine at every validation, one line per run; the
+    init's values (`start`: {"pairwise", "hardest"}) dashed. curves: {run: {"epoch": [...], "pairwise": [...],
+    "hardest": [...]}} (the convergence figure's epochs)."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    for ax, key, title in ((axes[0], "pairwise", "(a) mean pairwise caption cosine"),
+                           (axes[1], "hardest", "(b) mean hardest-companion cosine")):  # fmt: skip
+        values = [v for c in curves.values() for v in c[key]]
+        for k, (run, c) in enumerate(curves.items()):
+            ax.plot(c["epoch"], c[key], label=run, **_style(k))
+        if start is not None:
+            ax.axhline(start[key], ls="--", color="0.4", lw=1, label="init")
+            values.append(start[key])
+        ax.set(title=title, xlabel="epoch", ylabel="cosine", ylim=fitted_range(values, pad=0.1, lo=-1.0, hi=1.0))
+        ax.ticklabel_format(axis="y", useOffset=False)
+        _integer_ticks(ax)
+    _legend_outside(axes[1])
+    return _save(fig, {"runs": curves, "init": start}, out)
 
 
 def fig_training_curves(curves: dict[str, dict[str, list]], out: str | Path) -> tuple[Path, Path]:

@@ -11,7 +11,8 @@ grid. Everything is a pure function of (seed, split, index): `random.Random(f"{s
 - Captions: dense (≥ 80 words: background, every object with all attributes and position in reading order, the
   relation of each object to the next in reading order, counts; more relations or a closing sentence are added until
   the caption reaches 80 words), two variants of it (`caption_layout` without the objects' size and texture;
-  `caption_noisy` with size and texture drawn at random, unrelated to the image) and two coarse levels, `shapes`
+  `caption_noisy` with each size and texture word drawn at random, unrelated to the image, with probability
+  `detail_random_p`, 1 by default) and two coarse levels, `shapes`
   ("a picture of a circle, a square and a star.") and `colours` ("a picture of a red circle, ...").
 - Edits (CLIP-IN / UltraEdit style): change colour, shape, size or position of an object, add or remove one; source
   and target images with their dense captions and the instruction.
@@ -223,10 +224,19 @@ def dense_caption(scene: Scene, details: bool = True) -> str:
     return " ".join(parts)
 
 
-def noisy_details(scene: Scene, rng: random.Random) -> Scene:
-    """The scene with every object's size and texture drawn anew, independently of the image: what `caption_noisy`
-    describes (alt-text that names details unreliably; stage A2 learns the words but not to trust them)."""
-    return scene.with_objects([replace(o, size=rng.choice(SIZES), texture=rng.choice(TEXTURES)) for o in scene.objects])
+def noisy_details(scene: Scene, rng: random.Random, p: float = 1.0, coin: random.Random | None = None) -> Scene:
+    """The scene with each object's size and each texture word drawn anew with probability `p` (independently per
+    word; `coin` decides, `rng` draws), else kept: what `caption_noisy` describes (alt-text that names details
+    unreliably). A drawn word may equal the image's by chance, so a word is wrong with probability p · (1 − 1/k) for
+    k values (sizes: 2, textures: 3). The draws from `rng` are the same at every `p`, so p = 1 is the caption that
+    always drew every detail at random, and p = 0 the true one."""
+    coin = coin or random.Random(0)
+    objects = []
+    for o in scene.objects:
+        size, texture = rng.choice(SIZES), rng.choice(TEXTURES)
+        keep_size, keep_texture = coin.random() >= p, coin.random() >= p  # random() < 1: p = 1 never keeps
+        objects.append(replace(o, size=o.size if keep_size else size, texture=o.texture if keep_texture else texture))
+    return scene.with_objects(objects)
 
 
 def coarse_caption(scene: Scene, level: str) -> str:
@@ -444,6 +454,11 @@ def _detail_family(cfg: SynthDenseConfig, split: str, index: int) -> bool:
     return split == "train" and index >= cfg.train_families
 
 
+def _noisy(cfg: SynthDenseConfig, split: str, key: int, scene: Scene) -> Scene:
+    draws, coin = _rng(cfg.seed, f"{split}-noisy", key), _rng(cfg.seed, f"{split}-noisy-coin", key)
+    return noisy_details(scene, draws, cfg.detail_random_p, coin)
+
+
 def _pair_records(cfg: SynthDenseConfig, split: str, index: int, fam_size: int) -> Iterator[tuple[dict, Scene]]:
     attributes = DETAILS if _detail_family(cfg, split, index) else ATTRIBUTES
     scenes = family(_rng(cfg.seed, split, index), fam_size, cfg.min_objects, cfg.max_objects, attributes)
@@ -455,7 +470,7 @@ def _pair_records(cfg: SynthDenseConfig, split: str, index: int, fam_size: int) 
                 "image": f"images/{split}/{rid}.png",
                 "caption": dense_caption(scene),
                 "caption_layout": dense_caption(scene, details=False),
-                "caption_noisy": dense_caption(noisy_details(scene, _rng(cfg.seed, f"{split}-noisy", index * 8 + v))),
+                "caption_noisy": dense_caption(_noisy(cfg, split, index * 8 + v, scene)),
                 "short_caption": coarse_caption(scene, "colours"),
                 "caption_shapes": coarse_caption(scene, "shapes"),
                 "caption_colours": coarse_caption(scene, "colours"),
@@ -567,10 +582,20 @@ def _closing(pool, it: Iterator) -> Iterator:
         yield from it
 
 
+# fields added after VERSION 3 with the value that reproduces version 3's output: at that value a field is left out
+# of a corpus's identity, so corpora (and caches keyed on them) made before the field existed stay valid
+LATER_FIELDS = {"detail_random_p": 1.0}
+
+
+def identity(cfg: SynthDenseConfig) -> dict:
+    """The config values that determine the corpus: every field but `workers` and LATER_FIELDS at their old value."""
+    config = {k: v for k, v in asdict(cfg).items() if k != "workers"}
+    return {k: v for k, v in config.items() if not (k in LATER_FIELDS and v == LATER_FIELDS[k])}
+
+
 def manifest(cfg: SynthDenseConfig) -> dict:
     """What identifies a corpus: generator version and every size (not the number of rendering processes)."""
-    config = {k: v for k, v in asdict(cfg).items() if k != "workers"}
-    return {"generator": "sharpclip.synthdense", "version": VERSION, "config": config}
+    return {"generator": "sharpclip.synthdense", "version": VERSION, "config": identity(cfg)}
 
 
 def generate(root: str | Path, cfg: SynthDenseConfig) -> Path:

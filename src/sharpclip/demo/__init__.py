@@ -4,7 +4,8 @@
    MMVP-style pairs, and a validation corpus (another seed) for the convergence curves.
 2. The strong initialisation (demo.stages), made as CLIP then Long-CLIP were and cached for reuse: stage A, a tiny
    CLIP pre-trained on coarse captions at 32 tokens; stage A2, stretched to 152 tokens and trained on dense captions
-   whose size and texture words are drawn at random (it reads them but learns not to trust them).
+   whose size and texture words are drawn at random (it reads them but learns not to trust them). `task` picks how
+   (demo.plan.TASKS): `unseen-details`, every detail word random (the default), or `paper-geometry`.
 3. One fine-tuning run per objective (demo.plan) on the target task, the full dense captions (size and texture
    included) with test families whose near-duplicates differ exactly there: InfoNCE and HN-CLIP (eq. 2) in the
    paper's regime (micro-batches 16 × 8, scale frozen at 100); `--quick` adds CLIP-IN stage 2 (eq. 8), and `--full`
@@ -12,8 +13,9 @@
    accumulation and HN-CLIP's ablations (frozen Ḡ, γ sweep, LoRA ± boost, learnable scale).
 4. Each is measured (demo.measure), tabulated with its gain over InfoNCE and over the init, its forgetting guard's
    drop (zero-shot colour + shape classification, what stage A taught) beside it, and judged against the papers'
-   claims (demo.report); with `--full` (and `--quick`) the InfoNCE and HN-CLIP arms are blended back towards the init
-   (demo.wise_ft, WiSE-FT); report.md / report.json and the figures go into the run directory.
+   claims (demo.report), under the init's regime check against HN-CLIP's caption geometry and each arm's caption
+   geometry along training (demo.regime); with `--full` (and `--quick`) the InfoNCE and HN-CLIP arms are blended back
+   towards the init (demo.wise_ft, WiSE-FT); report.md / report.json and the figures go into the run directory.
 
     run_demo(DemoOptions(out="runs/demo"))            # what `sharpclip demo` calls
 """
@@ -34,10 +36,11 @@ from sharpclip.config import ModelConfig
 from sharpclip.data.synthetic import ensure
 from sharpclip.demo import report, wise_ft
 from sharpclip.demo.measure import evaluate_model, training_stats
-from sharpclip.demo.plan import PROFILES, Arm, Profile, arms, core_arms
+from sharpclip.demo.plan import DEFAULT_TASK, PROFILES, SCALE, TASKS, Arm, Profile, arms, core_arms
 from sharpclip.demo.stages import (
     Init,
     arm_config,
+    arm_validator,
     corpus,
     data_config,
     ensure_init,
@@ -62,6 +65,7 @@ class DemoOptions:
     only: tuple[str, ...] = ()  # run only these arms (names in demo.plan); InfoNCE is always run (the baseline)
     steps: int = 0  # > 0: fine-tuning steps per arm instead of the profile's (e.g. more epochs for saturation)
     sizes: tuple[str, ...] = ()  # "field=value" changes of the profile (demo.plan.Profile), e.g. "lr=3e-4"
+    task: str = DEFAULT_TASK  # the target task (demo.plan.TASKS): its Profile changes come before `sizes`
 
 
 QUICK_ALSO = ("clipin",)  # --quick (the CI run) also runs CLIP-IN's arm, so both papers' objectives are covered
@@ -83,9 +87,13 @@ def select(opts: DemoOptions) -> list[Arm]:
 
 
 def profile_for(opts: DemoOptions) -> Profile:
-    """The mode's sizes with `opts.steps` and `opts.sizes` applied; an unknown field or a bad value is a ValueError."""
+    """The mode's sizes with the task's changes, `opts.steps` and `opts.sizes` applied (in that order); an unknown
+    task or field or a bad value is a ValueError."""
+    if opts.task not in TASKS:
+        raise ValueError(f"--task {opts.task!r}: unknown; known: {', '.join(TASKS)}")
     p = PROFILES["quick" if opts.quick else "default"]
-    changes: dict[str, Any] = {"steps": opts.steps} if opts.steps else {}
+    changes: dict[str, Any] = dict(TASKS[opts.task])
+    changes.update({"steps": opts.steps} if opts.steps else {})
     known = {f.name: f for f in fields(Profile) if f.name != "name"}
     for item in opts.sizes:
         key, sep, value = item.partition("=")
@@ -117,9 +125,8 @@ def obtain_init(p: Profile, opts: DemoOptions) -> Init:
     cache = cache_dir(opts.cache)
     if not (init_home(p, cache) / "init.json").is_file():
         print(f"pre-training the strong initialisation (stage A: {p.init_steps} steps on coarse captions, then "
-              f"stage A2: {p.a2_steps} steps stretched to {p.context_length} tokens on dense captions with random "
-              f"details); "
-              f"done once, cached under {cache}", flush=True)  # fmt: skip
+              f"stage A2: {p.a2_steps} steps stretched to {p.context_length} tokens on dense captions, "
+              f"{a2_details(p)}); done once, cached under {cache}", flush=True)  # fmt: skip
     init = ensure_init(p, cache, opts.progress)
     stages = f"stage A {init.record['stage_a']['seconds']:.0f} s, A2 {init.record['stage_a2']['seconds']:.0f} s"
     if init.reused:
@@ -129,6 +136,14 @@ def obtain_init(p: Profile, opts: DemoOptions) -> Init:
     return init
 
 
+def a2_details(p: Profile) -> str:
+    """What stage A2's captions say of the details and how its scale is set, in words."""
+    random = (
+        "random details" if p.a2_detail_random_p == 1.0 else f"each detail word random with p {p.a2_detail_random_p:g}"
+    )
+    return random + (f", scale frozen at {p.a2_scale:g}" if p.a2_scale > 0 else "")
+
+
 def _slim(test: dict[str, Any]) -> dict[str, Any]:
     """Test metrics without the geometry histograms (they go to the geometry figure's JSON)."""
     out = {k: v for k, v in test.items() if k != "geometry"}
@@ -136,8 +151,9 @@ def _slim(test: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def run_arms(p: Profile, plan: list[Arm], init: Init, data: Any, validation: Any, opts: DemoOptions, out: Path):
-    """Fine-tune and measure every arm for every seed; returns results, run dirs (first seed), geometry stats."""
+def run_arms(p: Profile, plan: list[Arm], init: Init, data: Any, validate: Any, opts: DemoOptions, out: Path):
+    """Fine-tune and measure every arm for every seed (`validate`: stages.arm_validator); returns results, run dirs
+    (first seed), geometry stats."""
     results: report.Results = {}
     run_dirs: dict[str, Path] = {}
     geometry: dict[str, dict] = {}
@@ -147,7 +163,7 @@ def run_arms(p: Profile, plan: list[Arm], init: Init, data: Any, validation: Any
         bar.set_description(f"seed {seed} {arm.label}")
         run_dir = out / "runs" / f"seed{seed}" / arm.name
         cfg = arm_config(p, arm, init.model_dir, Path(data.root), run_dir, seed, opts.progress)
-        model, seconds = run_arm(cfg, validation)
+        model, seconds = run_arm(cfg, validate)
         test = evaluate_model(model, data)
         entry = results.setdefault(arm.name, {"label": arm.label, "seeds": {}})
         entry["seeds"][seed] = {"test": _slim(test), "train": training_stats(run_dir), "seconds": seconds}
@@ -163,6 +179,7 @@ def run_arms(p: Profile, plan: list[Arm], init: Init, data: Any, validation: Any
 
 def command_line(opts: DemoOptions) -> str:
     words = ["sharpclip demo", "--quick" * opts.quick, "--full" * opts.full, f"--seeds {opts.seeds}"]
+    words += [f"--task {opts.task}" * (opts.task != DEFAULT_TASK)]
     words += [f"--arms {','.join(opts.only)}" * bool(opts.only), f"--steps {opts.steps}" * bool(opts.steps)]
     words += [f"--set {item}" for item in opts.sizes]
     return " ".join(w for w in words if w)
@@ -180,16 +197,21 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
     sizes += f"{p.val_families} × 6 validation"
     print(f"SynthDense in {out}: {sizes}, {p.edits} edit pairs, MMVP pairs ({data_seconds:.0f} s)", flush=True)
     init = obtain_init(p, opts)
+    validate = arm_validator(data, validation, p.micro_batch_size)
+    validate_init = arm_validator(data, validation, p.micro_batch_size, SCALE)  # probed at the arms' scale
     inits = {}
     for name, model_dir, label, stage in (
         ("init_a", init.stage_a_dir, "stage-A init (coarse captions)", "stage_a"),
-        ("init", init.model_dir, "stage-A2 init (dense captions, random details; every arm starts here)", "stage_a2"),
+        ("init", init.model_dir, f"stage-A2 init (dense captions, {a2_details(p)}; every arm starts here)", "stage_a2"),
     ):
         model = create_model(ModelConfig(name=str(model_dir), context_length=p.context_length))
         test = evaluate_model(model, data)  # stretched as the arms start, so no caption is truncated
-        inits[name] = {"label": label, "seeds": {0: {"test": test, "seconds": init.record[stage]["seconds"]}}}
+        with torch.no_grad():
+            before = validate_init(model)  # where the arms' validation curves start (the geometry verdicts' reference)
+        record = {"test": test, "validation": before, "seconds": init.record[stage]["seconds"]}
+        inits[name] = {"label": label, "seeds": {0: record}}
         print(f"{label}: mean R@1 {test['mean_R@1']:.1f}, within-family {test['within_mean_R@1']:.1f}", flush=True)
-    results, run_dirs, geometry = run_arms(p, plan, init, data, validation, opts, out)
+    results, run_dirs, geometry = run_arms(p, plan, init, data, validate, opts, out)
     geometry = {"init": inits["init"]["seeds"][0]["test"]["geometry"], **geometry}
     for entry in inits.values():
         entry["seeds"][0]["test"] = _slim(entry["seeds"][0]["test"])
@@ -201,6 +223,7 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
         figures += [Path(f) for curve in wise.values() for f in curve["files"]]
     meta = {
         "command": command_line(opts),
+        "task": opts.task,
         "profile": asdict(p),
         "arms": [a.name for a in plan],
         "seeds": opts.seeds,

@@ -17,7 +17,9 @@ InfoNCE gradient is exactly zero in float32) and whether the arm's own loss kept
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import random
+from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,7 @@ from sharpclip.losses.monitors import (
     ROWS_SATURATED_MONITOR,
     SATURATED,
     SATURATED_MONITOR,
+    per_row_infonce,
 )
 from sharpclip.train.diagnostics import (
     GRAD_NORM_HN,
@@ -137,21 +140,40 @@ def hardest_is_sibling(text: Tensor, groups: Sequence[str]) -> float:
     return 100.0 * sum(groups[i] == groups[j] for i, j in enumerate(nearest)) / len(groups)
 
 
+def within_chance(groups: Sequence[str]) -> float:
+    """Within-family R@1 (%) of a random ranking: the mean over the pairs of 1 / the size of their family."""
+    sizes = Counter(groups)
+    return 100.0 * sum(1.0 / sizes[g] for g in groups) / len(groups)
+
+
+def embedding_metrics(text: Tensor, image: Tensor, groups: Sequence[str]) -> dict[str, Any]:
+    """What the test embeddings alone give: recall, within-family R@1 and its chance, per-family R@1, caption
+    geometry (the regime check's numbers: demo.report.regime_check). text, image: (N, D) L2-normalised, pair i =
+    (caption i, image i); groups: (N,) family of pair i."""
+    ranks = retrieval_metrics(text, image, pairs_from_caption_index(range(len(text))), KS)
+    out: dict[str, Any] = {f"{d}_R@{k}": ranks[d][f"R@{k}"] for d in ("t2i", "i2t") for k in KS}
+    out["mean_R@1"] = (out["t2i_R@1"] + out["i2t_R@1"]) / 2
+    out.update(within_family_r1(text @ image.t(), groups))
+    out["within_mean_R@1"] = (out["within_t2i_R@1"] + out["within_i2t_R@1"]) / 2
+    out["within_chance"] = within_chance(groups)
+    out.update(family_r1(text @ image.t(), groups))
+    geometry = caption_geometry(text)
+    out["geometry"] = geometry
+    out["pairwise_sim"], out["hardest_sim"] = geometry["mean_pairwise"], geometry["mean_hardest"]
+    out["hardest_is_sibling"] = hardest_is_sibling(text, groups)
+    out["test_pairs"] = len(text)
+    return out
+
+
 def evaluate_model(model: Any, data: DataConfig, batch_size: int = 128) -> dict[str, Any]:
     """Every test metric of the module docstring for `model` on SynthDense at `data.root` (generated already)."""
     samples = read_samples(data, "test")
     # on the GPU when there is one, with the model's own preprocessing (eval.evaluator, as training's validation)
     embed = model_embedder(model.eval(), batch_size=batch_size, device=resolve_device("auto", "eval.device"))
     with torch.no_grad():
-        image = embed.images([s.image for s in samples]).float()
-        text = embed.texts([s.caption for s in samples]).float()
-    ranks = retrieval_metrics(text, image, pairs_from_caption_index(range(len(samples))), KS)
-    out: dict[str, Any] = {f"{d}_R@{k}": ranks[d][f"R@{k}"] for d in ("t2i", "i2t") for k in KS}
-    out["mean_R@1"] = (out["t2i_R@1"] + out["i2t_R@1"]) / 2
-    groups = [s.group or s.id for s in samples]
-    out.update(within_family_r1(text @ image.t(), groups))
-    out["within_mean_R@1"] = (out["within_t2i_R@1"] + out["within_i2t_R@1"]) / 2
-    out.update(family_r1(text @ image.t(), groups))
+        image = embed.images([s.image for s in samples]).float().cpu()
+        text = embed.texts([s.caption for s in samples]).float().cpu()
+    out = embedding_metrics(text, image, [s.group or s.id for s in samples])
     pairs = read_synth_mmvp(data.root)
     mmvp = score_choice_set(embed, pairs)
     out["mmvp"], out["mmvp_pairs"] = mmvp["mean"], mmvp["pairs"]
@@ -161,14 +183,95 @@ def evaluate_model(model: Any, data: DataConfig, batch_size: int = 128) -> dict[
     cos = torch.nn.functional.cosine_similarity(statements[:, 0], statements[:, 1], dim=-1)
     out["mmvp_breakdown"] = mmvp_breakdown(choice_scores(embed, pairs), cos, pairs.groups)
     out["mmvp_chance"] = out["mmvp_breakdown"]["chance"]
-    geometry = caption_geometry(text)
-    out["geometry"] = geometry
-    out["pairwise_sim"], out["hardest_sim"] = geometry["mean_pairwise"], geometry["mean_hardest"]
-    out["hardest_is_sibling"] = hardest_is_sibling(text, groups)
-    out["test_pairs"] = len(samples)
     out.update(zeroshot_guard(embed, Path(data.root)))
     out["captions_truncated"] = embed.num_truncated
     return out
+
+
+# -- along training: what the demo's validation adds to retrieval, at every validation of every arm --------------
+PROBE_MICRO_BATCHES = 8  # of each kind: with near-twin pairs, without
+# the keys of those numbers under `eval/` in an arm's metrics.jsonl (the trainer prefixes what `evaluate` returns)
+CAPTION_PAIRWISE, CAPTION_HARDEST = "caption_pairwise", "caption_hardest"
+SAT_TWIN, SAT_PLAIN = "sat_micro_twin", "sat_micro_plain"
+
+
+def probe_micro_batches(groups: Sequence[str], size: int, count: int, seed: int = 0) -> dict[str, list[list[int]]]:
+    """Fixed micro-batches of `size` training rows (indices into `groups`), composed as the group sampler composes
+    them: "twin", up to `count` micro-batches of size // 2 near-twin pairs (two rows of one group each; the detail
+    pairs), and "plain", up to `count` micro-batches of `size` rows from distinct groups none of which has a twin in
+    the micro-batch (one row of a group each). Seeded: the same micro-batches at every validation."""
+    members: dict[str, list[int]] = defaultdict(list)
+    for i, g in enumerate(groups):
+        members[g].append(i)
+    rng = random.Random(seed)
+    twins = [m[:2] for m in members.values() if len(m) >= 2]
+    ones = [m[0] for m in members.values() if len(m) == 1] or [m[0] for m in members.values()]
+    rng.shuffle(twins)
+    rng.shuffle(ones)
+    half = size // 2
+    twin = [[i for pair in twins[k * half : (k + 1) * half] for i in pair] for k in range(len(twins) // half)]
+    plain = [ones[k * size : (k + 1) * size] for k in range(len(ones) // size)]
+    return {"twin": twin[:count], "plain": plain[:count]}
+
+
+def micro_saturation(image: Tensor, text: Tensor, log_scale: Tensor, batches: list[list[int]]) -> float | None:
+    """Share (%) of `batches` (row indices into image, text: (N, D) L2-normalised) whose own InfoNCE at the scale
+    exp(log_scale) is below 1e-3 (HN-CLIP §2.1's saturated batch; losses.monitors)."""
+    return _share([float(per_row_infonce(image[b], text[b], log_scale).mean()) < SATURATED for b in batches])
+
+
+def along_training(
+    captions: Sequence[str],
+    probe: Sequence[Any],
+    batches: dict[str, list[list[int]]],
+    alpha: str,
+    log_scale: float | None = None,
+):
+    """A validation add-on: model -> {CAPTION_PAIRWISE, CAPTION_HARDEST: the mean pairwise and mean hardest cosine of
+    `captions` (the validation captions; analysis.geometry), SAT_TWIN, SAT_PLAIN: the saturated share (%) of the
+    probe's micro-batches with and without near-twin pairs}. probe: the training samples `batches` index. The
+    probe's InfoNCE is at the scale exp(log_scale), or at the model's own when None (an arm's, as it trains; an init
+    is probed at the scale the arms start from, not at the one its own pre-training ended with)."""
+
+    def measure(model: Any) -> dict[str, float]:
+        embed = model_embedder(model, alpha)
+        with torch.no_grad():
+            geometry = caption_geometry(embed.texts(list(captions)).float().cpu(), bins=2)
+            text = embed.texts([s.caption for s in probe]).float().cpu()
+            image = embed.images([s.image for s in probe]).float().cpu()
+        scale = model.logit_scale.detach().float().cpu() if log_scale is None else torch.tensor(log_scale)
+        out = {CAPTION_PAIRWISE: geometry["mean_pairwise"], CAPTION_HARDEST: geometry["mean_hardest"]}
+        for key, kind in ((SAT_TWIN, "twin"), (SAT_PLAIN, "plain")):
+            share = micro_saturation(image, text, scale, batches[kind])
+            if share is not None:  # a split without detail pairs has no twin micro-batch
+                out[key] = share
+        return out
+
+    return measure
+
+
+def with_measures(validate: Callable[[Any], dict[str, float]], *extra: Callable[[Any], dict[str, float]]):
+    """A Trainer's `evaluate`: `validate`'s metrics and every `extra`'s, of the same model."""
+
+    def evaluate(model: Any) -> dict[str, float]:
+        out = dict(validate(model))
+        for measure in extra:
+            out.update(measure(model))
+        return out
+
+    return evaluate
+
+
+def along_training_stats(records: list[dict]) -> dict[str, Any]:
+    """From an arm's metrics.jsonl: the caption geometry at every validation ({"epoch", "pairwise", "hardest"}) and
+    the probe's saturated shares at the first validation (after epoch 1), with and without near-twin pairs."""
+    evals = [r for r in records if f"eval/{CAPTION_PAIRWISE}" in r]
+    curve = {"epoch": [r["epoch"] for r in evals]}
+    curve["pairwise"] = [r[f"eval/{CAPTION_PAIRWISE}"] for r in evals]
+    curve["hardest"] = [r[f"eval/{CAPTION_HARDEST}"] for r in evals]
+    first = evals[0] if evals else {}
+    return {"geometry_curve": curve, "sat_twin_ep1": first.get(f"eval/{SAT_TWIN}"),
+            "sat_plain_ep1": first.get(f"eval/{SAT_PLAIN}")}  # fmt: skip
 
 
 def zeroshot_guard(embed: Any, root: Path) -> dict[str, float]:
@@ -234,7 +337,8 @@ def _per_matrix(diag: list[dict], micro_key: str, key: str) -> list[float]:
 def training_stats(run_dir: str | Path) -> dict[str, Any]:
     """Saturation and activity of a finished arm (shares in %), from its metrics.jsonl and diagnostics.jsonl."""
     run_dir = Path(run_dir)
-    steps = [r for r in read_jsonl(run_dir / "metrics.jsonl") if INFONCE_MONITOR in r]
+    records = read_jsonl(run_dir / "metrics.jsonl")
+    steps = [r for r in records if INFONCE_MONITOR in r]
     first = [r for r in steps if r["epoch"] == 0]
     out: dict[str, Any] = {
         "steps": len(steps),
@@ -249,6 +353,7 @@ def training_stats(run_dir: str | Path) -> dict[str, Any]:
         "final_scale": steps[-1]["logit_scale"] if steps else None,
         "samples_per_s": _mean([r["samples_per_s"] for r in steps[1:]]),
     }
+    out.update(along_training_stats(records))
     third = steps[2 * len(steps) // 3 :]
     out["grad_norm_last_third"] = _mean([r["grad_norm"] for r in third])
     diag_path = run_dir / "diagnostics.jsonl"

@@ -70,6 +70,10 @@ class Profile:
     a2_split: str = "pretrain_noisy"  # dense captions whose size and texture words are random (pretrain_layout: none)
     a2_lr: float = 3e-4
     a2_batch_size: int = 128
+    # the probability that each size / texture word of A2's `pretrain_noisy` captions is drawn at random instead of
+    # being the image's (SynthDense's detail_random_p): 1 = every detail word random, 0 = the true captions
+    a2_detail_random_p: float = 1.0
+    a2_scale: float = 0.0  # > 0: A2's logit scale frozen at this value; 0: learnable, from stage A's
     # stage B (each arm), the paper's regime: 128 rows a step as 8 micro-batches of 16, each its own InfoNCE problem
     # (HN-CLIP's effective batch of 128 = 16 × 8), scale frozen at 100; lr from the sweep in docs/reproduction.md
     steps: int = 200  # 10 epochs of 2,560 rows, as HN-CLIP's recipe
@@ -91,6 +95,20 @@ PROFILES = {
     ),
     "default": Profile("default", width=64, layers=2, image_size=48),
 }  # fmt: skip
+
+# The target tasks `sharpclip demo --task NAME` fine-tunes on: changes of the mode's Profile, applied before --set.
+# Both fine-tune on the same corpus with the same arms; they differ in the init (stage A2), hence in its cache key.
+# - unseen-details (the default): A2's detail words are all random, so the init cannot see size or texture at all
+#   (its test captions' hardest negative sits at cosine ≈ 1): the task asks for a feature the init lacks.
+# - paper-geometry: an init that half-sees the details, as HN-CLIP's Long-CLIP does (its Fig. 1: mean pairwise
+#   caption cosine 0.84-0.88, hardest 0.92-0.94): half of A2's detail words true, A2's scale frozen at 100 so that
+#   the captions keep part of stage A's shared direction. These values are PROVISIONAL: they are to be chosen by
+#   measuring the init's regime check (demo.report.regime_check) and the InfoNCE arm alone, before HN-CLIP is run.
+TASKS: dict[str, dict[str, float]] = {
+    "unseen-details": {},
+    "paper-geometry": {"a2_detail_random_p": 0.5, "a2_scale": 100.0},
+}
+DEFAULT_TASK = "unseen-details"
 
 SCALE = math.log(100.0)  # the logit scale of the fine-tuning arms, frozen (as pre-trained CLIP's sits at 100)
 

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from sharpclip.analysis import dynamics, plots
+from sharpclip.demo import regime
+from sharpclip.demo.measure import CAPTION_HARDEST, CAPTION_PAIRWISE
 
 Results = dict[str, dict[str, Any]]
 BASELINE = "infonce"
@@ -37,6 +39,9 @@ COLUMNS = [  # (header, section, key, gains shown: "" | "base" (over InfoNCE) | 
     ("caption sim", "test", "pairwise_sim", ""),
     ("hardest sim", "test", "hardest_sim", ""),
     ("sat. micro-batches ep1 %", "train", "sat_batches_ep1", ""),
+    # the validation's probe after epoch 1: fixed training micro-batches with / without near-twin pairs
+    ("sat. twin micro-batches after ep1 %", "train", "sat_twin_ep1", ""),
+    ("sat. other micro-batches after ep1 %", "train", "sat_plain_ep1", ""),
     ("sat. rows ep1 %", "train", "sat_rows_ep1", ""),
     ("s at end", "train", "final_scale", ""),
 ]
@@ -169,7 +174,9 @@ def _saturation(results: Results) -> dict[str, str]:
     lowest = ", ".join(f"{v:.1e}" for v in t("min_infonce")) or "–"
     measured = (
         f"InfoNCE arm, first epoch: {fmt(t('sat_batches_ep1'))}% of contrastive micro-batches and "
-        f"{fmt(t('sat_rows_ep1'))}% of rows with loss < 1e-3 (paper: 80 % of batches); lowest InfoNCE "
+        f"{fmt(t('sat_rows_ep1'))}% of rows with loss < 1e-3 (paper: 80 % of batches); after epoch 1, "
+        f"{fmt(t('sat_twin_ep1'))}% of probed training micro-batches holding near-twin pairs and "
+        f"{fmt(t('sat_plain_ep1'))}% of those holding none; lowest InfoNCE "
         f"{lowest}; exact-zero fp32 gradient on {fmt(t('zero_grad_saturated'))}% of the measured "
         f"saturated micro-batches ({fmt(t('zero_grad_micro'))}% of all measured micro-batches; paper: 47 %); a loss "
         f"of exactly 0.0 in fp32 on {fmt(t('zero_loss_micro'))}% of them"
@@ -330,22 +337,55 @@ def write_figures(results: Results, run_dirs: dict[str, Path], geometry: dict[st
         written += plots.fig_gradient_dynamics(dyn, out / "gradient_dynamics")
     curves = {results[a]["label"]: dynamics.convergence(d, "mean_R@1") for a, d in run_dirs.items()}
     written += plots.fig_convergence(curves, out / "convergence")
+    along = {results[a]["label"]: results[a]["seeds"][0]["train"].get("geometry_curve", {}) for a in run_dirs}
+    along = {label: c for label, c in along.items() if c.get("pairwise")}
+    if along:  # beside the convergence curves: the same validations' caption geometry
+        start = results.get(INIT, {}).get("seeds", {}).get(0, {}).get("validation", {})
+        reference = {"pairwise": start[CAPTION_PAIRWISE], "hardest": start[CAPTION_HARDEST]} if start else None
+        written += plots.fig_geometry_along(along, reference, out / "geometry_along_training")
     written += plots.fig_geometry_summary(geometry, out / "geometry")
     written += plots.fig_caption_similarity(geometry, out / "caption_similarity")
     return written
 
 
+def regime_section(results: Results) -> str:
+    """report.md's regime check: the inits' test captions beside HN-CLIP Fig. 1, the targets, the init's probe."""
+    if INIT not in results:
+        return ""
+    first = lambda a: next(iter(results[a]["seeds"].values()))  # noqa: E731  (an init has one "seed")
+    inits = {a: (results[a]["label"], first(a)["test"]) for a in INITS if a in results}
+    text = regime.regime_markdown(inits, regime.regime_check(first(INIT)["test"]))
+    return f"## Regime check (the init against HN-CLIP's caption geometry)\n\n{text}\n" + (
+        regime.saturation_line(first(INIT).get("validation", {})) + "\n\n"
+    )
+
+
+def geometry_section(results: Results) -> str:
+    verdicts = regime.geometry_verdicts(results, INITS, INIT)
+    if not verdicts:
+        return ""
+    return (
+        "## Caption geometry along training (validation captions)\n\n" + regime.geometry_markdown(verdicts) + "\n"
+        "Whether each arm kept the init's caption geometry, which HN-CLIP's margin presumes, or reshaped it: the "
+        "validation captions' mean pairwise and mean hardest cosine at the init and at the last validation (mean "
+        "over seeds); every validation's values are in `geometry_along_training.png` and report.json.\n\n"
+    )
+
+
 def report_markdown(results: Results, items: list[dict[str, str]], header: str, figures: list[Path]) -> str:
     pngs = [p for p in figures if p.suffix == ".png"]
     return (
-        f"# sharpclip demo\n\n{header}\n\n## Results (test split)\n\n{markdown_table(results)}\n"
+        f"# sharpclip demo\n\n{header}\n\n{regime_section(results)}"
+        f"## Results (test split)\n\n{markdown_table(results)}\n"
         "R@K in %, both directions over all test pairs; within-family R@1: gallery = the query's 6 near-duplicates; "
         "MMVP pairs: % of SynthDense MMVP-style pairs with both statements right; caption sim / hardest sim: mean "
         "pairwise and mean hardest-companion cosine of the test captions; sat.: share of training batches / rows "
-        "with InfoNCE < 1e-3 in the first epoch; zero-shot guard: top-1 % of colour + shape classification of "
-        "single-object scenes (what the init knew); Δ: gain over InfoNCE, paired by seed; Δ init: over the A2 init; "
-        "mean ± sample std over seeds."
-        f"\n\n## Claims\n\n{claims_markdown(items)}\n## Figures\n\n" + "".join(f"![{p.stem}]({p})\n" for p in pngs)
+        "with InfoNCE < 1e-3 in the first epoch; sat. twin / other: the same share, after epoch 1, of fixed "
+        "training micro-batches that hold near-twin pairs / none; zero-shot guard: top-1 % of colour + shape "
+        "classification of single-object scenes (what the init knew); Δ: gain over InfoNCE, paired by seed; "
+        "Δ init: over the A2 init; mean ± sample std over seeds."
+        f"\n\n{geometry_section(results)}## Claims\n\n{claims_markdown(items)}\n## Figures\n\n"
+        + "".join(f"![{p.stem}]({p})\n" for p in pngs)
     )
 
 
@@ -359,5 +399,8 @@ def write_report(
     md.write_text(report_markdown(results, items, header, relative))
     js = out / "report.json"
     doc = {"meta": meta, "claims": items, "results": results, "wise_ft": wise or {}}
+    if INIT in results:
+        doc["regime_check"] = regime.regime_check(next(iter(results[INIT]["seeds"].values()))["test"])
+    doc["geometry_along_training"] = regime.geometry_verdicts(results, INITS, INIT)
     js.write_text(json.dumps(doc, indent=2, default=str) + "\n")
     return [md, js]

@@ -11,13 +11,16 @@ reuses both; a finished stage A survives an interrupted stage A2):
   rule (models.long_context: 20 positions kept and frozen, the rest interpolated) and trained with InfoNCE and a
   learnable scale on dense captions of the same scenes whose size and texture words are drawn at random, unrelated
   to the image (SynthDense's `pretrain_noisy`, like alt-text that names details unreliably): A2 reads every word of
-  the target's captions but has learnt not to trust the details.
+  the target's captions but has learnt not to trust the details. Profile fields set how random the detail words
+  are (`a2_detail_random_p`: each word random with that probability) and whether A2's scale is frozen (`a2_scale`);
+  the task variants (demo.plan.TASKS) differ only there.
 
 Stage B: one fine-tuning run per arm (demo.plan) on the true dense captions, whose size and texture words are the
 target task's shift (its test families' near-duplicates differ only there), from the A2 init, with the same seed and
 number of steps, in the paper's regime (micro-batches 16 × 8, each its own InfoNCE problem), the logit scale frozen
 at 100 unless the arm says otherwise, and the per-epoch validation on a second SynthDense corpus (another seed's test
-families), so that the test split is only read at the end.
+families), so that the test split is only read at the end. Each validation also records the validation captions'
+geometry and the saturation of fixed training micro-batches with and without near-twin pairs (arm_validator).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import gc
 import hashlib
 import json
 import logging
+import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,8 +38,10 @@ from sharpclip.analysis.dynamics import read_jsonl
 from sharpclip.config import Config, DataConfig, SynthDenseConfig, load_config, to_yaml
 from sharpclip.data import read_samples
 from sharpclip.data.synthetic import VERSION as generator
+from sharpclip.data.synthetic import identity as corpus_identity
+from sharpclip.demo.measure import PROBE_MICRO_BATCHES, along_training, probe_micro_batches, with_measures
 from sharpclip.demo.plan import SCALE, Arm, Profile, term_overrides
-from sharpclip.eval.evaluator import retrieval_validator
+from sharpclip.eval.evaluator import Evaluate, retrieval_validator
 from sharpclip.models.base import DualEncoder
 from sharpclip.models.factory import save_checkpoint
 from sharpclip.train.logging import log
@@ -63,9 +69,10 @@ def validation_corpus(p: Profile) -> SynthDenseConfig:
 
 
 def pretrain_corpus(p: Profile) -> SynthDenseConfig:
+    """Stage A's and A2's scenes; A2's `pretrain_noisy` randomises each detail word with `a2_detail_random_p`."""
     return SynthDenseConfig(
         resolution=p.image_size, train_families=0, test_families=0, pretrain_scenes=p.pretrain_scenes, edits=0,
-        mmvp_pairs=0,
+        mmvp_pairs=0, detail_random_p=p.a2_detail_random_p,
     )  # fmt: skip
 
 
@@ -112,8 +119,11 @@ def init_config(p: Profile, home: Path, progress: bool) -> Config:
 
 def a2_config(p: Profile, home: Path, progress: bool) -> Config:
     """Stage A2 (Long-CLIP's stage): stage A stretched to `context_length` positions, trained with InfoNCE and a
-    learnable scale on `p.a2_split`, dense captions of the same pre-training scenes with random details."""
+    learnable scale (frozen at `p.a2_scale` when > 0) on `p.a2_split`, dense captions of the same pre-training scenes
+    whose detail words are random with probability `p.a2_detail_random_p`."""
     overrides = [f"model.name={home / 'stage_a' / 'model'}", f"model.context_length={p.context_length}"]
+    if p.a2_scale > 0:
+        overrides += ["model.logit_scale_learnable=false", f"model.logit_scale_init={math.log(p.a2_scale)}"]
     overrides += [*_data_overrides(home / "synthdense", pretrain_corpus(p)), f"data.train_split={p.a2_split}"]
     overrides += _train_overrides(home / "stage_a2" / "run", 0, p.a2_steps, p.a2_batch_size, p.a2_lr, progress)
     return load_config(None, [*overrides, "train.eval_every=0", "train.grad_clip=5.0"])
@@ -122,12 +132,17 @@ def a2_config(p: Profile, home: Path, progress: bool) -> Config:
 def init_key(p: Profile) -> str:
     """What determines the init (both stages): the recipe version, model sizes, corpus, steps, lr and batch sizes."""
     fields = {k: v for k, v in asdict(p).items() if k.startswith(("init_", "a2_")) or k in _INIT_FIELDS}
-    corpus_id = {"generator": generator, **asdict(pretrain_corpus(p))}
+    fields = {k: v for k, v in fields.items() if not (k in _LATER_FIELDS and v == _LATER_FIELDS[k])}
+    sd = pretrain_corpus(p)
+    corpus_id = {"generator": generator, **corpus_identity(sd), "workers": sd.workers}
     blob = json.dumps({"v": INIT_VERSION, **fields, "corpus": corpus_id}, sort_keys=True)
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
 
 _INIT_FIELDS = ("width", "layers", "image_size", "patch_size", "pretrain_scenes", "context_length")
+# Profile fields added after INIT_VERSION 3, with the value that reproduces its init: at that value a field stays out
+# of the key, so caches made before it existed are still found (as data.synthetic.LATER_FIELDS does for corpora)
+_LATER_FIELDS = {"a2_detail_random_p": 1.0, "a2_scale": 0.0}
 
 
 def init_home(p: Profile, cache: Path) -> Path:
@@ -223,15 +238,30 @@ def arm_config(p: Profile, arm: Arm, init: Path, data_root: Path, out: Path, see
     return load_config(None, overrides + list(arm.overrides) + [passes] + term_overrides(arm))
 
 
-def run_arm(cfg: Config, validation: DataConfig) -> tuple[DualEncoder, float]:
-    """Fine-tune as `cfg` says, validating on `validation`'s test split each epoch; the model and the seconds taken."""
+def arm_validator(
+    data: DataConfig, validation: DataConfig, micro_batch_size: int, log_scale: float | None = None
+) -> Evaluate:
+    """The arms' per-epoch validation: retrieval on `validation`'s test split (eval.evaluator) and, of the same
+    model, those captions' geometry and the saturation of fixed training micro-batches of `data` with and without
+    near-twin pairs (demo.measure.along_training; at the model's own scale, or exp(log_scale) when given)."""
+    held_out, train = read_samples(validation, "test"), read_samples(data, "train")
+    batches = probe_micro_batches([s.group or s.id for s in train], micro_batch_size, PROBE_MICRO_BATCHES)
+    rows = sorted({i for kind in batches.values() for b in kind for i in b})  # embed each probed row once
+    where = {i: k for k, i in enumerate(rows)}
+    local = {kind: [[where[i] for i in b] for b in bs] for kind, bs in batches.items()}
+    captions, probe = [s.caption for s in held_out], [train[i] for i in rows]
+    extra = along_training(captions, probe, local, validation.image_alpha, log_scale)
+    return with_measures(retrieval_validator(held_out, "test", validation.image_alpha), extra)
+
+
+def run_arm(cfg: Config, validate: Evaluate) -> tuple[DualEncoder, float]:
+    """Fine-tune as `cfg` says, calling `validate` (arm_validator) each epoch; the model and the seconds taken."""
     out = Path(cfg.train.output_dir)
     start = time.perf_counter()
     # the demo's own arm folder (<out>/runs/seed<k>/<arm>): a second demo replaces it rather than mixing two runs;
     # a folder there that is not a run directory is refused (run_dir's overwrite policy), never emptied
     with open_run_dir(out, "overwrite"), _file_log(out / "train.log"):
         (out / "config.yaml").write_text(to_yaml(cfg))
-        validate = retrieval_validator(read_samples(validation, "test"), "test", validation.image_alpha)
         trainer = build_trainer(cfg, evaluate=validate)
         trainer.fit()
     model = trainer.model.eval()
