@@ -10,7 +10,6 @@ the same best-checkpoint decision without another collective.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 from sharpclip.eval.embed import Embedder, ShardedEmbedder
@@ -19,12 +18,9 @@ from sharpclip.train import distributed
 
 def gather_rows(rows: Tensor) -> list[Tensor]:
     """Every rank's `rows` (CPU tensors of any row count), in rank order; [rows] on one process."""
-    world = distributed.world_size()
-    if world == 1:
+    if distributed.world_size() == 1:
         return [rows]
-    out: list = [None] * world
-    dist.all_gather_object(out, rows.detach().cpu())
-    return [torch.as_tensor(t) for t in out]
+    return [torch.as_tensor(t) for t in distributed.all_ranks(rows.detach().cpu())]
 
 
 def shard(embedder: Embedder) -> Embedder:
