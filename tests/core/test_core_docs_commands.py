@@ -5,7 +5,7 @@ running the job or building a model.
 A fenced ```bash / ```shell block is checked line by line (backslash continuations joined, comments stripped, `;` /
 `&&` / `|` separating commands):
 
-- `sharpclip ...`, `python -m sharpclip ...` and torchrun's `-m sharpclip ...`: parsed by `cli.build_parser()`; the
+- `sharpclip ...`, `python -m sharpclip ...` and torchrun's `-m sharpclip ...`: parsed as `cli.main` parses them; the
   YAML files and `key=value` overrides are loaded and validated. `...` in a command stands for arguments shown
   before it and is dropped.
 - `python benchmarks/X.py`: the script exists. Any `configs/X.yaml`: the file exists.
@@ -26,9 +26,10 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from sharpclip.cli import build_parser
+from sharpclip.cli import build_parser, parse_args
 from sharpclip.config import load_config, split_args
 from sharpclip.train.features import build_objective
+from sharpclip.train.run import check_config
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -135,7 +136,7 @@ def check(command: Command) -> None:
         user = [w for w in args if USER_PATH.search(w)]
         assert not user, f"{where}: {user} are the user's paths; start the block with `{TEMPLATE} ...`"
     try:
-        parsed = build_parser().parse_args(args)
+        parsed = parse_args(build_parser(), args)  # exactly as `sharpclip` parses its command line
     except SystemExit:
         pytest.fail(f"{where}: the CLI's parser refuses it")
     files, overrides = split_args(config_words(parsed))
@@ -144,8 +145,7 @@ def check(command: Command) -> None:
         assert OVERRIDE_KEY.match(key), f"{where}: {item!r} is not a dotted key=value override"
         OmegaConf.from_dotlist([item])
     if not command.template:
-        cfg = load_config(files, overrides)  # what `sharpclip config` prints; raises ConfigError naming the key
-        build_objective(cfg.loss)
+        check_config(load_config(files, overrides))  # what `sharpclip config` checks; ConfigError names the key
 
 
 ALL_BLOCKS = [b for page in PAGES for b in blocks(page)]
