@@ -143,24 +143,30 @@ def test_epoch_samples_sets_the_length_and_cannot_exceed_the_shards(tmp_path):
         build_loader(cfg(tmp_path, epoch_samples=100), "train", PREP, batch_size=2)
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_resume_continues_the_epoch_from_the_saved_positions(tmp_path, workers):
-    keys = img2dataset(tmp_path, 4, 6)
-    make = lambda: build_loader(cfg(tmp_path, num_workers=workers, shuffle_buffer=0), "train", PREP,  # noqa: E731
-                                batch_size=3, seed=2)  # fmt: skip
+def _interrupted_epoch(make, taken: int = 3):
+    """(the uninterrupted epoch 1's batch ids, those of a loader stopped after `taken` batches, those of a new loader
+    resumed from its state dict as a checkpoint stores it, the resumed loader)."""
     full = make()
     full.set_epoch(1)
     reference = [b.ids for b in full]
     first = make()
     first.set_epoch(1)
     it = iter(first)
-    done = [next(it).ids for _ in range(3)]
-    state = json.loads(json.dumps(first.state_dict()))  # as a checkpoint stores it
+    done = [next(it).ids for _ in range(taken)]
+    state = json.loads(json.dumps(first.state_dict()))
     del it
     second = make()
     second.load_state_dict(state)
     second.set_epoch(1)
-    rest = [b.ids for b in second]
+    return reference, done, [b.ids for b in second], second
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_continues_the_epoch_from_the_saved_positions(tmp_path, workers):
+    keys = img2dataset(tmp_path, 4, 6)
+    make = lambda: build_loader(cfg(tmp_path, num_workers=workers, shuffle_buffer=0), "train", PREP,  # noqa: E731
+                                batch_size=3, seed=2)  # fmt: skip
+    reference, done, rest, second = _interrupted_epoch(make)
     assert sorted(i for b in done + rest for i in b) == sorted(keys)  # nothing twice, nothing lost
     assert done + rest == reference  # in the same order, also with workers (the DataLoader's turn is restored)
     assert second.state_dict()["epoch"] == 2  # the epoch ended: the next one starts fresh
@@ -174,19 +180,7 @@ def test_resume_through_the_default_shuffle_buffer_loses_nothing_and_repeats_the
     data = cfg(tmp_path, num_workers=workers)
     assert data.shuffle_buffer >= 12  # the default: more than a slot's samples
     make = lambda: build_loader(data, "train", PREP, batch_size=3, seed=2)  # noqa: E731
-    full = make()
-    full.set_epoch(1)
-    reference = [b.ids for b in full]
-    first = make()
-    first.set_epoch(1)
-    it = iter(first)
-    done = [next(it).ids for _ in range(3)]
-    state = json.loads(json.dumps(first.state_dict()))
-    del it
-    second = make()
-    second.load_state_dict(state)
-    second.set_epoch(1)
-    rest = [b.ids for b in second]
+    reference, done, rest, _ = _interrupted_epoch(make)
     assert done + rest == reference and sorted(i for b in reference for i in b) == sorted(keys)
 
 
