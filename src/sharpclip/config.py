@@ -151,6 +151,9 @@ class SynthDenseConfig:
     test_family_size: int = 6  # a base scene and 5 near-duplicates, each 1 or 2 attributes of one object apart
     test_variants: str = "any"  # what the near-duplicates change: any attribute | details (size, texture only)
     pretrain_scenes: int = 20000  # independent scenes with coarse captions (stage A)
+    # more pre-training families of two, indexed after the `pretrain_scenes`: a scene and a near-duplicate differing
+    # only in the size or texture of one object (in every pretrain split; the sampler keeps both in one batch)
+    pretrain_detail_pairs: int = 0
     edits: int = 2000  # instruction-edit pairs
     mmvp_pairs: int = 15  # image pairs per visual pattern
     # zero-shot colour + shape classification (64 classes) of single-object scenes, images per class: what coarse

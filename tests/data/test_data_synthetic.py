@@ -205,6 +205,25 @@ def test_detail_pairs_are_extra_training_families_of_two_apart_only_in_size_or_t
     assert len(train) == 11 and len({s.group for s in train}) == 7
 
 
+def test_pretrain_detail_pairs_follow_the_pretrain_scenes_and_leave_them_unchanged(tmp_path):
+    base = SynthDenseConfig(train_families=0, test_families=0, pretrain_scenes=3, edits=0, mmvp_pairs=0,
+                            resolution=32, workers=1, detail_random_p=0.0)  # fmt: skip
+    plain = sd.generate(tmp_path / "plain", base)
+    paired = sd.generate(tmp_path / "paired", replace(base, pretrain_detail_pairs=2))
+    rows = [json.loads(line) for line in (paired / "pretrain.jsonl").read_text().splitlines()]
+    alone = [json.loads(line) for line in (plain / "pretrain.jsonl").read_text().splitlines()]
+    assert rows[:3] == alone  # the independent scenes are the same scenes, the pairs come after them
+    pairs = rows[3:]
+    assert [r["group"] for r in pairs] == ["pretrain-000003"] * 2 + ["pretrain-000004"] * 2
+    for a, b in (pairs[:2], pairs[2:]):
+        assert a["caption_layout"] == b["caption_layout"] and a["caption"] != b["caption"]
+        assert a["caption_noisy"] == a["caption"]  # p = 0: the noisy captions are the true ones
+    assert "pretrain_detail_pairs" not in sd.manifest(base)["config"]  # corpora made before the field stay valid
+    noisy = read_samples(DataConfig(root=str(paired), synthdense=replace(base, pretrain_detail_pairs=2)),
+                         "pretrain_noisy")  # fmt: skip
+    assert len(noisy) == 7 and len({s.group for s in noisy}) == 5
+
+
 def test_zeroshot_split_is_an_image_folder_of_single_objects_one_class_per_colour_and_shape(tmp_path):
     from sharpclip.eval.zeroshot import read_image_folder
 

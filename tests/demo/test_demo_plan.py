@@ -102,9 +102,13 @@ def test_paper_geometry_changes_only_stage_a2_and_has_its_own_cache_key():
         changed = {k for k in base.__dataclass_fields__ if getattr(base, k) != getattr(paper, k)}
         assert changed == set(TASKS["paper-geometry"]) and all(k.startswith("a2_") for k in changed)
         assert init_key(paper) != init_key(base)
-        assert 0.0 < paper.a2_detail_random_p < 1.0
+        assert paper.a2_detail_random_p < 1.0 and paper.a2_detail_pairs > 0
     cfg = a2_config(paper, Path("/tmp/x"), progress=False)
     assert cfg.data.synthdense.detail_random_p == paper.a2_detail_random_p and cfg.data.train_split == "pretrain_noisy"
+    # A2's detail pairs live in a corpus of their own, which stage A never reads
+    assert cfg.data.synthdense.pretrain_detail_pairs == paper.a2_detail_pairs > 0
+    assert cfg.data.root == "/tmp/x/synthdense-a2"
+    assert init_config(paper, Path("/tmp/x"), progress=False).data.synthdense.pretrain_detail_pairs == 0
     assert not cfg.model.logit_scale_learnable and cfg.model.logit_scale_init == pytest.approx(4.60517, abs=1e-5)
     # --set comes after the task's changes
     p = profile_for(DemoOptions(task="paper-geometry", sizes=("a2_detail_random_p=0.25", "a2_steps=48")))

@@ -448,9 +448,11 @@ def _rng(seed: int, split: str, index: int) -> random.Random:
 
 def _detail_family(cfg: SynthDenseConfig, split: str, index: int) -> bool:
     """Whether this family's near-duplicates change only size and texture (a test family under `details`, or one of
-    the `train_detail_pairs`, indexed after the `train_families`)."""
+    the `train_detail_pairs` / `pretrain_detail_pairs`, indexed after the `train_families` / `pretrain_scenes`)."""
     if split == "test":
         return cfg.test_variants == "details"
+    if split == "pretrain":
+        return index >= cfg.pretrain_scenes
     return split == "train" and index >= cfg.train_families
 
 
@@ -533,7 +535,8 @@ def _zeroshot_records(cfg: SynthDenseConfig, index: int) -> Iterator[tuple[dict,
 def _jobs(cfg: SynthDenseConfig) -> list[tuple[str, int]]:
     jobs = [("train", i) for i in range(cfg.train_families + cfg.train_detail_pairs)]
     jobs += [("test", i) for i in range(cfg.test_families)]
-    jobs += [("pretrain", i) for i in range(cfg.pretrain_scenes)] + [("edits", i) for i in range(cfg.edits)]
+    jobs += [("pretrain", i) for i in range(cfg.pretrain_scenes + cfg.pretrain_detail_pairs)]
+    jobs += [("edits", i) for i in range(cfg.edits)]
     jobs += [("mmvp", i) for i in range(cfg.mmvp_pairs * len(MMVP_PATTERNS))]
     return jobs + [("zeroshot", i) for i in range(cfg.zeroshot_per_class * len(ZEROSHOT_CLASSES))]
 
@@ -546,7 +549,7 @@ def _records(cfg: SynthDenseConfig, split: str, index: int) -> Iterator[tuple[di
     if split == "zeroshot":
         return _zeroshot_records(cfg, index)
     size = {"train": cfg.train_family_size, "test": cfg.test_family_size, "pretrain": 1}[split]
-    if split == "train" and _detail_family(cfg, split, index):
+    if split in ("train", "pretrain") and _detail_family(cfg, split, index):
         size = 2  # a detail pair
     return _pair_records(cfg, split, index, size)
 
@@ -584,7 +587,7 @@ def _closing(pool, it: Iterator) -> Iterator:
 
 # fields added after VERSION 3 with the value that reproduces version 3's output: at that value a field is left out
 # of a corpus's identity, so corpora (and caches keyed on them) made before the field existed stay valid
-LATER_FIELDS = {"detail_random_p": 1.0}
+LATER_FIELDS = {"detail_random_p": 1.0, "pretrain_detail_pairs": 0}
 
 
 def identity(cfg: SynthDenseConfig) -> dict:

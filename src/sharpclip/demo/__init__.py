@@ -138,10 +138,10 @@ def obtain_init(p: Profile, opts: DemoOptions) -> Init:
 
 def a2_details(p: Profile) -> str:
     """What stage A2's captions say of the details and how its scale is set, in words."""
-    random = (
-        "random details" if p.a2_detail_random_p == 1.0 else f"each detail word random with p {p.a2_detail_random_p:g}"
-    )
-    return random + (f", scale frozen at {p.a2_scale:g}" if p.a2_scale > 0 else "")
+    q = p.a2_detail_random_p
+    words = {1.0: "random details", 0.0: "true details"}.get(q, f"each detail word random with p {q:g}")
+    pairs = f", {p.a2_detail_pairs} detail pairs" if p.a2_detail_pairs else ""
+    return words + pairs + (f", scale frozen at {p.a2_scale:g}" if p.a2_scale > 0 else "")
 
 
 def _slim(test: dict[str, Any]) -> dict[str, Any]:

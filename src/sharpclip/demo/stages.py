@@ -31,7 +31,7 @@ import json
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from sharpclip.analysis.dynamics import read_jsonl
@@ -74,6 +74,17 @@ def pretrain_corpus(p: Profile) -> SynthDenseConfig:
         resolution=p.image_size, train_families=0, test_families=0, pretrain_scenes=p.pretrain_scenes, edits=0,
         mmvp_pairs=0, detail_random_p=p.a2_detail_random_p,
     )  # fmt: skip
+
+
+def a2_corpus(p: Profile) -> SynthDenseConfig:
+    """Stage A2's scenes: stage A's, plus `a2_detail_pairs` detail pairs (which stage A must not see: a pair's two
+    coarse captions are the same caption)."""
+    return replace(pretrain_corpus(p), pretrain_detail_pairs=p.a2_detail_pairs)
+
+
+def a2_root(p: Profile, home: Path) -> Path:
+    """Where A2's corpus lives: stage A's corpus when A2 adds no pairs, else a corpus of its own."""
+    return home / ("synthdense-a2" if p.a2_detail_pairs else "synthdense")
 
 
 def data_config(root: Path, sd: SynthDenseConfig) -> DataConfig:
@@ -124,7 +135,7 @@ def a2_config(p: Profile, home: Path, progress: bool) -> Config:
     overrides = [f"model.name={home / 'stage_a' / 'model'}", f"model.context_length={p.context_length}"]
     if p.a2_scale > 0:
         overrides += ["model.logit_scale_learnable=false", f"model.logit_scale_init={math.log(p.a2_scale)}"]
-    overrides += [*_data_overrides(home / "synthdense", pretrain_corpus(p)), f"data.train_split={p.a2_split}"]
+    overrides += [*_data_overrides(a2_root(p, home), a2_corpus(p)), f"data.train_split={p.a2_split}"]
     overrides += _train_overrides(home / "stage_a2" / "run", 0, p.a2_steps, p.a2_batch_size, p.a2_lr, progress)
     return load_config(None, [*overrides, "train.eval_every=0", "train.grad_clip=5.0"])
 
@@ -142,7 +153,7 @@ def init_key(p: Profile) -> str:
 _INIT_FIELDS = ("width", "layers", "image_size", "patch_size", "pretrain_scenes", "context_length")
 # Profile fields added after INIT_VERSION 3, with the value that reproduces its init: at that value a field stays out
 # of the key, so caches made before it existed are still found (as data.synthetic.LATER_FIELDS does for corpora)
-_LATER_FIELDS = {"a2_detail_random_p": 1.0, "a2_scale": 0.0}
+_LATER_FIELDS = {"a2_detail_random_p": 1.0, "a2_scale": 0.0, "a2_detail_pairs": 0}
 
 
 def init_home(p: Profile, cache: Path) -> Path:
