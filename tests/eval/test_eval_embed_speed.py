@@ -73,6 +73,12 @@ def test_a_rank_with_nothing_to_embed_still_takes_part():
     assert inner.seen == [] and out.tolist() == [[0.0, 0.0]]
 
 
+def test_a_rank_that_does_not_score_embeds_its_share_and_gets_nothing_back():
+    inner = Recorder()
+    out = ShardedEmbedder(inner, 1, 2, gather=lambda mine: []).images([0, 1, 2, 3])  # gathered to rank 0 only
+    assert inner.seen == [1, 3] and out.numel() == 0
+
+
 def test_the_embedder_pins_nothing_on_the_cpu(photos, monkeypatch):
     built = []
     original = torch.utils.data.DataLoader

@@ -79,6 +79,56 @@ def test_chunked_equals_naive_with_ties_and_many_captions(chunk: int) -> None:
     assert torch.equal(ranks.i2t, _naive_ranks(image, text, pos.flip(1)))
 
 
+def _two_pass(text: torch.Tensor, image: torch.Tensor, pos: torch.Tensor, chunk: int) -> tuple:
+    """Each direction on its own, queries against the other side's embeddings (the benchmark's two-pass scorer)."""
+    return query_ranks(text, image, pos, chunk), query_ranks(image, text, pos.flip(1), chunk)
+
+
+def test_one_pass_equals_each_direction_on_its_own_with_many_to_many_positives() -> None:
+    text, image = _unit(700, 32, 5), _unit(150, 32, 6)
+    g = torch.Generator().manual_seed(7)
+    extra = torch.stack([torch.randint(0, 700, (300,), generator=g), torch.randint(0, 150, (300,), generator=g)], 1)
+    pos = torch.cat([pairs_from_caption_index(torch.arange(700) % 150), extra])  # images' captions far apart
+    ranks = retrieval_ranks(text, image, pos, chunk_size=64)
+    t2i, i2t = _two_pass(text, image, pos, 64)
+    assert torch.equal(ranks.t2i, t2i) and torch.equal(ranks.i2t, i2t)
+
+
+def test_an_image_whose_probed_best_score_differs_from_the_blocks_is_ranked_again(monkeypatch) -> None:
+    """A kernel that rounds the probe otherwise than the full block must not change a rank: the images concerned
+    are ranked again on their own. Here the probe is off by far more than rounding, for every third pair."""
+    from sharpclip.eval import metrics
+
+    probe = metrics._probe
+
+    def off(text, image, q, g, start, stop):
+        values = probe(text, image, q, g, start, stop).clone()
+        values[::3] += 1e-3
+        return values
+
+    redone = []
+    query = metrics.query_ranks
+    monkeypatch.setattr(metrics, "_probe", off)
+    monkeypatch.setattr(metrics, "query_ranks", lambda q, *a: redone.append(len(q)) or query(q, *a))
+    image = torch.round(_unit(40, 4, 0) * 2) / 2
+    text = torch.round(_unit(120, 4, 1) * 2) / 2
+    pos = pairs_from_caption_index(torch.arange(120) // 3)
+    ranks = retrieval_ranks(text, image, pos, chunk_size=16)
+    assert redone and 0 < redone[0] < 40  # only the images whose probe was off
+    assert torch.equal(ranks.t2i, _naive_ranks(text, image, pos))
+    assert torch.equal(ranks.i2t, _naive_ranks(image, text, pos.flip(1)))
+
+
+@pytest.mark.gpu
+def test_one_pass_on_a_gpu_gives_the_naive_ranks_with_ties() -> None:
+    image = torch.round(_unit(400, 8, 0) * 2) / 2
+    text = torch.round(_unit(1200, 8, 1) * 2) / 2
+    pos = pairs_from_caption_index(torch.arange(1200) // 3)
+    on_gpu = retrieval_ranks(text, image, pos, chunk_size=128, device="cuda")
+    assert torch.equal(on_gpu.t2i, _naive_ranks(text, image, pos))
+    assert torch.equal(on_gpu.i2t, _naive_ranks(image, text, pos.flip(1)))
+
+
 def test_random_matches_naive_every_k() -> None:
     text, image = _unit(300, 16, 2), _unit(300, 16, 3)
     pos = pairs_from_caption_index(torch.arange(300))

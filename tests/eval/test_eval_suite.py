@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from sharpclip.config import DataConfig, EvalConfig, load_config
-from sharpclip.eval.embed import ImageRef, load_image
+from sharpclip.eval.embed import CachedEmbedder, ImageRef, load_image
 from sharpclip.eval.pair_data import mmvp_set_from_pairs
 from sharpclip.eval.report import markdown_report, suite_manifest, write_report
 from sharpclip.eval.scoring import score_choice_set
@@ -164,6 +164,44 @@ def test_suite_over_fixtures(data_root: Path, tmp_path: Path) -> None:
     manifest = json.loads(paths[2].read_text())
     assert "lower gallery index" in manifest["tie_policy"] and manifest["prompts"]["templates"] == ["a photo of a {}."]
     assert set(manifest["datasets"]) == set(suites)
+
+
+class CallRecorder(ColourEmbedder):
+    """ColourEmbedder that records every call, as ("images" | "texts", items)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, list]] = []
+
+    def images(self, refs):
+        self.calls.append(("images", list(refs)))
+        return super().images(refs)
+
+    def texts(self, captions):
+        self.calls.append(("texts", list(captions)))
+        return super().texts(captions)
+
+
+def test_every_suite_embeds_up_front_in_two_calls_whether_this_rank_scores_or_not(data_root: Path) -> None:
+    """A sharded embedder's ranks must all make the same calls: a rank that does not score embeds exactly what the
+    scoring rank does (one images call, one texts call over every suite, each item once) and scores nothing."""
+    suites = ["mmvp", "winoground", "sugarcrepe", "aro_relation", "urban1k", "zeroshot"]
+    cfg = EvalConfig(suites=suites, data_root=str(data_root), recall_k=[1, 2], zeroshot_k=[1, 2], progress=False)
+    scoring, embedding = CallRecorder(), CallRecorder()
+    scored = run_suite(scoring, cfg).results
+    assert run_suite(embedding, cfg, score=False).results == {}
+    assert [kind for kind, _ in scoring.calls] == ["images", "texts"] and embedding.calls == scoring.calls
+    for _, items in scoring.calls:
+        assert len(items) == len(set(items))
+    assert scored["zeroshot"]["top1"] == 75.0 and scored["urban1k"]["t2i"]["R@2"] == 100.0
+
+
+def test_a_sealed_cache_refuses_what_was_not_embedded_up_front() -> None:
+    cache = CachedEmbedder(ColourEmbedder())
+    cache.fill([], ["a red cup"])
+    cache.seal()
+    assert cache.texts(["a red cup"]).shape == (1, 3)
+    with pytest.raises(LookupError, match="not embedded up front"):
+        cache.texts(["a blue cup"])
 
 
 def test_each_suite_records_only_its_own_files(tmp_path: Path) -> None:

@@ -204,12 +204,14 @@ class ModelEmbedder:
         return torch.cat(out).cpu() if out else torch.empty(0)
 
 
-Gather = Callable[[Tensor], list[Tensor]]  # this rank's rows -> every rank's, in rank order
+Gather = Callable[[Tensor], list[Tensor]]  # this rank's rows -> every rank's in rank order, or [] on a rank that
+# does not score (train.validation gathers to rank 0 only)
 
 
 class ShardedEmbedder:
     """An Embedder whose rank `rank` of `world` embeds every world-th item (from `rank` on) and `gather` collects
-    the ranks' shards: each item is embedded once over the ranks, and every rank receives all (N, D) in order."""
+    the ranks' shards: each item is embedded once over the ranks. The rank that `gather` hands the shards to
+    receives all (N, D) in order; a rank it hands nothing gets an empty tensor (it embedded for the scoring rank)."""
 
     def __init__(self, inner: Embedder, rank: int, world: int, gather: Gather) -> None:
         self.inner, self.rank, self.world, self.gather = inner, rank, world, gather
@@ -220,6 +222,8 @@ class ShardedEmbedder:
     def _sharded(self, items: Sequence[Any], embed: Callable[[list], Tensor]) -> Tensor:
         mine = embed(list(items[self.rank :: self.world]))
         shards = [s.cpu() for s in self.gather(mine)]
+        if not shards:  # not the scoring rank: its share went there
+            return torch.empty(0)
         width = max(s.shape[-1] if s.ndim == 2 else 0 for s in shards)
         out = torch.empty(len(items), width)
         for r, shard in enumerate(shards):
@@ -237,18 +241,40 @@ class ShardedEmbedder:
 
 
 class CachedEmbedder:
-    """Wraps an Embedder so that each distinct image ref / caption is embedded once per evaluation run."""
+    """Wraps an Embedder so that each distinct image ref / caption is embedded once per evaluation run.
+
+    `fill` embeds everything a run will ask for up front, in one call per kind (a sharded embedder's ranks then
+    take part in exactly two gathers, whatever the scoring asks later); `seal` makes a later miss an error instead
+    of an embedding only the scoring rank would run."""
 
     def __init__(self, inner: Embedder) -> None:
         self.inner = inner
+        self.device = getattr(inner, "device", None)  # where the scoring runs (eval.retrieval): the model's device
+        self.sealed = False
         self._img: dict[Any, Tensor] = {}
         self._txt: dict[str, Tensor] = {}
 
-    def _lookup(self, keys: Sequence[Any], cache: dict, embed: Callable[[list], Tensor]) -> Tensor:
+    def fill(self, refs: Sequence[Any], captions: Sequence[str]) -> None:
+        """Embed every distinct ref and caption not cached yet: one `images` and one `texts` call (on an empty
+        cache and distinct items, exactly `inner.images(refs)` and `inner.texts(captions)`)."""
+        self._add(list(refs), self._img, self.inner.images)
+        self._add(list(captions), self._txt, self.inner.texts)
+
+    def seal(self) -> None:
+        """From now on, anything not cached raises LookupError."""
+        self.sealed = True
+
+    def _add(self, keys: list[Any], cache: dict, embed: Callable[[list], Tensor]) -> None:
         new = list(dict.fromkeys(k for k in keys if k not in cache))
+        if new and self.sealed:
+            raise LookupError(f"{len(new)} items (first {new[0]!r}) were not embedded up front: the evaluation "
+                              "asks for inputs that eval.scoring.set_inputs does not list")  # fmt: skip
         if new:
             for k, e in zip(new, embed(new), strict=True):
                 cache[k] = e
+
+    def _lookup(self, keys: Sequence[Any], cache: dict, embed: Callable[[list], Tensor]) -> Tensor:
+        self._add(list(keys), cache, embed)
         return torch.stack([cache[k] for k in keys])
 
     def images(self, refs: Sequence[ImageRef | str | Path]) -> Tensor:

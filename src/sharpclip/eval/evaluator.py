@@ -17,7 +17,7 @@ import torch
 from sharpclip.config import VALIDATION_KS, EvalConfig
 from sharpclip.devices import resolve_device, resolve_num_workers
 from sharpclip.eval.embed import Embedder, ModelEmbedder
-from sharpclip.eval.retrieval import RetrievalSet, evaluate_retrieval, from_samples
+from sharpclip.eval.retrieval import RetrievalSet, embed_retrieval, from_samples, score_retrieval
 from sharpclip.models.base import DualEncoder
 from sharpclip.models.preprocessing import model_transforms
 
@@ -71,16 +71,19 @@ def retrieval_validator(
     num_workers: int = 0,
     precision: str = "fp32",
     wrap: Callable[[Embedder], Embedder] | None = None,
+    score: bool = True,
 ) -> Evaluate:
     """A Trainer's `evaluate`: R@K both directions over `samples` (pair samples, or a RetrievalSet named `name`) and
     `mean_R@1`, the best-checkpoint key; embedded where the model is, without progress bars, with `num_workers`
-    decoding processes at `precision`. wrap: applied to the embedder (the trainer shards it over ranks)."""
+    decoding processes at `precision`. wrap: applied to the embedder (the trainer shards it over ranks); score:
+    False on a rank that only embeds its share for the rank that scores (its `evaluate` returns {})."""
     dataset = samples if isinstance(samples, RetrievalSet) else from_samples(name, samples)
 
     def evaluate(model: DualEncoder) -> dict[str, float]:
-        embedder: Embedder = model_embedder(model, alpha, batch_size, num_workers=num_workers, precision=precision)
-        if wrap is not None:
-            embedder = wrap(embedder)
-        return flat_retrieval(evaluate_retrieval(embedder, dataset, ks), ks)
+        inner = model_embedder(model, alpha, batch_size, num_workers=num_workers, precision=precision)
+        image, text = embed_retrieval(wrap(inner) if wrap is not None else inner, dataset)
+        if not score:
+            return {}
+        return flat_retrieval(score_retrieval(image, text, dataset, ks, device=inner.device), ks)
 
     return evaluate

@@ -48,13 +48,15 @@ def evaluate_guards(
     cfg: EvalConfig,
     data: DataConfig | None,
     wrap: Callable[[Embedder], Embedder] | None = None,
+    score: bool = True,
 ) -> dict[str, Any]:
     """The evaluation report of the guards' suites for `model`, on the device its parameters are on (a model being
-    trained is never moved), without progress bars; `wrap`: applied to the model's embedder (sharding over ranks)."""
+    trained is never moved), without progress bars; `wrap`: applied to the model's embedder (sharding over ranks);
+    score: False on a rank that only embeds its share (eval.suite.run_suite), which then returns {}."""
     device = str(next(model.parameters()).device)
     suites = suites_for([g.metric for g in guards])
     cfg = replace(cfg, suites=suites, device=device, progress=False)
-    return run_suite(wrap(as_embedder(model, cfg)) if wrap else model, cfg, data).results
+    return run_suite(wrap(as_embedder(model, cfg)) if wrap else model, cfg, data, score=score).results
 
 
 def guard_metrics(

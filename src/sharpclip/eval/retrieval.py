@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+from torch import Tensor
+
 from sharpclip.eval.embed import Embedder
 from sharpclip.eval.metrics import DEFAULT_KS, pairs_from_caption_index, retrieval_metrics
 
@@ -67,13 +70,30 @@ def from_samples(name: str, samples: Iterable[Any], files: Sequence[Path] = ()) 
     return from_pairs(name, triples, files)
 
 
+def embed_retrieval(embedder: Embedder, dataset: RetrievalSet) -> tuple[Tensor, Tensor]:
+    """(image (N_img, D), text (N_txt, D)) embeddings of a dataset, images first."""
+    return embedder.images(dataset.images), embedder.texts(dataset.captions)
+
+
+def score_retrieval(
+    image: Tensor,
+    text: Tensor,
+    dataset: RetrievalSet,
+    ks: Sequence[int] = DEFAULT_KS,
+    chunk_size: int = 1024,
+    device: str | torch.device | None = None,
+) -> dict[str, Any]:
+    """{"t2i": {R@K, mean_rank, median_rank}, "i2t": {...}, "images": N, "captions": M} from `embed_retrieval`'s
+    embeddings, scored on `device` (default: the embeddings')."""
+    positives = pairs_from_caption_index(dataset.caption_to_image)
+    metrics = retrieval_metrics(text, image, positives, ks, chunk_size, device)
+    return {**metrics, "images": len(dataset.images), "captions": len(dataset.captions)}
+
+
 def evaluate_retrieval(
     embedder: Embedder, dataset: RetrievalSet, ks: Sequence[int] = DEFAULT_KS, chunk_size: int = 1024
 ) -> dict[str, Any]:
     """{"t2i": {R@K, mean_rank, median_rank}, "i2t": {...}, "images": N, "captions": M} for one dataset."""
-    image = embedder.images(dataset.images)
-    text = embedder.texts(dataset.captions)
-    positives = pairs_from_caption_index(dataset.caption_to_image)
+    image, text = embed_retrieval(embedder, dataset)
     device = getattr(embedder, "device", None)  # scored where the model embedded (a GPU scores 20k pairs in ms)
-    metrics = retrieval_metrics(text, image, positives, ks, chunk_size, device)
-    return {**metrics, "images": len(dataset.images), "captions": len(dataset.captions)}
+    return score_retrieval(image, text, dataset, ks, chunk_size, device)

@@ -17,13 +17,17 @@ from sharpclip.eval.benchmarks import EvalSet
 from sharpclip.eval.embed import Embedder
 from sharpclip.eval.pair_data import ChoiceSet
 from sharpclip.eval.retrieval import RetrievalSet, evaluate_retrieval
-from sharpclip.eval.zeroshot import PROMPT_SETS, evaluate_zeroshot
+from sharpclip.eval.zeroshot import PROMPT_SETS, class_prompts, evaluate_zeroshot
+
+
+def choice_inputs(cs: ChoiceSet) -> tuple[list[Any], list[str]]:
+    """Every item's images and captions, flattened in item order."""
+    return [ref for item in cs.images for ref in item], [t for item in cs.texts for t in item]
 
 
 def choice_scores(embedder: Embedder, cs: ChoiceSet) -> torch.Tensor:
     """(N, n_texts, n_images): every caption of an item against every image of the same item."""
-    flat_images = [ref for item in cs.images for ref in item]
-    flat_texts = [t for item in cs.texts for t in item]
+    flat_images, flat_texts = choice_inputs(cs)
     img = embedder.images(flat_images).reshape(len(cs), len(cs.images[0]), -1)
     txt = embedder.texts(flat_texts).reshape(len(cs), len(cs.texts[0]), -1)
     return torch.einsum("ntd,nid->nti", txt.float(), img.float())
@@ -54,6 +58,15 @@ def load_prompts(spec: str) -> tuple[str, ...]:
     if not path.is_file():
         raise ValueError(f"eval.prompts: {spec!r} is neither a prompt set ({', '.join(PROMPT_SETS)}) nor a file")
     return tuple(line.strip() for line in path.read_text().splitlines() if line.strip())
+
+
+def set_inputs(es: EvalSet, cfg: EvalConfig) -> tuple[list[Any], list[str]]:
+    """The image refs and captions `evaluate_set` embeds for `es` (eval.suite embeds them all up front)."""
+    if isinstance(es, RetrievalSet):
+        return list(es.images), list(es.captions)
+    if isinstance(es, ChoiceSet):
+        return choice_inputs(es)
+    return list(es.images), class_prompts(es.classnames, load_prompts(cfg.prompts))
 
 
 def evaluate_set(embedder: Embedder, es: EvalSet, cfg: EvalConfig) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from sharpclip.eval.embed import CachedEmbedder
 from sharpclip.eval.evaluator import as_embedder
 from sharpclip.eval.manifest import dataset_record
 from sharpclip.eval.report import SuiteResult, suite_manifest, write_report
-from sharpclip.eval.scoring import evaluate_set
+from sharpclip.eval.scoring import evaluate_set, set_inputs
 from sharpclip.models.factory import create_model
 
 
@@ -34,22 +34,34 @@ def run_suite(
     data: DataConfig | None = None,
     train_images: list[Path] | None = None,
     overlap: str = "error",
+    score: bool = True,
 ) -> SuiteResult:
-    """Evaluate every suite of `cfg.suites`; each distinct image and caption is embedded once across suites.
+    """Evaluate every suite of `cfg.suites`; each distinct image and caption is embedded once across suites, all of
+    them up front (one `images` and one `texts` call: a sharded embedder's ranks all take part in the same two).
 
     train_images: the image files the model was trained on; a suite sharing any refuses to run (`overlap: error`,
-    before anything is embedded) or is logged (`warn`), naming how many (data.overlap)."""
+    before anything is embedded) or is logged (`warn`), naming how many (data.overlap).
+    score: False on a rank that only embeds its share for the rank that scores; the result then has no results."""
     sets = {name: load_eval_set(name, cfg, data) for name in cfg.suites}
     if train_images:
         for name, es in sets.items():
             check_overlap(train_images, image_files(es), f"eval suite {name!r}", overlap)
     inner = as_embedder(model, cfg)
-    embedder = CachedEmbedder(inner)
+    inputs = [set_inputs(es, cfg) for es in sets.values()]
+    images = list(dict.fromkeys(ref for refs, _ in inputs for ref in refs))
+    texts = list(dict.fromkeys(text for _, captions in inputs for text in captions))
     was_training = getattr(model, "training", False)
     if hasattr(model, "eval"):
         model.eval()
     out = SuiteResult(embedder=inner)
     try:
+        if not score:
+            inner.images(images)  # this rank's share, sent to the rank that scores
+            inner.texts(texts)
+            return out
+        embedder = CachedEmbedder(inner)
+        embedder.fill(images, texts)
+        embedder.seal()  # scoring reads the cache only: no rank waits at a gather that the scoring rank alone calls
         for name, es in sets.items():
             skipped = getattr(es, "skipped", [])
             out.results[name] = {**evaluate_set(embedder, es, cfg), "skipped": len(skipped)}

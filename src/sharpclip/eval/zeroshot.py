@@ -66,11 +66,16 @@ def read_csv(path: str | Path, image_root: str | Path | None = None, name: str =
     return ClassificationSet(name, images, [index[r["label"]] for r in rows], classnames, [path])
 
 
-def zeroshot_classifier(embedder: Embedder, classnames: Sequence[str], templates: Sequence[str]) -> Tensor:
-    """(D, C): per class the mean of its L2-normalised template embeddings, re-normalised."""
+def class_prompts(classnames: Sequence[str], templates: Sequence[str]) -> list[str]:
+    """Every template filled with every class name, class-major: (C · T,) captions."""
     if not templates or any("{}" not in t for t in templates):
         raise ValueError(f"prompt templates must each contain '{{}}' for the class name; got {list(templates)}")
-    prompts = [t.format(c) for c in classnames for t in templates]
+    return [t.format(c) for c in classnames for t in templates]
+
+
+def zeroshot_classifier(embedder: Embedder, classnames: Sequence[str], templates: Sequence[str]) -> Tensor:
+    """(D, C): per class the mean of its L2-normalised template embeddings, re-normalised."""
+    prompts = class_prompts(classnames, templates)
     emb = torch.nn.functional.normalize(embedder.texts(prompts).float(), dim=-1)
     per_class = emb.reshape(len(classnames), len(templates), -1).mean(dim=1)
     return torch.nn.functional.normalize(per_class, dim=-1).t()

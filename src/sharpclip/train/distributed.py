@@ -96,6 +96,26 @@ def all_ranks(value: T) -> list[T]:
     return out
 
 
+def to_rank0(value: T) -> list[T]:
+    """Every rank's `value` (picklable), in rank order, on rank 0; [] on the others (a gather, not an all-gather:
+    what only rank 0 uses travels only to it); [value] on one process."""
+    if world_size() == 1:
+        return [value]
+    out: list | None = [None] * world_size() if rank() == 0 else None
+    dist.gather_object(value, out, dst=0)
+    return out or []
+
+
+def from_rank0(value: T) -> T:
+    """Rank 0's `value` (picklable, trusted: it comes from this run's own rank 0) on every rank, by one object
+    broadcast: what rank 0 alone computed (validation metrics) decides the same on every rank; `value` on one."""
+    if world_size() == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def all_ranks_lists(values: list) -> list:
     """Every rank's list concatenated in rank order (small host values: the diagnostics); `values` on one."""
     if world_size() == 1:

@@ -106,18 +106,22 @@ def guarded_validator(evaluate: Callable, model: DualEncoder, cfg: Config, data:
     """
     guards, path = cfg.train.guards, run_dir / GUARDS_INITIAL
     eval_cfg = replace(cfg.eval, precision=cfg.train.precision, num_workers=cfg.data.num_workers)  # training's
+
+    def report(model: DualEncoder) -> dict:  # every rank embeds its share, rank 0 scores: its report on every rank
+        score = validation.scores_here()
+        return validation.from_rank0(lambda: evaluate_guards(model, guards, eval_cfg, data, validation.shard, score))
+
     if path.is_file():
         initial = json.loads(path.read_text())
     else:
-        initial = evaluate_guards(model, guards, eval_cfg, data, validation.shard)
-        if distributed.rank() == 0:  # atomically: another rank may be reading it (all ranks compute the same)
+        initial = report(model)
+        if distributed.rank() == 0:  # atomically: another rank may be reading it (all ranks hold the same)
             path.with_suffix(".tmp").write_text(json.dumps(initial, indent=2, default=float) + "\n")
             path.with_suffix(".tmp").replace(path)
     log.info("guards: %s, measured against the initial model (%s)", ", ".join(g.metric for g in guards), path.name)
 
     def validate(model: DualEncoder) -> dict[str, float]:
-        metrics, crossed = guard_metrics(evaluate_guards(model, guards, eval_cfg, data, validation.shard), initial,
-                                         guards)  # fmt: skip
+        metrics, crossed = guard_metrics(report(model), initial, guards)
         if crossed:
             log.warning("guards: floor crossed by %s; this evaluation cannot make its checkpoint the best",
                         "; ".join(crossed))  # fmt: skip
@@ -200,8 +204,10 @@ def build_trainer(cfg: Config, evaluate: Evaluate | None = None) -> Trainer:
     if cfg.train.eval_every:
         if evaluate is None:
             held_out = checked_validation_samples(data, getattr(getattr(loader, "dataset", None), "samples", None))
-            evaluate = retrieval_validator(held_out, data.eval_split, data.image_alpha, num_workers=loader.num_workers,
-                                           precision=cfg.train.precision, wrap=validation.shard)  # fmt: skip
+            evaluate = validation.shared(retrieval_validator(
+                held_out, data.eval_split, data.image_alpha, num_workers=loader.num_workers,
+                precision=cfg.train.precision, wrap=validation.shard, score=validation.scores_here(),
+            ))  # fmt: skip
         if cfg.train.guards:
             evaluate = guarded_validator(evaluate, model, cfg, data, Path(cfg.train.output_dir))
 

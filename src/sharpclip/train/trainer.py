@@ -266,7 +266,7 @@ class Trainer:
         metrics = self._evaluate()  # recorded under this epoch's index, as its steps are
         self.state.epoch += 1
         self._epoch_open = False
-        # every rank scores the same gathered embeddings (train.validation), so every rank decides the same below
+        # every rank holds rank 0's metrics (train.validation), so every rank decides the same below
         held = metrics is not None and metrics.get(GUARDS_HOLD, 1.0) == 1.0  # train.guards' floors (if any) hold
         improved = held and metrics.get(self.cfg.best_metric, -math.inf) > self.state.best
         if improved:
