@@ -119,6 +119,18 @@ def test_gain_verdict(hn, base, verdict):
     assert item["verdict"] == verdict
 
 
+def test_the_gamma_plateau_is_judged_on_the_gammas_that_ran():
+    res = _results([40.0, 41.0], [50.0, 51.0])
+    res["hn_g1.0"] = _results([30.0, 31.0], [50.0, 51.0])["hn"] | {"label": "(f) HN γ=1.0"}
+    item = report._plateau(res)
+    assert item["measured"].startswith("mean R@1 gain over InfoNCE by γ: 0.5: -10.0 (noise ±")
+    assert "1.0: -20.0" in item["measured"] and "0.75" not in item["measured"]
+    # γ 0.5 and 1.0 differ by 10 points, beyond the binomial bar (5.8 at 600 pairs): not a plateau
+    assert item["verdict"] == "does not hold (gain varies with γ beyond noise)"
+    del res["hn_g1.0"]
+    assert report._plateau(res)["verdict"] == "not run"  # γ 0.5 alone is no sweep
+
+
 def test_unrun_claims_say_so_and_table_has_every_arm():
     res = _results([12.0], [10.0])
     items = {c["claim"]: c["verdict"] for c in report.claims(res)}

@@ -70,57 +70,60 @@ def test_set_changes_one_size_of_the_mode_and_refuses_unknown_fields():
 
     p = profile_for(DemoOptions(steps=40, sizes=("lr=3e-4", "train_detail_pairs=0", "a2_split=pretrain_layout")))
     assert (p.lr, p.train_detail_pairs, p.a2_split, p.steps) == (3e-4, 0, "pretrain_layout", 40)
-    assert profile_for(DemoOptions(quick=True)) == PROFILES["quick"]
+    assert profile_for(DemoOptions(quick=True, task="unseen-details")) == PROFILES["quick"]
     with pytest.raises(ValueError, match=r"FIELD one of .*train_detail_pairs"):
         profile_for(DemoOptions(sizes=("nope=1",)))
     with pytest.raises(ValueError, match="train_detail_pairs takes a int"):
         profile_for(DemoOptions(sizes=("train_detail_pairs=many",)))
 
 
-def test_the_default_task_is_todays_profile_and_keeps_its_cache_key():
+def test_unseen_details_is_the_profile_as_it_was_and_keeps_its_cache_key():
     from sharpclip.demo import profile_for
-    from sharpclip.demo.plan import DEFAULT_TASK
 
-    assert DEFAULT_TASK == "unseen-details"
     for quick in (False, True):
-        assert profile_for(DemoOptions(quick=quick, task="unseen-details")) == profile_for(DemoOptions(quick=quick))
+        assert profile_for(DemoOptions(quick=quick, task="unseen-details")) == PROFILES["quick" if quick else "default"]
     # the keys of the inits cached before the task variants existed: a cache made then is still found
     assert (init_key(PROFILES["default"]), init_key(PROFILES["quick"])) == ("be1816d95ee5", "b5e106fde98b")
     cfg = a2_config(PROFILES["default"], Path("/tmp/x"), progress=False)
     assert cfg.data.synthdense.detail_random_p == 1.0 and cfg.model.logit_scale_init is None
+    assert cfg.data.synthdense.pretrain_detail_pairs == 0 and cfg.data.root == "/tmp/x/synthdense"
 
 
-def test_paper_geometry_changes_only_stage_a2_and_has_its_own_cache_key():
+def test_paper_geometry_is_the_default_changes_only_stage_a2_and_has_its_own_cache_key():
     from sharpclip.demo import profile_for
-    from sharpclip.demo.plan import TASKS
+    from sharpclip.demo.plan import DEFAULT_TASK
 
+    assert DEFAULT_TASK == "paper-geometry"
     for quick in (False, True):
-        base, paper = (
-            profile_for(DemoOptions(quick=quick)),
-            profile_for(DemoOptions(quick=quick, task="paper-geometry")),
-        )
-        changed = {k for k in base.__dataclass_fields__ if getattr(base, k) != getattr(paper, k)}
-        assert changed == set(TASKS["paper-geometry"]) and all(k.startswith("a2_") for k in changed)
+        base, paper = PROFILES["quick" if quick else "default"], profile_for(DemoOptions(quick=quick))
+        changed = {k: getattr(paper, k) for k in base.__dataclass_fields__ if getattr(base, k) != getattr(paper, k)}
+        assert set(changed) == {"a2_detail_random_p", "a2_scale", "a2_detail_pairs", "a2_steps"}
         assert init_key(paper) != init_key(base)
-        assert paper.a2_detail_random_p < 1.0 and paper.a2_detail_pairs > 0
+        # the mode's sizes scale: a quarter as many pairs as scenes, twice A2's steps
+        assert (paper.a2_detail_pairs, paper.a2_steps) == (base.pretrain_scenes // 4, 2 * base.a2_steps)
+        assert (paper.a2_detail_random_p, paper.a2_scale) == (0.0, 100.0)
+    assert (profile_for(DemoOptions()).a2_detail_pairs, profile_for(DemoOptions()).a2_steps) == (2048, 384)
+    paper = profile_for(DemoOptions())
     cfg = a2_config(paper, Path("/tmp/x"), progress=False)
-    assert cfg.data.synthdense.detail_random_p == paper.a2_detail_random_p and cfg.data.train_split == "pretrain_noisy"
+    assert cfg.data.synthdense.detail_random_p == 0.0 and cfg.data.train_split == "pretrain_noisy"
     # A2's detail pairs live in a corpus of their own, which stage A never reads
-    assert cfg.data.synthdense.pretrain_detail_pairs == paper.a2_detail_pairs > 0
-    assert cfg.data.root == "/tmp/x/synthdense-a2"
+    assert cfg.data.synthdense.pretrain_detail_pairs == 2048 and cfg.data.root == "/tmp/x/synthdense-a2"
     assert init_config(paper, Path("/tmp/x"), progress=False).data.synthdense.pretrain_detail_pairs == 0
     assert not cfg.model.logit_scale_learnable and cfg.model.logit_scale_init == pytest.approx(4.60517, abs=1e-5)
+    assert cfg.train.max_steps == 384
     # --set comes after the task's changes
     p = profile_for(DemoOptions(task="paper-geometry", sizes=("a2_detail_random_p=0.25", "a2_steps=48")))
     assert (p.a2_detail_random_p, p.a2_steps, p.a2_scale) == (0.25, 48, 100.0)
-    with pytest.raises(ValueError, match="--task 'nope': unknown; known: unseen-details, paper-geometry"):
+    with pytest.raises(ValueError, match="--task 'nope': unknown; known: paper-geometry, unseen-details"):
         profile_for(DemoOptions(task="nope"))
 
 
 def test_the_demo_command_line_takes_a_task(capsys):
     from sharpclip.cli import build_parser
 
-    assert build_parser().parse_args(["demo"]).task == "unseen-details"
+    from sharpclip.demo.plan import DEFAULT_TASK
+
+    assert build_parser().parse_args(["demo"]).task == DEFAULT_TASK == "paper-geometry"
     args = build_parser().parse_args(["demo", "--task", "nope"])
     assert args.handler(args) == 2  # refused before anything runs
-    assert "unknown; known: unseen-details" in capsys.readouterr().err
+    assert "unknown; known: paper-geometry, unseen-details" in capsys.readouterr().err

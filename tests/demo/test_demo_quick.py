@@ -11,8 +11,7 @@ import json
 import pytest
 
 from sharpclip.cli import main
-from sharpclip.demo import DemoOptions, select
-from sharpclip.demo.plan import PROFILES
+from sharpclip.demo import DemoOptions, profile_for, select
 from sharpclip.demo.stages import ensure_init
 
 
@@ -57,5 +56,5 @@ def test_demo_quick_writes_every_row(tmp_path, capsys):
         assert report["geometry_along_training"][arm]["verdict"].startswith(("kept", "reshaped"))
         assert 0 <= train["sat_twin_ep1"] <= 100 and 0 <= train["sat_plain_ep1"] <= 100
     # a second demo finds the cached initialisation instead of pre-training again
-    init = ensure_init(PROFILES["quick"], cache, progress=False)
+    init = ensure_init(profile_for(DemoOptions(quick=True)), cache, progress=False)  # the default task
     assert init.reused and init.model_dir.is_dir() and init.seconds == report["meta"]["init"]["seconds"]

@@ -3,9 +3,10 @@
 1. SynthDense (data.synthetic) into the run directory: training scenes, test families of near-duplicates, edit pairs,
    MMVP-style pairs, and a validation corpus (another seed) for the convergence curves.
 2. The strong initialisation (demo.stages), made as CLIP then Long-CLIP were and cached for reuse: stage A, a tiny
-   CLIP pre-trained on coarse captions at 32 tokens; stage A2, stretched to 152 tokens and trained on dense captions
-   whose size and texture words are drawn at random (it reads them but learns not to trust them). `task` picks how
-   (demo.plan.TASKS): `unseen-details`, every detail word random (the default), or `paper-geometry`.
+   CLIP pre-trained on coarse captions at 32 tokens; stage A2, stretched to 152 tokens and trained on dense captions.
+   `task` picks A2's recipe (demo.plan.TASKS): `paper-geometry` (the default), true captions and detail pairs in
+   its batches, so the init half-sees the details as the paper's Long-CLIP does, or `unseen-details`, every detail
+   word drawn at random (the init reads them but learns not to trust them).
 3. One fine-tuning run per objective (demo.plan) on the target task, the full dense captions (size and texture
    included) with test families whose near-duplicates differ exactly there: InfoNCE and HN-CLIP (eq. 2) in the
    paper's regime (micro-batches 16 × 8, scale frozen at 100); `--quick` adds CLIP-IN stage 2 (eq. 8), and `--full`
@@ -92,7 +93,7 @@ def profile_for(opts: DemoOptions) -> Profile:
     if opts.task not in TASKS:
         raise ValueError(f"--task {opts.task!r}: unknown; known: {', '.join(TASKS)}")
     p = PROFILES["quick" if opts.quick else "default"]
-    changes: dict[str, Any] = dict(TASKS[opts.task])
+    changes: dict[str, Any] = TASKS[opts.task](p)
     changes.update({"steps": opts.steps} if opts.steps else {})
     known = {f.name: f for f in fields(Profile) if f.name != "name"}
     for item in opts.sizes:

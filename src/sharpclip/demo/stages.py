@@ -8,12 +8,13 @@ reuses both; a finished stage A survives an interrupted stage A2):
   picture of a red circle, ..."), at a 32-token context (shape-only captions proved too weak an init) (coarse captions
   fit in 25 tokens);
 - stage A2 (`stage_a2/`, Long-CLIP's stage): stage A stretched to the dense captions' 152 positions by Long-CLIP's
-  rule (models.long_context: 20 positions kept and frozen, the rest interpolated) and trained with InfoNCE and a
-  learnable scale on dense captions of the same scenes whose size and texture words are drawn at random, unrelated
-  to the image (SynthDense's `pretrain_noisy`, like alt-text that names details unreliably): A2 reads every word of
-  the target's captions but has learnt not to trust the details. Profile fields set how random the detail words
-  are (`a2_detail_random_p`: each word random with that probability) and whether A2's scale is frozen (`a2_scale`);
-  the task variants (demo.plan.TASKS) differ only there.
+  rule (models.long_context: 20 positions kept and frozen, the rest interpolated) and trained with InfoNCE on
+  dense captions of the same scenes (SynthDense's `pretrain_noisy`). Profile fields set how often each size and
+  texture word is drawn at random instead of being the image's (`a2_detail_random_p`: 1 is alt-text that names
+  details unreliably, so A2 learns not to trust them; 0 the true captions), how many detail pairs (a scene and its
+  near-duplicate in one detail, in one batch) A2 adds (`a2_detail_pairs`, a corpus of their own: stage A never
+  reads them) and whether A2's scale is learnt or frozen (`a2_scale`); the task variants (demo.plan.TASKS) differ
+  only in these and in `a2_steps`.
 
 Stage B: one fine-tuning run per arm (demo.plan) on the true dense captions, whose size and texture words are the
 target task's shift (its test families' near-duplicates differ only there), from the A2 init, with the same seed and
