@@ -120,7 +120,6 @@ def test_paper_geometry_is_the_default_changes_only_stage_a2_and_has_its_own_cac
 
 def test_the_demo_command_line_takes_a_task(capsys):
     from sharpclip.cli import build_parser
-
     from sharpclip.demo.plan import DEFAULT_TASK
 
     assert build_parser().parse_args(["demo"]).task == DEFAULT_TASK == "paper-geometry"

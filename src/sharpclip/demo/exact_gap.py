@@ -26,7 +26,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from sharpclip.config import DataConfig, ModelConfig
+from sharpclip.data import build_loader
+from sharpclip.demo.plan import PROFILES, SCALE
+from sharpclip.demo.stages import corpus
 from sharpclip.losses.infonce import infonce
+from sharpclip.models.factory import create_model
+from sharpclip.models.preprocessing import model_transforms
 
 
 def mass_split(logits: Tensor, micro: int) -> dict[str, float]:
@@ -88,13 +94,6 @@ def compare(model: Any, batches: Iterable[Any], micro: int, device: torch.device
 
 
 def _batches(init: Path, data_root: Path, count: int, batch_size: int, micro: int, seed: int) -> tuple[Any, list]:
-    from sharpclip.config import DataConfig, ModelConfig
-    from sharpclip.data import build_loader
-    from sharpclip.demo.plan import PROFILES, SCALE
-    from sharpclip.demo.stages import corpus
-    from sharpclip.models.factory import create_model
-    from sharpclip.models.preprocessing import model_transforms
-
     p = PROFILES["default"]
     model = create_model(ModelConfig(name=str(init), context_length=p.context_length))
     with torch.no_grad():
