@@ -107,9 +107,9 @@ PROFILES = {
 # - paper-geometry (the default): an init that half-sees the details, as HN-CLIP's Long-CLIP already ranks many
 #   near-duplicates right: A2 reads the true captions and also trains on a quarter as many detail pairs of its own
 #   scenes as it has scenes (both halves in one batch; 2,048 at the default size), for twice the steps (384) with the
-#   scale frozen at 100. Of the A2 variants measured it is the one closest to the paper's caption geometry with the
-#   within-family R@1 the paper's init has (docs/reproduction.md, Task variants); it was chosen, and InfoNCE's
-#   headroom from it checked, before any HN-CLIP run from it.
+#   scale frozen at 100. Of the A2 variants measured whose within-family R@1 is in the regime check's range, it is
+#   the one closest to the paper's caption geometry (docs/reproduction.md, Choosing the init); it was chosen, and
+#   InfoNCE's headroom from it checked, before any HN-CLIP run from it.
 # - unseen-details: A2's detail words are all random, so the init cannot see size or texture at all (its test
 #   captions' hardest negative sits at cosine ≈ 1): the task asks for a feature the init lacks.
 def _paper_geometry(p: Profile) -> dict[str, float | int]:
