@@ -171,7 +171,12 @@ def test_sigmoid_matches_reference_and_margin_only_touches_negatives():
     assert torch.allclose(sigmoid(img, eye, s, b, gamma=0.9), sigmoid(img, eye, s, b), atol=1e-12)
 
 
-def test_logit_scale_is_clamped_to_ln_100():
+def test_a_logit_scale_above_100_is_used_as_given():
+    # SigLIP SO400M's own scale is exp(4.7215) ≈ 112: a loss that cut it to 100 would differ from the reference's
     img, txt = _unit(4, 3, seed=70), _unit(4, 3, seed=71)
-    at_cap = infonce(img, txt, torch.tensor(100.0, dtype=torch.float64).log())
-    assert torch.allclose(infonce(img, txt, torch.tensor(9.0, dtype=torch.float64)), at_cap)
+    s = torch.tensor(4.7215, dtype=torch.float64)
+    logits = s.exp() * img @ txt.t()
+    labels = torch.arange(4)
+    expected = 0.5 * (F.cross_entropy(logits, labels) + F.cross_entropy(logits.t(), labels))
+    assert torch.allclose(infonce(img, txt, s), expected, atol=1e-12)
+    assert not torch.allclose(infonce(img, txt, s), infonce(img, txt, torch.tensor(100.0, dtype=torch.float64).log()))

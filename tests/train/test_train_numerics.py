@@ -13,7 +13,7 @@ from _support.tiny_files import tiny_config, write_generic
 from _support.tiny_run import ToyLoader, toy_model
 from sharpclip.cli import main
 from sharpclip.train import checkpoint
-from sharpclip.train.optim import clamp_logit_scale
+from sharpclip.train.optim import clamp_logit_scale, logit_scale_ceiling
 from sharpclip.train.run import run_train
 from sharpclip.train.trainer import TrainingDiverged
 from train.test_train_trainer import _trainer
@@ -86,6 +86,27 @@ def test_a_runaway_scale_update_is_clamped_in_training(tmp_path):
     trainer.optimizer.step = shrink_scale
     trainer.fit()
     assert float(trainer.model.logit_scale.detach()) == 0.0
+
+
+def test_a_checkpoint_scale_above_100_is_the_ceiling_not_cut_to_100(tmp_path, monkeypatch):
+    siglip = math.log(112.33)  # SigLIP SO400M's own scale
+    made = toy_model()
+    with torch.no_grad():
+        made.logit_scale.fill_(siglip)
+    monkeypatch.setattr("train.test_train_trainer.toy_model", lambda: made)
+    trainer = _trainer(tmp_path, epochs=1, max_steps=2, warmup_steps=0)
+    step = trainer.optimizer.step
+
+    def raise_scale(*args, **kwargs):
+        out = step(*args, **kwargs)
+        with torch.no_grad():
+            trainer.model.logit_scale.add_(1.0)
+        return out
+
+    trainer.optimizer.step = raise_scale
+    trainer.fit()
+    assert float(trainer.model.logit_scale.detach()) == pytest.approx(siglip)  # its own scale, not 100
+    assert logit_scale_ceiling(None) == logit_scale_ceiling(torch.nn.Parameter(torch.tensor(1.0))) == math.log(100)
 
 
 @pytest.fixture(scope="module")

@@ -9,17 +9,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-LN_100 = math.log(100.0)  # the CLIP convention: the inverse temperature never exceeds 100
+LN_100 = math.log(100.0)  # the CLIP convention: training never raises the inverse temperature above 100
 
 
 def scale_from_log(logit_scale: Tensor | float) -> Tensor:
-    """exp of the log-space logit scale, clamped to ln 100 (the parameter itself is clamped by the trainer)."""
-    logit_scale = torch.as_tensor(logit_scale)
-    return logit_scale.clamp(max=LN_100).exp()
+    """s = exp(logit_scale), as given: like the reference losses (open_clip's, big_vision's, transformers'), no loss
+    clamps it, so a frozen scale or a checkpoint's own (SigLIP's ≈ 112) is the one used. The trainer keeps a
+    learnable scale in range after each step (`train.optim.clamp_logit_scale`)."""
+    return torch.as_tensor(logit_scale).exp()
 
 
 def logits_of(similarity: Tensor, logit_scale: Tensor, logit_bias: Tensor | None = None) -> Tensor:
-    """s·similarity + b, s = exp(logit_scale) clamped (`scale_from_log`), b the optional scalar bias."""
+    """s·similarity + b, s = exp(logit_scale) (`scale_from_log`), b the optional scalar bias."""
     logits = scale_from_log(logit_scale) * similarity
     return logits if logit_bias is None else logits + logit_bias
 

@@ -95,9 +95,17 @@ def build_scheduler(
     )
 
 
+def logit_scale_ceiling(logit_scale: nn.Parameter | None) -> float:
+    """The most log s that training may reach: ln 100 (open_clip's clamp), or the scale training starts from when that
+    is higher (a SigLIP checkpoint's own ≈ 112, or a `model.logit_scale_init` above ln 100), so no checkpoint's scale is
+    cut down by the first step."""
+    return LN_100 if logit_scale is None else max(LN_100, float(logit_scale.detach()))
+
+
 @torch.no_grad()
 def clamp_logit_scale(logit_scale: nn.Parameter | None, max_value: float = LN_100, min_value: float = 0.0) -> None:
-    """Keep 1 ≤ s = exp(logit_scale) ≤ 100 after each step (open_clip clamps log s to [0, ln 100]): a runaway update
-    can no longer drive the scale to 0, where every logit is equal. A no-op for a frozen or absent scale."""
+    """Keep 0 ≤ log s ≤ max_value after each step (open_clip clamps log s to [0, ln 100]; the trainer passes
+    `logit_scale_ceiling` of the scale it started from): a runaway update can no longer drive the scale to 0, where
+    every logit is equal. A no-op for a frozen or absent scale, which the losses use as given."""
     if logit_scale is not None and logit_scale.requires_grad:
         logit_scale.clamp_(min=min_value, max=max_value)

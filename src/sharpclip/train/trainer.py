@@ -48,7 +48,7 @@ from sharpclip.train import checkpoint, distributed
 from sharpclip.train.diagnostics import gradient_diagnostics
 from sharpclip.train.features import FeatureEncoder
 from sharpclip.train.logging import RunLogger, log, progress
-from sharpclip.train.optim import build_optimizer, build_scheduler, clamp_logit_scale, lr_for
+from sharpclip.train.optim import build_optimizer, build_scheduler, clamp_logit_scale, logit_scale_ceiling, lr_for
 from sharpclip.train.step import check_batch_split, run_step
 
 DIVERGED_GROWTH = 10.0  # an update that multiplies the largest |weight| by this much, then only failed steps: diverged
@@ -117,6 +117,7 @@ class Trainer:
         self.total_steps = cfg.max_steps or cfg.epochs * len(loader)
         self.scheduler = build_scheduler(self.optimizer, cfg.warmup_steps, self.total_steps, cfg.min_lr_ratio)
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self._scale_ceiling = logit_scale_ceiling(model.logit_scale)  # from the model as built, before any resume
         self.state = TrainerState()
         self._resume_rng: dict | None = None  # RNG states to restore once the resumed epoch's iterator exists
         self._resumed_epoch = False  # the next epoch continues a checkpoint's epoch part-way
@@ -314,7 +315,7 @@ class Trainer:
         lr = self.optimizer.param_groups[0]["lr"]  # the rate this step used
         self.optimizer.step()
         self.scheduler.step()
-        clamp_logit_scale(self.model.logit_scale)
+        clamp_logit_scale(self.model.logit_scale, self._scale_ceiling)
         scale = self._check_weights(lr, loss, grad_norm)
         self.state.step += 1
         self.state.seen += result.rows
