@@ -3,6 +3,7 @@ selection refuses unknown names."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -101,7 +102,7 @@ def test_paper_geometry_is_the_default_changes_only_stage_a2_and_has_its_own_cac
         assert init_key(paper) != init_key(base)
         # the mode's sizes scale: a quarter as many pairs as scenes, twice A2's steps
         assert (paper.a2_detail_pairs, paper.a2_steps) == (base.pretrain_scenes // 4, 2 * base.a2_steps)
-        assert (paper.a2_detail_random_p, paper.a2_scale) == (0.0, 100.0)
+        assert (paper.a2_detail_random_p, paper.a2_scale) == (0.0, 500.0)
     assert (profile_for(DemoOptions()).a2_detail_pairs, profile_for(DemoOptions()).a2_steps) == (2048, 384)
     paper = profile_for(DemoOptions())
     cfg = a2_config(paper, Path("/tmp/x"), progress=False)
@@ -109,13 +110,22 @@ def test_paper_geometry_is_the_default_changes_only_stage_a2_and_has_its_own_cac
     # A2's detail pairs live in a corpus of their own, which stage A never reads
     assert cfg.data.synthdense.pretrain_detail_pairs == 2048 and cfg.data.root == "/tmp/x/synthdense-a2"
     assert init_config(paper, Path("/tmp/x"), progress=False).data.synthdense.pretrain_detail_pairs == 0
-    assert not cfg.model.logit_scale_learnable and cfg.model.logit_scale_init == pytest.approx(4.60517, abs=1e-5)
+    assert not cfg.model.logit_scale_learnable and cfg.model.logit_scale_init == pytest.approx(math.log(500), abs=1e-9)
     assert cfg.train.max_steps == 384
     # --set comes after the task's changes
     p = profile_for(DemoOptions(task="paper-geometry", sizes=("a2_detail_random_p=0.25", "a2_steps=48")))
-    assert (p.a2_detail_random_p, p.a2_steps, p.a2_scale) == (0.25, 48, 100.0)
+    assert (p.a2_detail_random_p, p.a2_steps, p.a2_scale) == (0.25, 48, 500.0)
     with pytest.raises(ValueError, match="--task 'nope': unknown; known: paper-geometry, unseen-details"):
         profile_for(DemoOptions(task="nope"))
+
+
+def test_an_a2_scale_above_100_is_not_served_from_a_cache_made_while_the_losses_cut_it_to_100():
+    from sharpclip.demo import profile_for
+
+    above = profile_for(DemoOptions(sizes=("a2_scale=300",)))
+    # the key this profile had while a frozen scale above 100 was used as 100 (that cache holds an init trained at 100)
+    assert init_key(above) != "308f8a4d09d4"
+    assert init_key(replace(above, a2_scale=100.0)) == "4f1289050141"  # at 100 nothing changed: that cache is found
 
 
 def test_the_demo_command_line_takes_a_task(capsys):

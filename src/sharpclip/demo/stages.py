@@ -145,6 +145,8 @@ def init_key(p: Profile) -> str:
     """What determines the init (both stages): the recipe version, model sizes, corpus, steps, lr and batch sizes."""
     fields = {k: v for k, v in asdict(p).items() if k.startswith(("init_", "a2_")) or k in _INIT_FIELDS}
     fields = {k: v for k, v in fields.items() if not (k in _LATER_FIELDS and v == _LATER_FIELDS[k])}
+    if p.a2_scale > 100:  # the losses cut a frozen scale to 100 before they used it as given: such a cache trained at 100
+        fields["a2_scale_as_given"] = True
     sd = pretrain_corpus(p)
     corpus_id = {"generator": generator, **corpus_identity(sd), "workers": sd.workers}
     blob = json.dumps({"v": INIT_VERSION, **fields, "corpus": corpus_id}, sort_keys=True)
