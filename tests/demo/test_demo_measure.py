@@ -131,6 +131,19 @@ def test_the_gamma_plateau_is_judged_on_the_gammas_that_ran():
     assert report._plateau(res)["verdict"] == "not run"  # γ 0.5 alone is no sweep
 
 
+def test_the_learnable_scale_claim_is_judged_against_the_scale_the_arms_start_from():
+    def arms(frozen, learned):
+        seeds = lambda v: {"0": {"train": {"final_scale": v}}}  # noqa: E731
+        return {"hn": {"seeds": seeds(frozen)}, "hn_learn_s": {"seeds": seeds(learned)}}
+
+    # from 500, a learnable scale at 300 sank; at 480 it did not, even though both are above 100
+    assert report._scale(arms(500.0, 300.0))["verdict"] == "holds"
+    assert report._scale(arms(500.0, 480.0))["verdict"] == "does not hold"
+    assert report._scale(arms(100.0, 85.0))["verdict"] == "holds"
+    assert "from 500.0" in report._scale(arms(500.0, 300.0))["measured"]
+    assert report._scale({"hn_learn_s": arms(1.0, 1.0)["hn_learn_s"]})["verdict"] == "not run"
+
+
 def test_unrun_claims_say_so_and_table_has_every_arm():
     res = _results([12.0], [10.0])
     items = {c["claim"]: c["verdict"] for c in report.claims(res)}

@@ -90,7 +90,7 @@ def test_unseen_details_is_the_profile_as_it_was_and_keeps_its_cache_key():
     assert cfg.data.synthdense.pretrain_detail_pairs == 0 and cfg.data.root == "/tmp/x/synthdense"
 
 
-def test_paper_geometry_is_the_default_changes_only_stage_a2_and_has_its_own_cache_key():
+def test_paper_geometry_is_the_default_changes_stage_a2_and_the_arms_scale_and_has_its_own_cache_key():
     from sharpclip.demo import profile_for
     from sharpclip.demo.plan import DEFAULT_TASK
 
@@ -98,11 +98,12 @@ def test_paper_geometry_is_the_default_changes_only_stage_a2_and_has_its_own_cac
     for quick in (False, True):
         base, paper = PROFILES["quick" if quick else "default"], profile_for(DemoOptions(quick=quick))
         changed = {k: getattr(paper, k) for k in base.__dataclass_fields__ if getattr(base, k) != getattr(paper, k)}
-        assert set(changed) == {"a2_detail_random_p", "a2_scale", "a2_detail_pairs", "a2_steps"}
+        assert set(changed) == {"a2_detail_random_p", "a2_scale", "a2_detail_pairs", "a2_steps", "scale"}
         assert init_key(paper) != init_key(base)
         # the mode's sizes scale: a quarter as many pairs as scenes, twice A2's steps
         assert (paper.a2_detail_pairs, paper.a2_steps) == (base.pretrain_scenes // 4, 2 * base.a2_steps)
         assert (paper.a2_detail_random_p, paper.a2_scale) == (0.0, 500.0)
+        assert paper.scale == paper.a2_scale  # the arms fine-tune at the init's own scale
     assert (profile_for(DemoOptions()).a2_detail_pairs, profile_for(DemoOptions()).a2_steps) == (2048, 384)
     paper = profile_for(DemoOptions())
     cfg = a2_config(paper, Path("/tmp/x"), progress=False)

@@ -24,6 +24,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import asdict, dataclass, fields, replace
@@ -37,7 +38,7 @@ from sharpclip.config import ModelConfig
 from sharpclip.data.synthetic import ensure
 from sharpclip.demo import report, wise_ft
 from sharpclip.demo.measure import evaluate_model, training_stats
-from sharpclip.demo.plan import DEFAULT_TASK, PROFILES, SCALE, TASKS, Arm, Profile, arms, core_arms
+from sharpclip.demo.plan import DEFAULT_TASK, PROFILES, TASKS, Arm, Profile, arms, core_arms
 from sharpclip.demo.stages import (
     Init,
     arm_config,
@@ -199,7 +200,7 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
     print(f"SynthDense in {out}: {sizes}, {p.edits} edit pairs, MMVP pairs ({data_seconds:.0f} s)", flush=True)
     init = obtain_init(p, opts)
     validate = arm_validator(data, validation, p.micro_batch_size)
-    validate_init = arm_validator(data, validation, p.micro_batch_size, SCALE)  # probed at the arms' scale
+    validate_init = arm_validator(data, validation, p.micro_batch_size, math.log(p.scale))  # at the arms' scale
     inits = {}
     for name, model_dir, label, stage in (
         ("init_a", init.stage_a_dir, "stage-A init (coarse captions)", "stage_a"),

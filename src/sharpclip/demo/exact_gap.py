@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,7 @@ from torch import Tensor
 
 from sharpclip.config import DataConfig, ModelConfig
 from sharpclip.data import build_loader
-from sharpclip.demo.plan import PROFILES, SCALE
+from sharpclip.demo.plan import DEFAULT_TASK, PROFILES, TASKS, Profile
 from sharpclip.demo.stages import corpus
 from sharpclip.losses.infonce import infonce
 from sharpclip.models.factory import create_model
@@ -93,11 +95,12 @@ def compare(model: Any, batches: Iterable[Any], micro: int, device: torch.device
     return {"batches": len(rows), "mean": means, "per_batch": rows}
 
 
-def _batches(init: Path, data_root: Path, count: int, batch_size: int, micro: int, seed: int) -> tuple[Any, list]:
-    p = PROFILES["default"]
+def _batches(
+    p: Profile, init: Path, data_root: Path, count: int, batch_size: int, micro: int, seed: int
+) -> tuple[Any, list]:
     model = create_model(ModelConfig(name=str(init), context_length=p.context_length))
     with torch.no_grad():
-        model.logit_scale.fill_(SCALE)  # the arms' frozen scale
+        model.logit_scale.fill_(math.log(p.scale))  # the arms' frozen scale
     data = DataConfig(format="synthdense", root=str(data_root), synthdense=corpus(p))
     preprocessing = model_transforms(model, alpha=data.image_alpha)
     loader = build_loader(data, "train", preprocessing, batch_size=batch_size, seed=seed, train=True)
@@ -116,10 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--micro", type=int, default=16)
+    parser.add_argument("--task", default=DEFAULT_TASK, choices=list(TASKS), help="the demo task (its arms' scale)")
     args = parser.parse_args(argv)
     report = {}
     for folder in args.model:
-        model, batches = _batches(Path(folder), Path(args.data), args.batches, args.batch_size, args.micro, seed=0)
+        p = replace(PROFILES["default"], **TASKS[args.task](PROFILES["default"]))
+        model, batches = _batches(p, Path(folder), Path(args.data), args.batches, args.batch_size, args.micro, seed=0)
         model.train()
         report[folder] = compare(model, batches, args.micro)["mean"]
     print(json.dumps(report, indent=2))

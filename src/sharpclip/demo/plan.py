@@ -25,7 +25,6 @@ arm costs 2.3 InfoNCE arms here (a second caption through the text tower, exact 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -79,8 +78,9 @@ class Profile:
     # of one object, in one batch), so the init can learn the details as far as A2's captions state them
     a2_detail_pairs: int = 0
     # stage B (each arm), the paper's regime: 128 rows a step as 8 micro-batches of 16, each its own InfoNCE problem
-    # (HN-CLIP's effective batch of 128 = 16 × 8), scale frozen at 100; lr from the sweep in docs/reproduction.md
+    # (HN-CLIP's effective batch of 128 = 16 × 8), scale frozen at `scale`; lr from the sweep in docs/reproduction.md
     steps: int = 200  # 10 epochs of 2,560 rows, as HN-CLIP's recipe
+    scale: float = 100.0  # the arms' frozen logit scale, the init's own (the learnable-s arm starts there)
     batch_size: int = 128
     micro_batch_size: int = 16
     lr: float = 1e-4
@@ -107,17 +107,19 @@ PROFILES = {
 # - paper-geometry (the default): an init that half-sees the details, as HN-CLIP's Long-CLIP already ranks many
 #   near-duplicates right: A2 reads the true captions and also trains on a quarter as many detail pairs of its own
 #   scenes as it has scenes (both halves in one batch; 2,048 at the default size), for twice the steps (384) with the
-#   scale frozen at 500: the higher A2's temperature, the less of stage A's shared direction InfoNCE spreads away
-#   (mean pairwise caption cosine 0.29 at 100, 0.82 at 500), while the arms fine-tune at the paper's 100. Of the A2
-#   variants measured whose within-family R@1 is in the regime check's range, it is the one closest to the paper's
-#   caption geometry (docs/reproduction.md, Choosing the init); it was chosen, and InfoNCE's headroom from it
-#   checked, before any HN-CLIP run from it.
+#   scale frozen at 500: the higher A2's scale, the less of stage A's shared direction InfoNCE spreads away (mean
+#   pairwise caption cosine 0.29 at 100, 0.82 at 500). The arms fine-tune at the init's own scale, 500, as HN-CLIP
+#   fine-tunes Long-CLIP at its own 100 (at 100 this init's InfoNCE saturates 9 % of its micro-batches, at 500 64 %).
+#   Of the A2 variants measured whose within-family R@1 is in the regime check's range, it is the one closest to the
+#   paper's caption geometry (docs/reproduction.md, Choosing the init); it was chosen, and InfoNCE's saturation and
+#   headroom from it checked, before any HN-CLIP run from it.
 # - unseen-details: A2's detail words are all random, so the init cannot see size or texture at all (its test
 #   captions' hardest negative sits at cosine ≈ 1): the task asks for a feature the init lacks.
 def _paper_geometry(p: Profile) -> dict[str, float | int]:
     return {
         "a2_detail_random_p": 0.0,
         "a2_scale": 500.0,
+        "scale": 500.0,
         "a2_detail_pairs": p.pretrain_scenes // 4,
         "a2_steps": 2 * p.a2_steps,
     }
@@ -128,8 +130,6 @@ TASKS: dict[str, Callable[[Profile], dict[str, float | int]]] = {
     "unseen-details": lambda p: {},
 }
 DEFAULT_TASK = "paper-geometry"
-
-SCALE = math.log(100.0)  # the logit scale of the fine-tuning arms, frozen (as pre-trained CLIP's sits at 100)
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ from sharpclip.data import read_samples
 from sharpclip.data.synthetic import VERSION as generator
 from sharpclip.data.synthetic import identity as corpus_identity
 from sharpclip.demo.measure import PROBE_MICRO_BATCHES, along_training, probe_micro_batches, with_measures
-from sharpclip.demo.plan import SCALE, Arm, Profile, term_overrides
+from sharpclip.demo.plan import Arm, Profile, term_overrides
 from sharpclip.eval.evaluator import Evaluate, retrieval_validator
 from sharpclip.models.base import DualEncoder
 from sharpclip.models.factory import save_checkpoint
@@ -145,7 +145,8 @@ def init_key(p: Profile) -> str:
     """What determines the init (both stages): the recipe version, model sizes, corpus, steps, lr and batch sizes."""
     fields = {k: v for k, v in asdict(p).items() if k.startswith(("init_", "a2_")) or k in _INIT_FIELDS}
     fields = {k: v for k, v in fields.items() if not (k in _LATER_FIELDS and v == _LATER_FIELDS[k])}
-    if p.a2_scale > 100:  # the losses cut a frozen scale to 100 before they used it as given: such a cache trained at 100
+    if p.a2_scale > 100:  # the losses cut a frozen scale to 100 before they used it as given: such caches hold inits
+        # trained at 100, so they are not reused
         fields["a2_scale_as_given"] = True
     sd = pretrain_corpus(p)
     corpus_id = {"generator": generator, **corpus_identity(sd), "workers": sd.workers}
@@ -239,7 +240,7 @@ class _file_log:
 # -- stage B -----------------------------------------------------------------------------------------------------
 def arm_config(p: Profile, arm: Arm, init: Path, data_root: Path, out: Path, seed: int, progress: bool) -> Config:
     overrides = [f"model.name={init}", f"model.context_length={p.context_length}"]  # the Long-CLIP stretch
-    overrides += ["model.logit_scale_learnable=false", f"model.logit_scale_init={SCALE}"]
+    overrides += ["model.logit_scale_learnable=false", f"model.logit_scale_init={math.log(p.scale)}"]
     overrides += [*_data_overrides(data_root, corpus(p)), "data.train_split=train", "data.eval_split=test"]
     overrides += _train_overrides(out, seed, p.steps, p.batch_size, p.lr, progress, p.micro_batch_size)
     overrides.append("train.eval_every=1")

@@ -337,7 +337,8 @@ def hf_hn_loss(
     outputs: the forward's output (CLIPOutput, SiglipOutput): its `image_embeds` and `text_embeds`, (B, D), which
         the model has L2-normalised. logit_scale: the model's `logit_scale` parameter, log s as transformers stores
         it (exp'd here and used as given, as the model's own loss uses it; the Trainer never clamps it).
-        logit_bias: SiglipModel's `logit_bias`; given, the loss is the sigmoid one. reference_text: (B, D) reference rows for Ḡ (see `HNClipLoss`).
+        logit_bias: SiglipModel's `logit_bias`; given, the loss is the sigmoid one. reference_text: (B, D)
+        reference rows for Ḡ (see `HNClipLoss`).
     rank, world_size: several processes (a Trainer's `args.process_index`, `args.world_size`): each rank's rows
         against every rank's gathered columns, with gradient; by default this process's batch alone.
     """
