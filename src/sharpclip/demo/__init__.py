@@ -9,9 +9,9 @@
    word drawn at random (the init reads them but learns not to trust them).
 3. One fine-tuning run per objective (demo.plan) on the target task, the full dense captions (size and texture
    included) with test families whose near-duplicates differ exactly there: InfoNCE and HN-CLIP (eq. 2) in the
-   paper's regime (micro-batches 16 × 8, scale frozen at 100); `--quick` adds CLIP-IN stage 2 (eq. 8), and `--full`
-   also HN-CLIP + token term (eq. 3), CLIP-IN's ablations (no edit term, no short captions), exact 128 × 128
-   accumulation and HN-CLIP's ablations (frozen Ḡ, γ sweep, LoRA ± boost, learnable scale).
+   paper's regime (micro-batches 16 × 8, the scale frozen: `Profile.scale`); `--quick` adds CLIP-IN stage 2 (eq. 8),
+   and `--full` also HN-CLIP + token term (eq. 3), CLIP-IN's ablations (no edit term, no short captions), exact
+   128 × 128 accumulation and HN-CLIP's ablations (frozen Ḡ, γ sweep, LoRA ± boost, learnable scale).
 4. Each is measured (demo.measure), tabulated with its gain over InfoNCE and over the init, its forgetting guard's
    drop (zero-shot colour + shape classification, what stage A taught) beside it, and judged against the papers'
    claims (demo.report), under the init's regime check against HN-CLIP's caption geometry and each arm's caption

@@ -80,7 +80,9 @@ class Profile:
     # stage B (each arm), the paper's regime: 128 rows a step as 8 micro-batches of 16, each its own InfoNCE problem
     # (HN-CLIP's effective batch of 128 = 16 × 8), scale frozen at `scale`; lr from the sweep in docs/reproduction.md
     steps: int = 200  # 10 epochs of 2,560 rows, as HN-CLIP's recipe
-    scale: float = 100.0  # the arms' frozen logit scale, the init's own (the learnable-s arm starts there)
+    # the arms' frozen logit scale (the learnable-s arm starts there): 100, Long-CLIP's own, as in the paper; a task
+    # whose A2 trains at a frozen scale fine-tunes at that scale, the init's own
+    scale: float = 100.0
     batch_size: int = 128
     micro_batch_size: int = 16
     lr: float = 1e-4

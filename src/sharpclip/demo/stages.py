@@ -19,8 +19,9 @@ reuses both; a finished stage A survives an interrupted stage A2):
 Stage B: one fine-tuning run per arm (demo.plan) on the true dense captions, whose size and texture words are the
 target task's shift (its test families' near-duplicates differ only there), from the A2 init, with the same seed and
 number of steps, in the paper's regime (micro-batches 16 × 8, each its own InfoNCE problem), the logit scale frozen
-at 100 unless the arm says otherwise, and the per-epoch validation on a second SynthDense corpus (another seed's test
-families), so that the test split is only read at the end. Each validation also records the validation captions'
+at `Profile.scale` (100; paper-geometry: its A2's own frozen 500) unless the arm says otherwise, and the per-epoch
+validation on a second SynthDense corpus (another seed's test families), so that the test split is only read at the
+end. Each validation also records the validation captions'
 geometry and the saturation of fixed training micro-batches with and without near-twin pairs (arm_validator).
 """
 
