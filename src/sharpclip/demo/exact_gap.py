@@ -122,8 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--task", default=DEFAULT_TASK, choices=list(TASKS), help="the demo task (its arms' scale)")
     args = parser.parse_args(argv)
     report = {}
+    p = replace(PROFILES["default"], **TASKS[args.task](PROFILES["default"]))
     for folder in args.model:
-        p = replace(PROFILES["default"], **TASKS[args.task](PROFILES["default"]))
         model, batches = _batches(p, Path(folder), Path(args.data), args.batches, args.batch_size, args.micro, seed=0)
         model.train()
         report[folder] = compare(model, batches, args.micro)["mean"]

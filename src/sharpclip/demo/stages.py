@@ -21,8 +21,8 @@ target task's shift (its test families' near-duplicates differ only there), from
 number of steps, in the paper's regime (micro-batches 16 × 8, each its own InfoNCE problem), the logit scale frozen
 at `Profile.scale` (100; paper-geometry: its A2's own frozen 500) unless the arm says otherwise, and the per-epoch
 validation on a second SynthDense corpus (another seed's test families), so that the test split is only read at the
-end. Each validation also records the validation captions'
-geometry and the saturation of fixed training micro-batches with and without near-twin pairs (arm_validator).
+end. Each validation also records the validation captions' geometry and the saturation of fixed training
+micro-batches with and without near-twin pairs (arm_validator).
 """
 
 from __future__ import annotations

@@ -3,13 +3,9 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-
-LN_100 = math.log(100.0)  # the CLIP convention: training never raises the inverse temperature above 100
 
 
 def scale_from_log(logit_scale: Tensor | float) -> Tensor:

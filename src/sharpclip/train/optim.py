@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from sharpclip.config import ConfigError
-from sharpclip.losses._common import LN_100
 
 NO_DECAY_WORDS = ("bias", "norm", "logit_scale", "logit_bias")
+LN_100 = math.log(100.0)  # the CLIP convention (open_clip's clamp): training never raises s above 100
 
 
 def _decays(name: str, param: nn.Parameter) -> bool:
