@@ -38,7 +38,7 @@ from sharpclip.config import ModelConfig
 from sharpclip.data.synthetic import ensure
 from sharpclip.demo import report, wise_ft
 from sharpclip.demo.measure import evaluate_model, training_stats
-from sharpclip.demo.plan import DEFAULT_TASK, PROFILES, TASKS, Arm, Profile, arms, core_arms
+from sharpclip.demo.plan import DEFAULT_TASK, Arm, Profile, arms, core_arms, task_profile
 from sharpclip.demo.stages import (
     Init,
     arm_config,
@@ -91,11 +91,8 @@ def select(opts: DemoOptions) -> list[Arm]:
 def profile_for(opts: DemoOptions) -> Profile:
     """The mode's sizes with the task's changes, `opts.steps` and `opts.sizes` applied (in that order); an unknown
     task or field or a bad value is a ValueError."""
-    if opts.task not in TASKS:
-        raise ValueError(f"--task {opts.task!r}: unknown; known: {', '.join(TASKS)}")
-    p = PROFILES["quick" if opts.quick else "default"]
-    changes: dict[str, Any] = TASKS[opts.task](p)
-    changes.update({"steps": opts.steps} if opts.steps else {})
+    p = task_profile(opts.task, opts.quick)
+    changes: dict[str, Any] = {"steps": opts.steps} if opts.steps else {}
     known = {f.name: f for f in fields(Profile) if f.name != "name"}
     for item in opts.sizes:
         key, sep, value = item.partition("=")

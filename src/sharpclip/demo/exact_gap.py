@@ -21,7 +21,6 @@ import json
 import math
 import statistics
 from collections.abc import Iterable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ from torch import Tensor
 
 from sharpclip.config import DataConfig, ModelConfig
 from sharpclip.data import build_loader
-from sharpclip.demo.plan import DEFAULT_TASK, PROFILES, TASKS, Profile
+from sharpclip.demo.plan import DEFAULT_TASK, TASKS, Profile, task_profile
 from sharpclip.demo.stages import corpus
 from sharpclip.losses.infonce import infonce
 from sharpclip.models.factory import create_model
@@ -122,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--task", default=DEFAULT_TASK, choices=list(TASKS), help="the demo task (its arms' scale)")
     args = parser.parse_args(argv)
     report = {}
-    p = replace(PROFILES["default"], **TASKS[args.task](PROFILES["default"]))
+    p = task_profile(args.task)
     for folder in args.model:
         model, batches = _batches(p, Path(folder), Path(args.data), args.batches, args.batch_size, args.micro, seed=0)
         model.train()

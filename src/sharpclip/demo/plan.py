@@ -26,7 +26,7 @@ arm costs 2.3 InfoNCE arms here (a second caption through the text tower, exact 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -118,10 +118,11 @@ PROFILES = {
 # - unseen-details: A2's detail words are all random, so the init cannot see size or texture at all (its test
 #   captions' hardest negative sits at cosine ≈ 1): the task asks for a feature the init lacks.
 def _paper_geometry(p: Profile) -> dict[str, float | int]:
+    own_scale = 500.0  # A2 trains at it and the arms fine-tune at it
     return {
         "a2_detail_random_p": 0.0,
-        "a2_scale": 500.0,
-        "scale": 500.0,
+        "a2_scale": own_scale,
+        "scale": own_scale,
         "a2_detail_pairs": p.pretrain_scenes // 4,
         "a2_steps": 2 * p.a2_steps,
     }
@@ -132,6 +133,14 @@ TASKS: dict[str, Callable[[Profile], dict[str, float | int]]] = {
     "unseen-details": lambda p: {},
 }
 DEFAULT_TASK = "paper-geometry"
+
+
+def task_profile(task: str, quick: bool = False) -> Profile:
+    """The mode's sizes (quick or default) with the task's changes; an unknown task is a ValueError."""
+    if task not in TASKS:
+        raise ValueError(f"--task {task!r}: unknown; known: {', '.join(TASKS)}")
+    p = PROFILES["quick" if quick else "default"]
+    return replace(p, **TASKS[task](p))
 
 
 @dataclass(frozen=True)
