@@ -7,6 +7,7 @@ import torch
 
 from sharpclip.analysis.geometry import (
     caption_geometry,
+    effective_dimension,
     geometry_table,
     hardness_buckets,
     mean_pairwise_similarity,
@@ -52,3 +53,15 @@ def test_in_batch_scope_and_table() -> None:
         caption_geometry(t, batch_size=64)
     with pytest.raises(ValueError, match="N >= 2"):
         caption_geometry(t[:1])
+
+
+def test_effective_dimension_counts_the_directions_captions_vary_along() -> None:
+    # ±e1, ±e2, ±e3 about a shared direction e0: three equal variances, so (Σλ)² / Σλ² = 9 / 3 = 3
+    rows = [[1.0, sign * (k == 1), sign * (k == 2), sign * (k == 3)] for k in (1, 2, 3) for sign in (1.0, -1.0)]
+    t = torch.nn.functional.normalize(torch.tensor(rows), dim=1)
+    assert effective_dimension(t) == pytest.approx(3.0)
+    assert caption_geometry(t)["effective_dim"] == pytest.approx(3.0)
+    # unequal spreads count less than their number: variances 4 : 1 give (5)² / 17
+    wide = torch.tensor([[2.0, 0.0], [-2.0, 0.0], [0.0, 1.0], [0.0, -1.0]])
+    assert effective_dimension(wide) == pytest.approx(25 / 17)
+    assert effective_dimension(torch.ones(4, 3)) == 0.0

@@ -47,12 +47,19 @@ def test_the_regime_check_prints_the_measured_geometry_and_recall_beside_the_pap
     assert not check["within_mean_R@1"]["holds"] and not check["holds"]  # 2 × chance = 100 > 60: out of range
     results = {"init": {"label": "stage-A2 init", "seeds": {0: {"test": test, "validation": {SAT_TWIN: 25.0}}}}}
     md = report.regime_section(results)
-    assert all(line.count("|") == 5 for line in md.splitlines() if line.startswith("|"))
-    assert "| HN-CLIP Fig. 1: Long-CLIP-L, DOCCI | 0.84 | 0.93 | – |" in md
-    assert "| HN-CLIP Fig. 1: Long-CLIP-L, Urban-1K | 0.88 | 0.94 | – |" in md
-    assert "| stage-A2 init | 0.867 | 0.940 | 62.5 |" in md
-    assert "| target | 0.80–0.90 | 0.90–0.96 | 100.0–60 (≥ 2 × chance 50.0) |" in md
-    assert "| in range (the init every arm starts from) | yes | yes | no |" in md
+    assert all(line.count("|") == 8 for line in md.splitlines() if line.startswith("|"))
+    assert "| HN-CLIP Fig. 1: Long-CLIP-L, DOCCI | 0.84 | 0.93 | – | 0.93 (no families) | 0.44 | – |" in md
+    assert "| HN-CLIP Fig. 1: Long-CLIP-L, Urban-1K | 0.88 | 0.94 | – | 0.94 (no families) | 0.50 | – |" in md
+    # nearest other-family caption: the crossed one, B − S·C; gap ratio (1 − 0.94) / (1 − 0.8667); the residuals'
+    # covariance has eigenvalues ∝ 1 ± C, so the effective dimension is 4 / ((1 + C)² + (1 − C)²) = 2 / (1 + C²)
+    assert test["nearest_other_family_sim"] == pytest.approx(B - S * C)
+    assert test["effective_dim"] == pytest.approx(2 / (1 + C * C))
+    assert "| stage-A2 init | 0.867 | 0.940 | 62.5 | 0.860 | 0.450 | 1.7 |" in md
+    assert "| target | 0.80–0.90 | 0.90–0.96 | 100.0–60 (≥ 2 × chance 50.0) | – | – | – |" in md
+    assert "| in range (the init every arm starts from) | yes | yes | no | – | – | – |" in md
+    assert "The hardest negative of 100 % of the init's test captions is a near-duplicate of its own family" in md
+    assert "another family sits at 0.860 on average, below the hardest range 0.90–0.96" in md
+    assert "(1 − pairwise) is 0.450 (HN-CLIP Fig. 1: 0.44–0.53); the captions vary along 1.7 effective" in md
     assert "25 % of the probe's training micro-batches that hold near-twin pairs and on – of those" in md
 
 
@@ -61,6 +68,13 @@ def test_within_family_recall_must_be_at_least_twice_chance_and_at_most_60(withi
     test = {"pairwise_sim": 0.85, "hardest_sim": 0.93, "within_mean_R@1": within, "within_chance": 100 / 6}
     assert regime.regime_check(test)["holds"] is holds
     assert regime.regime_check({**test, "hardest_sim": 0.999})["holds"] is False  # the demo's A2: hardest ≈ 1
+
+
+def test_results_cached_before_the_diagnostics_print_dashes_and_no_hardest_line():
+    test = {"pairwise_sim": 0.85, "hardest_sim": 0.93, "within_mean_R@1": 40.0, "within_chance": 100 / 6}
+    md = regime.regime_markdown({"init": ("stage-A2 init", test)}, regime.regime_check(test))
+    assert "| stage-A2 init | 0.850 | 0.930 | 40.0 | – | 0.467 | – |" in md
+    assert regime.hardest_line(test) == ""
 
 
 def test_within_chance_is_one_over_the_family_size_per_pair():

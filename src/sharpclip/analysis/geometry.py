@@ -7,6 +7,10 @@ For L2-normalised caption embeddings T (N, D) and G = T Tᵀ (cosine similaritie
 - share of negatives ≥ 0.8 / ≥ 0.9: among off-diagonal pairs, either of the whole set (the default) or of
   in-batch pairs when `batch_size` is given (consecutive batches of a seeded permutation, as a shuffled loader makes)
 - histograms of all pairwise similarities and of hardest-companion similarities (fixed bins on [-1, 1])
+- effective dimension          (Σ λ)² / Σ λ² of the eigenvalues λ of the centred captions' covariance (the
+  participation ratio: k for captions spread evenly over k directions around their mean). At a given mean pairwise
+  similarity it sets how near each caption's nearest companion is: the fewer directions the captions vary along,
+  the nearer the hardest one
 
 G is never materialised: rows are processed `chunk_size` at a time (memory O(chunk_size × N)). The same statistics
 of Ḡ (the margin matrix) are what HN-CLIP adds to the logits: every pair ≥ 0.8 gets a margin of at least 0.8·γ.
@@ -32,6 +36,16 @@ def mean_pairwise_similarity(text: Tensor) -> float:
     total = float(t.sum(0).pow(2).sum())
     diag = float(t.pow(2).sum())
     return (total - diag) / (n * (n - 1))
+
+
+def effective_dimension(text: Tensor) -> float:
+    """The participation ratio (Σ λ)² / Σ λ² of the covariance eigenvalues λ of text (N, D) about its mean; 0 when
+    every row is the same."""
+    t = text.double()
+    centred = t - t.mean(0)
+    eig = torch.linalg.eigvalsh(centred.t() @ centred / t.shape[0]).clamp(min=0.0)
+    total = float(eig.sum())
+    return total**2 / float(eig.pow(2).sum()) if total > 0 else 0.0
 
 
 def _histogram(values: Tensor, bins: int) -> Tensor:
@@ -93,6 +107,7 @@ def caption_geometry(
         "hist_pairwise": whole["hist"].tolist(),
         "hist_hardest": _histogram(hardest, bins).tolist(),
         "hardest_quantiles": dict(zip(("p10", "p50", "p90"), torch.quantile(hardest, _Q).tolist(), strict=True)),
+        "effective_dim": effective_dimension(text),
     }
     if batch_size is not None:
         shares, pairs = _in_batch_shares(text, thresholds, batch_size, seed)

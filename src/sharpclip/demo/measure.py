@@ -140,6 +140,15 @@ def hardest_is_sibling(text: Tensor, groups: Sequence[str]) -> float:
     return 100.0 * sum(groups[i] == groups[j] for i, j in enumerate(nearest)) / len(groups)
 
 
+def nearest_other_family(text: Tensor, groups: Sequence[str]) -> float:
+    """Mean over captions of the cosine of the most similar caption of another family: the hardest negative the set
+    would have without its near-duplicates. text: (N, D) L2-normalised, at least two families."""
+    codes = {g: i for i, g in enumerate(dict.fromkeys(groups))}
+    family = torch.tensor([codes[g] for g in groups])
+    g = (text @ text.t()).masked_fill(family[:, None] == family[None, :], float("-inf"))
+    return float(g.max(1).values.double().mean())
+
+
 def within_chance(groups: Sequence[str]) -> float:
     """Within-family R@1 (%) of a random ranking: the mean over the pairs of 1 / the size of their family."""
     sizes = Counter(groups)
@@ -161,6 +170,8 @@ def embedding_metrics(text: Tensor, image: Tensor, groups: Sequence[str]) -> dic
     out["geometry"] = geometry
     out["pairwise_sim"], out["hardest_sim"] = geometry["mean_pairwise"], geometry["mean_hardest"]
     out["hardest_is_sibling"] = hardest_is_sibling(text, groups)
+    out["nearest_other_family_sim"] = nearest_other_family(text, groups)
+    out["effective_dim"] = geometry["effective_dim"]
     out["test_pairs"] = len(text)
     return out
 

@@ -8,6 +8,10 @@ hardest negative at 0.93 / 0.92 / 0.94 (HN-CLIP Fig. 1), and already ranks many 
 - `regime_check(test)`: of the init's test metrics (demo.measure.embedding_metrics, the numbers report.md prints),
   each of mean pairwise caption cosine (target 0.80–0.90), mean hardest-negative cosine (0.90–0.96) and within-family
   R@1 (at least twice chance, at most 60 %: the init half-sees the details, with headroom), and whether it is inside;
+- `regime_markdown` also prints what sets the hardest negative: the nearest caption of another family (the hardest
+  the set would have without its near-duplicates), the gap ratio (1 − hardest) / (1 − pairwise) (the paper's
+  0.44–0.53: how far the nearest caption sits from the rest, relative to the spread of the whole set) and the
+  captions' effective dimension (analysis.geometry.effective_dimension); `hardest_line` says it in one sentence;
 - `geometry_verdicts(results)`: per arm, the validation captions' mean pairwise and hardest cosine at the init and at
   the last validation, and whether the arm kept the init's geometry (the paper's margin presumes it) or reshaped it:
   reshaped when the mean pairwise cosine moved by more than MOVED["pairwise"] or the mean hardest by more than
@@ -49,28 +53,62 @@ def regime_check(test: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def gap_ratio(pairwise: float, hardest: float) -> float:
+    """(1 − hardest) / (1 − pairwise): the nearest caption's distance relative to the mean distance."""
+    return (1.0 - hardest) / (1.0 - pairwise) if pairwise < 1.0 else 0.0
+
+
+def _shown(value: float | None, digits: int) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
 def _numbers(test: dict[str, Any]) -> str:
-    return f"{test['pairwise_sim']:.3f} | {test['hardest_sim']:.3f} | {test['within_mean_R@1']:.1f}"
+    """A measured row's cells; the diagnostic ones are "–" in results cached before they were measured."""
+    pairwise, hardest = test["pairwise_sim"], test["hardest_sim"]
+    cells = [f"{pairwise:.3f}", f"{hardest:.3f}", f"{test['within_mean_R@1']:.1f}"]
+    cells += [_shown(test.get("nearest_other_family_sim"), 3), f"{gap_ratio(pairwise, hardest):.3f}"]
+    return " | ".join([*cells, _shown(test.get("effective_dim"), 1)])
 
 
 def regime_markdown(inits: dict[str, tuple[str, dict[str, Any]]], check: dict[str, Any]) -> str:
     """The regime-check table: the paper's Fig. 1 rows, each init's measured row ({name: (label, test metrics)}),
     the target ranges and whether the last init (the one the arms start from, `check` = its regime_check) is inside."""
     lines = [
-        "| test captions under | mean pairwise caption cosine | mean hardest-negative cosine | within-family R@1 % |",
-        "|---|---|---|---|",
+        "| test captions under | mean pairwise caption cosine | mean hardest-negative cosine | within-family R@1 % "
+        "| nearest other-family caption | (1 − hardest) / (1 − pairwise) | effective dimension |",
+        "|---|---|---|---|---|---|---|",
     ]
-    lines += [f"| HN-CLIP Fig. 1: Long-CLIP-L, {d} | {p:.2f} | {h:.2f} | – |" for d, (p, h) in PAPER_FIG1.items()]
+    for name, (p, h) in PAPER_FIG1.items():
+        lines.append(f"| HN-CLIP Fig. 1: Long-CLIP-L, {name} | {p:.2f} | {h:.2f} | – | {h:.2f} (no families) | "
+                     f"{gap_ratio(p, h):.2f} | – |")  # fmt: skip
     lines += [f"| {label} | {_numbers(test)} |" for label, test in inits.values()]
     w = check["within_mean_R@1"]
     chance = check["within_chance"]
     lines.append(
         f"| target | {PAIRWISE_RANGE[0]:.2f}–{PAIRWISE_RANGE[1]:.2f} | {HARDEST_RANGE[0]:.2f}–{HARDEST_RANGE[1]:.2f} | "
-        f"{w['low']:.1f}–{w['high']:.0f} (≥ {WITHIN_CHANCE_FACTOR:g} × chance {chance:.1f}) |"
+        f"{w['low']:.1f}–{w['high']:.0f} (≥ {WITHIN_CHANCE_FACTOR:g} × chance {chance:.1f}) | – | – | – |"
     )
     held = " | ".join("yes" if check[k]["holds"] else "no" for k in ("pairwise_sim", "hardest_sim", "within_mean_R@1"))
-    lines.append(f"| in range (the init every arm starts from) | {held} |")
+    lines.append(f"| in range (the init every arm starts from) | {held} | – | – | – |")
     return "\n".join(lines) + "\n"
+
+
+def hardest_line(test: dict[str, Any]) -> str:
+    """What sets the init's hardest negative, in one sentence: its share that are near-duplicates, the nearest
+    other-family caption, and the gap ratio against the paper's; "" for results cached before these were measured."""
+    other, dim = test.get("nearest_other_family_sim"), test.get("effective_dim")
+    if other is None or dim is None:
+        return ""
+    low, high = HARDEST_RANGE
+    where = "inside" if low <= other <= high else "above" if other > high else "below"
+    paper = [gap_ratio(p, h) for p, h in PAPER_FIG1.values()]
+    return (
+        f"The hardest negative of {test['hardest_is_sibling']:.0f} % of the init's test captions is a near-duplicate "
+        f"of its own family; the nearest caption of another family sits at {other:.3f} on average, {where} the "
+        f"hardest range {low:.2f}–{high:.2f}. The gap ratio (1 − hardest) / (1 − pairwise) is "
+        f"{gap_ratio(test['pairwise_sim'], test['hardest_sim']):.3f} (HN-CLIP Fig. 1: {min(paper):.2f}–"
+        f"{max(paper):.2f}); the captions vary along {dim:.1f} effective dimensions (analysis.geometry)."
+    )
 
 
 def saturation_line(validation: dict[str, float]) -> str:

@@ -364,8 +364,9 @@ def regime_section(results: Results) -> str:
     first = lambda a: next(iter(results[a]["seeds"].values()))  # noqa: E731  (an init has one "seed")
     inits = {a: (results[a]["label"], first(a)["test"]) for a in INITS if a in results}
     text = regime.regime_markdown(inits, regime.regime_check(first(INIT)["test"]))
+    hardest = regime.hardest_line(first(INIT)["test"])
     return f"## Regime check (the init against HN-CLIP's caption geometry)\n\n{text}\n" + (
-        regime.saturation_line(first(INIT).get("validation", {})) + "\n\n"
+        (hardest + "\n\n" if hardest else "") + regime.saturation_line(first(INIT).get("validation", {})) + "\n\n"
     )
 
 
