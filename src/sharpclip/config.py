@@ -150,6 +150,9 @@ class SynthDenseConfig:
     test_families: int = 150
     test_family_size: int = 6  # a base scene and 5 near-duplicates, each 1 or 2 attributes of one object apart
     test_variants: str = "any"  # what the near-duplicates change: any attribute | details (size, texture only)
+    # how many distinct objects each test near-duplicate changes (all of them when a scene has fewer), each in one
+    # (60 %) or two of those attributes
+    test_changed_objects: int = 1
     pretrain_scenes: int = 20000  # independent scenes with coarse captions (stage A)
     # more pre-training families of two, indexed after the `pretrain_scenes`: a scene and a near-duplicate differing
     # only in the size or texture of one object (in every pretrain split; the sampler keeps both in one batch)
@@ -166,6 +169,8 @@ class SynthDenseConfig:
 
     def __post_init__(self) -> None:
         _check_choice("data.synthdense.test_variants", self.test_variants, ("any", "details"))
+        if self.test_changed_objects < 1:
+            raise ConfigError(f"data.synthdense.test_changed_objects must be >= 1; got {self.test_changed_objects}")
         if not 0.0 <= self.detail_random_p <= 1.0:
             raise ConfigError(f"data.synthdense.detail_random_p must be in [0, 1]; got {self.detail_random_p}")
 

@@ -189,6 +189,31 @@ def test_detail_families_differ_only_in_size_or_texture(tmp_path):
         SynthDenseConfig(test_variants="colours")
 
 
+def test_test_changed_objects_changes_the_details_of_that_many_objects_of_each_test_sibling(tmp_path):
+    for k in (2, 3, 5):
+        for i in range(60):
+            base, *variants = sd.family(random.Random(i), 6, 3, 5, sd.DETAILS, objects=k)
+            for v in variants:
+                before, after = (
+                    sorted(set(base.objects) - set(v.objects), key=lambda o: o.cell),
+                    sorted(set(v.objects) - set(base.objects), key=lambda o: o.cell),
+                )
+                assert len(before) == len(after) == min(k, len(base.objects))  # all of them when fewer than k
+                assert [(o.shape, o.colour, o.cell) for o in before] == [(o.shape, o.colour, o.cell) for o in after]
+                assert all((x.size, x.texture) != (y.size, y.texture) for x, y in zip(before, after, strict=True))
+    one = SynthDenseConfig(train_families=0, test_families=3, test_variants="details", pretrain_scenes=0, edits=0,
+                           mmvp_pairs=0, resolution=32, workers=1)  # fmt: skip
+    assert "test_changed_objects" not in sd.manifest(one)["config"]  # at 1, corpora made before the field are valid
+    three = replace(one, test_changed_objects=3)
+    assert sd.manifest(three)["config"]["test_changed_objects"] == 3
+    rows = [json.loads(x) for x in (sd.generate(tmp_path / "three", three) / "test.jsonl").read_text().splitlines()]
+    fresh = [sd.dense_caption(s) for f in range(3) for s in
+             sd.family(random.Random(f"0:test:{f}"), 6, 3, 5, sd.DETAILS, objects=3)]  # fmt: skip
+    assert [r["caption"] for r in rows] == fresh
+    with pytest.raises(ValueError, match="test_changed_objects must be >= 1"):
+        SynthDenseConfig(test_changed_objects=0)
+
+
 def test_detail_pairs_are_extra_training_families_of_two_apart_only_in_size_or_texture(tmp_path):
     cfg = SynthDenseConfig(train_families=3, train_detail_pairs=4, test_families=0, pretrain_scenes=0, edits=0,
                            mmvp_pairs=0, resolution=32, workers=1)  # fmt: skip

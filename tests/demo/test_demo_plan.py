@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from sharpclip.demo import DemoOptions, select
+from sharpclip.demo import DemoOptions, profile_for, select
 from sharpclip.demo.plan import PROFILES, arms
-from sharpclip.demo.stages import a2_config, arm_config, init_config, init_key
+from sharpclip.demo.stages import a2_config, arm_config, corpus, init_config, init_key, validation_corpus
 from sharpclip.train.features import build_objective
 
 
@@ -37,6 +37,13 @@ def test_every_arm_is_a_valid_config(arm, tmp_path):
         assert (cfg.train.micro_batch_size, cfg.train.encode_batch_size) == (16, 64)
     assert cfg.data.preload  # decoded once for the 10 epochs
     assert cfg.data.synthdense.test_variants == "details" and cfg.data.synthdense.test_families >= 300
+
+
+def test_test_changed_objects_reaches_the_test_and_validation_families_but_not_the_init():
+    p = profile_for(DemoOptions(sizes=("test_changed_objects=3",)))
+    assert corpus(p).test_changed_objects == validation_corpus(p).test_changed_objects == 3
+    assert corpus(p).train_detail_pairs == PROFILES["default"].train_detail_pairs  # the training pairs stay one detail
+    assert init_key(p) == init_key(profile_for(DemoOptions()))  # a cached init is reused on the new test families
 
 
 def test_init_config_and_key():

@@ -59,7 +59,9 @@ def test_the_regime_check_prints_the_measured_geometry_and_recall_beside_the_pap
     assert "| in range (the init every arm starts from) | yes | yes | no | – | – | – |" in md
     assert "The hardest negative of 100 % of the init's test captions is a near-duplicate of its own family" in md
     assert "another family sits at 0.860 on average, below the hardest range 0.90–0.96" in md
-    assert "(1 − pairwise) is 0.450 (HN-CLIP Fig. 1: 0.44–0.53); the captions vary along 1.7 effective" in md
+    # with the other family as the hardest: (1 − 0.86) / (1 − 0.8667)
+    assert "(1 − pairwise) is 0.450, and 1.050 with the nearest other-family caption as the hardest" in md
+    assert "hold no families: 0.44–0.53); the captions vary along 1.7 effective dimensions" in md
     assert "25 % of the probe's training micro-batches that hold near-twin pairs and on – of those" in md
 
 

@@ -7,7 +7,8 @@ confused after coarse pre-training) needs long captions that share most of their
 A scene is a background and 3-5 objects, each with a shape (8), colour (8), size (2), texture (3) and a cell of a 3×3
 grid. Everything is a pure function of (seed, split, index): `random.Random(f"{seed}:{split}:{index}")`.
 
-- Families: a base scene plus near-duplicates that change one (60 %) or two attributes of one object.
+- Families: a base scene plus near-duplicates that change one (60 %) or two attributes of one object (test
+  families: of each of `test_changed_objects` objects, 1 by default).
 - Captions: dense (≥ 80 words: background, every object with all attributes and position in reading order, the
   relation of each object to the next in reading order, counts; more relations or a closing sentence are added until
   the caption reaches 80 words), two variants of it (`caption_layout` without the objects' size and texture;
@@ -148,28 +149,45 @@ def _changed(before: Scene, after: Scene) -> Obj:
     return next(o for o in after.objects if o not in before.objects)
 
 
-def near_duplicate(scene: Scene, rng: random.Random, attributes: tuple[str, ...] = ATTRIBUTES) -> Scene:
-    """Change one (60 %) or two of `attributes` of one object; retries until the result is valid and differs."""
+def _change_object(scene: Scene, obj: Obj, attributes: tuple[str, ...], rng: random.Random) -> Scene | None:
+    """Change one (60 %) or two of `attributes` of the object `obj` of `scene`; None when no valid value exists."""
+    out: Scene | None = scene
+    i = scene.objects.index(obj)
+    for attribute in rng.sample(attributes, min(len(attributes), 1 if rng.random() < 0.6 else 2)):
+        before, out = out, change(out, i, attribute, rng)
+        if out is None:
+            return None
+        i = out.objects.index(_changed(before, out))
+    return out
+
+
+def near_duplicate(
+    scene: Scene, rng: random.Random, attributes: tuple[str, ...] = ATTRIBUTES, objects: int = 1
+) -> Scene:
+    """Change one (60 %) or two of `attributes` of each of `objects` distinct objects (all of them when the scene has
+    fewer); retries until the result is valid and differs."""
     for _ in range(50):
         out: Scene | None = scene
-        i = rng.randrange(len(scene.objects))
-        for attribute in rng.sample(attributes, 1 if rng.random() < 0.6 else 2):
-            before, out = out, change(out, i, attribute, rng)
-            if out is None:
-                break
-            i = out.objects.index(_changed(before, out))
+        if objects == 1:  # one draw of the object, as before multi-object changes existed (the corpora stay the same)
+            out = _change_object(scene, scene.objects[rng.randrange(len(scene.objects))], attributes, rng)
+        else:
+            picked = [scene.objects[i] for i in rng.sample(range(len(scene.objects)), min(objects, len(scene.objects)))]
+            for obj in picked:  # objects are unique by colour and shape, so a picked one is found after others change
+                if out is None:
+                    break
+                out = _change_object(out, obj, attributes, rng)
         if out is not None and out != scene:
             return out
     raise RuntimeError("could not make a near-duplicate scene")  # unreachable for 3x3 grids with <= 8 objects
 
 
 def family(
-    rng: random.Random, size: int, n_min: int, n_max: int, attributes: tuple[str, ...] = ATTRIBUTES
+    rng: random.Random, size: int, n_min: int, n_max: int, attributes: tuple[str, ...] = ATTRIBUTES, objects: int = 1
 ) -> list[Scene]:
-    """A base scene and size-1 distinct near-duplicates of it, each changing `attributes` of one object."""
+    """A base scene and size-1 distinct near-duplicates of it, each changing `attributes` of `objects` objects."""
     scenes = [random_scene(rng, n_min, n_max)]
     while len(scenes) < size:
-        variant = near_duplicate(scenes[0], rng, attributes)
+        variant = near_duplicate(scenes[0], rng, attributes, objects)
         if variant not in scenes and dense_caption(variant) not in {dense_caption(s) for s in scenes}:
             scenes.append(variant)
     return scenes
@@ -463,7 +481,8 @@ def _noisy(cfg: SynthDenseConfig, split: str, key: int, scene: Scene) -> Scene:
 
 def _pair_records(cfg: SynthDenseConfig, split: str, index: int, fam_size: int) -> Iterator[tuple[dict, Scene]]:
     attributes = DETAILS if _detail_family(cfg, split, index) else ATTRIBUTES
-    scenes = family(_rng(cfg.seed, split, index), fam_size, cfg.min_objects, cfg.max_objects, attributes)
+    objects = cfg.test_changed_objects if split == "test" else 1
+    scenes = family(_rng(cfg.seed, split, index), fam_size, cfg.min_objects, cfg.max_objects, attributes, objects)
     for v, scene in enumerate(scenes):
         rid = f"{split}-{index:06d}-{v}"
         yield (
@@ -587,7 +606,7 @@ def _closing(pool, it: Iterator) -> Iterator:
 
 # fields added after VERSION 3 with the value that reproduces version 3's output: at that value a field is left out
 # of a corpus's identity, so corpora (and caches keyed on them) made before the field existed stay valid
-LATER_FIELDS = {"detail_random_p": 1.0, "pretrain_detail_pairs": 0}
+LATER_FIELDS = {"detail_random_p": 1.0, "pretrain_detail_pairs": 0, "test_changed_objects": 1}
 
 
 def identity(cfg: SynthDenseConfig) -> dict:

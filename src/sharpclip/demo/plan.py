@@ -51,6 +51,7 @@ class Profile:
     train_detail_pairs: int = 320
     test_families: int = 300  # × 6 near-duplicates = 1,800 test pairs (noise bar: see demo.report.noise)
     test_variants: str = "details"  # test siblings differ in size / texture only: what stage A2 learnt to ignore
+    test_changed_objects: int = 1  # objects each test (and validation) near-duplicate changes (SynthDense's field)
     val_families: int = 40  # a second corpus (another seed): the per-epoch convergence curves
     edits: int = 512
     mmvp_pairs: int = 30  # per visual pattern (6 patterns: 180 pairs)

@@ -58,7 +58,8 @@ def corpus(p: Profile) -> SynthDenseConfig:
     return SynthDenseConfig(
         resolution=p.image_size, train_families=p.train_families, train_family_size=p.train_family_size,
         train_detail_pairs=p.train_detail_pairs, test_families=p.test_families, test_variants=p.test_variants,
-        pretrain_scenes=0, edits=p.edits, mmvp_pairs=p.mmvp_pairs, zeroshot_per_class=p.zeroshot_per_class,
+        test_changed_objects=p.test_changed_objects, pretrain_scenes=0, edits=p.edits, mmvp_pairs=p.mmvp_pairs,
+        zeroshot_per_class=p.zeroshot_per_class,
     )  # fmt: skip
 
 
@@ -66,7 +67,7 @@ def validation_corpus(p: Profile) -> SynthDenseConfig:
     """Held-out families for the convergence curves: the test split of a corpus drawn with another seed."""
     return SynthDenseConfig(
         seed=1, resolution=p.image_size, train_families=0, test_families=p.val_families, test_variants=p.test_variants,
-        pretrain_scenes=0, edits=0, mmvp_pairs=0,
+        test_changed_objects=p.test_changed_objects, pretrain_scenes=0, edits=0, mmvp_pairs=0,
     )  # fmt: skip
 
 
