@@ -18,6 +18,7 @@ from sharpclip.demo.measure import (
     SAT_TWIN,
     embedding_metrics,
     micro_saturation,
+    nearest_other_family,
     probe_micro_batches,
     training_stats,
     within_chance,
@@ -53,6 +54,7 @@ def test_the_regime_check_prints_the_measured_geometry_and_recall_beside_the_pap
     # nearest other-family caption: the crossed one, B − S·C; gap ratio (1 − 0.94) / (1 − 0.8667); the residuals'
     # covariance has eigenvalues ∝ 1 ± C, so the effective dimension is 4 / ((1 + C)² + (1 − C)²) = 2 / (1 + C²)
     assert test["nearest_other_family_sim"] == pytest.approx(B - S * C)
+    assert nearest_other_family(text, ["A"] * 4) is None  # one family: no caption of another
     assert test["effective_dim"] == pytest.approx(2 / (1 + C * C))
     assert "| stage-A2 init | 0.867 | 0.940 | 62.5 | 0.860 | 0.450 | 1.7 |" in md
     assert "| target | 0.80–0.90 | 0.90–0.96 | 100.0–60 (≥ 2 × chance 50.0) | – | – | – |" in md

@@ -140,10 +140,12 @@ def hardest_is_sibling(text: Tensor, groups: Sequence[str]) -> float:
     return 100.0 * sum(groups[i] == groups[j] for i, j in enumerate(nearest)) / len(groups)
 
 
-def nearest_other_family(text: Tensor, groups: Sequence[str]) -> float:
+def nearest_other_family(text: Tensor, groups: Sequence[str]) -> float | None:
     """Mean over captions of the cosine of the most similar caption of another family: the hardest negative the set
-    would have without its near-duplicates. text: (N, D) L2-normalised, at least two families."""
+    would have without its near-duplicates; None for a single family. text: (N, D) L2-normalised."""
     codes = {g: i for i, g in enumerate(dict.fromkeys(groups))}
+    if len(codes) < 2:
+        return None
     family = torch.tensor([codes[g] for g in groups])
     g = (text @ text.t()).masked_fill(family[:, None] == family[None, :], float("-inf"))
     return float(g.max(1).values.double().mean())
