@@ -127,6 +127,12 @@ def test_the_gamma_plateau_is_judged_on_the_gammas_that_ran():
     assert "1.0: -20.0" in item["measured"] and "0.75" not in item["measured"]
     # γ 0.5 and 1.0 differ by 10 points, beyond the binomial bar (5.8 at 600 pairs): not a plateau
     assert item["verdict"] == "does not hold (gain varies with γ beyond noise)"
+    res["hn_g1.0"] = _results([38.0, 39.0], [50.0, 51.0])["hn"] | {"label": "(f) HN γ=1.0"}
+    assert report._plateau(res)["verdict"] == "flat, and every γ ≥ 0.5 loses to InfoNCE beyond noise"  # -10, -12
+    res["hn_g1.0"] = _results([47.0, 48.0], [50.0, 51.0])["hn"] | {"label": "(f) HN γ=1.0"}
+    assert report._plateau(res)["verdict"] == "does not hold (gain varies with γ beyond noise)"  # -10 vs -3: 7 > 5.8
+    res["hn"] = _results([48.0, 49.0], [50.0, 51.0])["hn"] | {"label": "(b) HN"}
+    assert report._plateau(res)["verdict"] == "flat, but no γ gains beyond noise"  # -2 and -3, within noise
     del res["hn_g1.0"]
     assert report._plateau(res)["verdict"] == "not run"  # γ 0.5 alone is no sweep
 

@@ -244,6 +244,8 @@ def _plateau(results: Results) -> dict[str, str]:
     high = [m for g, m in means.items() if g >= 0.5]
     if min(high) > bar and max(high) - min(high) <= bar:
         verdict = "holds (γ ≥ 0.5 all gain beyond noise, within noise of each other)"
+    elif max(high) - min(high) <= bar and max(high) < -bar:
+        verdict = "flat, and every γ ≥ 0.5 loses to InfoNCE beyond noise"
     elif max(high) - min(high) <= bar:
         verdict = "flat, but no γ gains beyond noise"
     else:
