@@ -4,6 +4,7 @@ out (a stale one is taken over, 50 simultaneous starts let one in)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import multiprocessing
@@ -21,7 +22,15 @@ from sharpclip.config import ConfigError, load_config
 from sharpclip.train import checkpoint
 from sharpclip.train.resume import load_resume_config
 from sharpclip.train.run import run_train
-from sharpclip.train.run_dir import LOCK, MARKER, RunDirError, RunLock, contents, open_run_dir
+from sharpclip.train.run_dir import (
+    LOCK,
+    MARKER,
+    STALE_COPY_SECONDS,
+    RunDirError,
+    RunLock,
+    contents,
+    open_run_dir,
+)
 
 
 @pytest.fixture(scope="module")
@@ -169,6 +178,25 @@ def test_a_lock_naming_a_live_pid_whose_flock_is_free_is_taken_over(tmp_path, ca
     assert any("stale lock" in r.getMessage() for r in caplog.records)
     lock.release()
     assert not (run / LOCK).exists()
+
+
+def test_taking_the_lock_deletes_the_temporary_copies_killed_writers_left_but_not_a_live_or_young_one(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    dead, young, live = (run / f"{LOCK}.{pid}.0badc0de" for pid in (11, 12, 13))
+    for copy in (dead, young, live):
+        copy.write_text(json.dumps({"host": socket.gethostname(), "pid": 1}))
+    old = time.time() - 2 * STALE_COPY_SECONDS
+    for copy in (dead, live):
+        os.utime(copy, (old, old))
+    held = os.open(live, os.O_RDONLY)
+    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a process still starting holds its copy
+    try:
+        lock = RunLock(run).acquire()
+        assert not dead.exists() and young.exists() and live.exists()
+        lock.release()
+    finally:
+        os.close(held)
 
 
 @pytest.mark.parametrize("text", ["", '{"pid": '])

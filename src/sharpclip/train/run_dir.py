@@ -16,6 +16,7 @@ whole life. The lock file is written completely under a temporary name and then 
 exists half-written; liveness comes from the flock (a pid can be reused: a container's entrypoint is always pid 1),
 the pid only names the holder in messages. A lock whose flock is free was left by a dead writer and is taken over
 with a warning; an unreadable one, or one from another host (whose flock this host cannot see), is treated as live.
+A temporary copy left by a writer killed before linking it is deleted by the next run that takes the lock.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import json
 import os
 import shutil
 import socket
+import time
 from pathlib import Path
 
 from sharpclip.train.logging import log
@@ -40,6 +42,7 @@ RUN_FILES = frozenset({
 })  # fmt: skip
 RUN_FOLDERS = frozenset({CHECKPOINTS, "tensorboard", "wandb", "eval"})  # what the trainer and its sinks create
 MODES = ("fresh", "resume", "overwrite")
+STALE_COPY_SECONDS = 60.0  # a temporary lock copy this old, its flock free, was left by a killed writer
 
 
 class RunDirError(RuntimeError):
@@ -174,7 +177,29 @@ class RunLock:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
         self._fd, self.held = fd, True
+        self._sweep_dead_copies()
         return self
+
+    def _sweep_dead_copies(self) -> None:
+        """Delete temporary lock copies that a writer killed between writing and linking one left behind: older than
+        STALE_COPY_SECONDS with a free flock. A starter's copy lives for microseconds and is flock-held from just after
+        its creation, so the age keeps that instant safe too."""
+        for copy in self.path.parent.glob(f"{LOCK}.*"):
+            try:
+                if time.time() - copy.stat().st_mtime < STALE_COPY_SECONDS:
+                    continue
+                fd = os.open(copy, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # another process is starting: its copy is live
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    copy.unlink()
+            finally:
+                os.close(fd)
 
     def _prepared(self) -> tuple[int, Path]:
         """A complete lock file under a temporary name, flock-held by this process."""
