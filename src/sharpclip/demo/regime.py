@@ -58,8 +58,9 @@ def gap_ratio(pairwise: float, hardest: float) -> float:
     return (1.0 - hardest) / (1.0 - pairwise) if pairwise < 1.0 else 0.0
 
 
-def _shown(value: float | None, digits: int) -> str:
-    return "–" if value is None else f"{value:.{digits}f}"
+def _shown(value: float | None, digits: int, unit: str = "") -> str:
+    """`value` to `digits` decimals with `unit`, or "–" when it was not measured."""
+    return "–" if value is None else f"{value:.{digits}f}{unit}"
 
 
 def _numbers(test: dict[str, Any]) -> str:
@@ -116,10 +117,10 @@ def hardest_line(test: dict[str, Any]) -> str:
 def saturation_line(validation: dict[str, float]) -> str:
     """The init's probe: how many training micro-batches with and without near-twin pairs InfoNCE leaves saturated."""
     twin, plain = validation.get(SAT_TWIN), validation.get(SAT_PLAIN)
-    show = lambda v: "–" if v is None else f"{v:.0f} %"  # noqa: E731
     return (
-        f"At the init, InfoNCE is below 1e-3 on {show(twin)} of the probe's training micro-batches that hold near-twin "
-        f"pairs and on {show(plain)} of those that hold none (demo.measure.probe_micro_batches)."
+        f"At the init, InfoNCE is below 1e-3 on {_shown(twin, 0, ' %')} of the probe's training micro-batches that "
+        f"hold near-twin pairs and on {_shown(plain, 0, ' %')} of those that hold none "
+        "(demo.measure.probe_micro_batches)."
     )
 
 
