@@ -2,7 +2,7 @@
 
 Benchmark names (`DATASETS`): the retrieval formats of sharpclip.data.formats (docci, dci, long_dci, urban1k,
 sharegpt4v, karpathy = COCO/Flickr 5-caption, with `coco` and `flickr30k` the same reader under their own roots,
-generic, vg), the pair-choice suites (mmvp, winoground, sugarcrepe, aro_relation, aro_attribution), SynthDense
+generic, vg), the pair-choice suites (mmvp, winoground, sugarcrepe, aro_relation, aro_attribution, spec), SynthDense
 (synthdense: retrieval on its test split; synth_mmvp: its MMVP-style pairs, scored like MMVP-VLM per pattern),
 zeroshot (an image folder per class, or a CSV), and "retrieval" (the run's own data.format on data.eval_split).
 Other modules add theirs with `register_dataset`.
@@ -25,7 +25,7 @@ from sharpclip.data.formats.hf import resolve_hub_folder
 from sharpclip.data.images import ImageLoadError
 from sharpclip.data.images import load_image as load_source
 from sharpclip.data.schema import BadSample, BadSampleReport
-from sharpclip.eval import pair_data, pair_hub
+from sharpclip.eval import pair_data, pair_hub, spec_data
 from sharpclip.eval.embed import ImageRef, load_image
 from sharpclip.eval.pair_data import ChoiceSet
 from sharpclip.eval.retrieval import RetrievalSet, from_samples
@@ -139,6 +139,7 @@ DATASETS: dict[str, Reader] = {
     "sugarcrepe": _choice_reader("sugarcrepe", pair_hub.read_sugarcrepe_any),  # hub parquet or release JSON
     "aro_relation": _choice_reader("aro_relation", lambda root: pair_data.read_aro(root, "relation")),
     "aro_attribution": _choice_reader("aro_attribution", lambda root: pair_data.read_aro(root, "attribution")),
+    "spec": _choice_reader("spec", spec_data.read_spec, with_report=True),  # six subsets, both directions
     "zeroshot": _zeroshot,
 }
 

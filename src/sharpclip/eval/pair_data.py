@@ -35,7 +35,7 @@ MMVP_PROMPT = "a photo of "
 @dataclass
 class ChoiceSet:
     """Items of a pair-choice benchmark. kind picks the scorer: mmvp | winoground | sugarcrepe | aro_relation |
-    aro_attribution. groups: per item label (pattern, subset, relation, attribute pair), files: what was read."""
+    aro_attribution | spec. groups: per item label (pattern, subset, relation, attribute pair), files: what was read."""
 
     name: str
     kind: str

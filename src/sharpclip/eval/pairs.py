@@ -15,6 +15,10 @@ References (the benchmarks' own scripts):
   [false, true]; correct iff argmax == 1 (numpy argmax gives a tie to the false caption). VG-Relation: macro accuracy
   over relations after excluding `ARO_EXCLUDED_RELATIONS`; VG-Attribution: macro accuracy over attribute pairs
   ("a_b") with at least 25 items. The bbox crop is a data step (eval/pair_data.py).
+- SPEC (wjpoom/SPEC `spec/models/clip_wrapper.py`, `spec/eval.py`): each sample is one query against its K
+  candidates (image→text: one image, K captions; text→image: one caption, K images), scored by cosine; the
+  prediction is torch's argmax (a tie goes to the first candidate), right iff it equals the label. Accuracy per
+  subset and direction, and per direction the unweighted mean over the subsets (not over items).
 
 Scores are cosine similarities; all accuracies are percentages (the ARO notebook prints fractions).
 """
@@ -317,3 +321,35 @@ def aro_attribution_scores(scores: Tensor, attributes: Sequence[tuple[str, str]]
     if not per:
         raise ValueError(f"VG-Attribution: no attribute pair has >= {ARO_MIN_ATTRIBUTE_COUNT} items")
     return {"macro": sum(per.values()) / len(per), "micro": _pct(correct), "per_attribute_pair": per}
+
+
+def spec_scores(
+    scores: Sequence[Tensor], labels: Sequence[int], subsets: Sequence[str], directions: Sequence[str]
+) -> dict[str, object]:
+    """SPEC. scores: one (K,) vector per sample (its query against its candidates; K may differ between samples),
+    labels: the true candidate's index, subsets / directions ("i2t" | "t2i"): per sample.
+
+    Returns, per direction, {subset: accuracy %}, `<direction>_mean` (the unweighted mean over its subsets, the
+    reference's "average all subset" line), `<direction>_items` {subset: samples}, and `mean`, the average of the
+    two directions' means (CLIP-IN Table 3's "Avg") when both are present.
+    """
+    if not len(scores) == len(labels) == len(subsets) == len(directions):
+        raise ValueError(f"SPEC: {len(scores)} score rows, {len(labels)} labels, {len(subsets)} subsets, "
+                         f"{len(directions)} directions")  # fmt: skip
+    # torch argmax returns the first maximal index, as the reference's `scores.argmax(dim=-1)` does on a tie
+    correct = torch.tensor([int(s.argmax()) == int(y) for s, y in zip(scores, labels, strict=True)])
+    out: dict[str, object] = {}
+    means = []
+    for direction in ("i2t", "t2i"):
+        idx = [i for i, d in enumerate(directions) if d == direction]
+        if not idx:
+            continue
+        groups = [subsets[i] for i in idx]
+        per = _by_group(correct[idx], groups)
+        out[direction] = per
+        out[f"{direction}_mean"] = sum(per.values()) / len(per)
+        out[f"{direction}_items"] = {g: groups.count(g) for g in per}
+        means.append(out[f"{direction}_mean"])
+    if len(means) == 2:
+        out["mean"] = sum(means) / 2
+    return out

@@ -33,8 +33,29 @@ def choice_scores(embedder: Embedder, cs: ChoiceSet) -> torch.Tensor:
     return torch.einsum("ntd,nid->nti", txt.float(), img.float())
 
 
+def item_scores(embedder: Embedder, cs: ChoiceSet) -> list[torch.Tensor]:
+    """One (n_texts, n_images) matrix per item, for sets whose items differ in size (SPEC)."""
+    flat_images, flat_texts = choice_inputs(cs)
+    img, txt = embedder.images(flat_images).float(), embedder.texts(flat_texts).float()
+    out, i, t = [], 0, 0
+    for refs, captions in zip(cs.images, cs.texts, strict=True):
+        out.append(txt[t : t + len(captions)] @ img[i : i + len(refs)].T)
+        i, t = i + len(refs), t + len(captions)
+    return out
+
+
+def _spec(embedder: Embedder, cs: ChoiceSet) -> dict[str, Any]:
+    """SPEC: an image-to-text item's captions against its image (column 0), a text-to-image item's caption against
+    its images (row 0)."""
+    directions = cs.extra["direction"]
+    rows = [m[:, 0] if d == "i2t" else m[0] for m, d in zip(item_scores(embedder, cs), directions, strict=True)]
+    return pairs.spec_scores(rows, cs.extra["label"], cs.groups, directions)
+
+
 def score_choice_set(embedder: Embedder, cs: ChoiceSet) -> dict[str, Any]:
     """The metrics of a pair-choice set, by its kind's scorer in eval/pairs.py."""
+    if cs.kind == "spec":
+        return _spec(embedder, cs)
     s = choice_scores(embedder, cs)
     if cs.kind == "mmvp":
         qids = cs.extra.get("qids")
