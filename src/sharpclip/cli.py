@@ -299,13 +299,18 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_analyze(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("analyze", help="figures of finished runs (Fig. 4, convergence) or of caption geometry")
+    p = sub.add_parser("analyze", help="figures of finished runs (Fig. 4, convergence), caption geometry, feature maps")
     p.add_argument("runs", nargs="*", metavar="RUN", help="run directories (diagnostics.jsonl, metrics.jsonl)")
     p.add_argument("--out", default="figures", help="where the PNG, JSON and markdown files go")
     p.add_argument("--metric", default="R@1", help="convergence metrics: keys ending in this (e.g. t2i/R@1)")
     p.add_argument("--geometry", metavar="SUITES", help="comma-separated retrieval suites: caption geometry")
-    p.add_argument("--model", help="text encoder for --geometry (sets model.name)")
+    p.add_argument("--model", action="append", default=[], help="text encoder for --geometry (sets model.name); one "
+                   "or two for --feature-map (run directory, checkpoint, HF folder or tiny preset)")  # fmt: skip
     p.add_argument("--data-root", help="folder holding one sub-folder per suite, for --geometry")
+    p.add_argument("--feature-map", metavar="IMAGE", help="patch feature map of --text over IMAGE (CLIP-IN Fig. 3)")
+    p.add_argument("--text", default="", help="the caption --feature-map scores every patch against")
+    p.add_argument("--dense", choices=("maskclip", "value"), default="maskclip", help="--feature-map's dense "
+                   "features: MaskCLIP's (the block's residual and MLP kept) or the value path alone")  # fmt: skip
 
     def run(args: argparse.Namespace) -> int:
         from sharpclip.analysis.run import analyze_geometry, analyze_runs
@@ -318,15 +323,19 @@ def _add_analyze(sub: argparse._SubParsersAction) -> None:
                 from sharpclip.config import load_config
                 from sharpclip.models.factory import create_model
 
-                overrides = [f"eval.suites=[{args.geometry}]"] + [f"model.name={args.model}"] * bool(args.model)
+                overrides = [f"eval.suites=[{args.geometry}]"] + [f"model.name={m}" for m in args.model[:1]]
                 overrides += [f"eval.data_root={args.data_root}"] * bool(args.data_root)
                 cfg = load_config(None, overrides)
                 written += analyze_geometry(create_model(cfg.model), cfg.eval, args.out)
+            if args.feature_map:
+                from sharpclip.analysis.feature_map import load_models, run_feature_map
+
+                written += run_feature_map(load_models(args.model), args.feature_map, args.text, args.out, args.dense)
         except (OSError, ValueError) as err:
             print(f"sharpclip analyze: {err}", file=sys.stderr)
             return 2
         if not written:
-            print("sharpclip analyze: give RUN directories and/or --geometry SUITES", file=sys.stderr)
+            print("sharpclip analyze: give RUN directories, --geometry SUITES or --feature-map IMAGE", file=sys.stderr)
             return 2
         print("\n".join(f"wrote {p}" for p in written))
         return 0

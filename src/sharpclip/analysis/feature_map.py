@@ -1,0 +1,163 @@
+"""`sharpclip analyze --feature-map IMAGE --text CAPTION`: patch feature maps (CLIP-IN Fig. 3) of one or two models.
+
+For each model: the image as its preprocessing makes it (resize, crop), the caption embedded as `eval` embeds it,
+the cosine of every patch with the caption by Zhou et al.'s dense features (analysis.dense), upsampled bilinearly to
+the image (as MaskCLIP upsamples its logits) and drawn over it, warm = high. The cosine maps are low-contrast and
+their range differs between models, so each is min–max normalised for colour and its raw range is printed above it;
+the best patch is outlined. Files written into `out`:
+
+    feature_map.png     the image, then one overlay per model, side by side
+    feature_map.json    the caption, the dense path, and per model: the (H/p, W/p) cosine grid, its min / max, the
+                        best patch (row, column)
+    feature_map.html    a self-contained page: the caption (escaped), the PNG beside it, the numbers as a table
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+import torch.nn.functional as F
+from matplotlib.patches import Rectangle
+
+from sharpclip.analysis.dense import patch_similarity
+from sharpclip.config import load_config
+from sharpclip.data.images import to_rgb
+from sharpclip.eval.embed import load_image
+from sharpclip.eval.evaluator import model_embedder
+from sharpclip.models.factory import create_model
+from sharpclip.models.preprocessing import model_transforms
+from sharpclip.train.checkpoint import model_source
+
+STEM = "feature_map"
+
+
+@dataclass
+class FeatureMap:
+    """One model's map. view: (S, S, 3) uint8, the image as the model sees it; cos: (H/p, W/p) patch cosines."""
+
+    label: str
+    view: np.ndarray
+    cos: torch.Tensor
+
+    @property
+    def best(self) -> tuple[int, int]:
+        """(row, column) of the patch most similar to the caption."""
+        flat = int(self.cos.argmax())
+        return flat // self.cos.shape[1], flat % self.cos.shape[1]
+
+    def upsampled(self) -> np.ndarray:
+        """(S, S) cosines, bilinear (align_corners=False) from the patch grid to the view's pixels."""
+        size = self.view.shape[:2]
+        return F.interpolate(self.cos[None, None], size=size, mode="bilinear", align_corners=False)[0, 0].numpy()
+
+
+def compute_feature_map(model: Any, label: str, image: Any, caption: str, path: str = "maskclip") -> FeatureMap:
+    """`model`'s map of `caption` over `image` (a PIL image), on the model's device."""
+    preprocess = model_transforms(model).image
+    device = next(model.parameters()).device
+    text = model_embedder(model, progress=False).texts([caption])[0]
+    pixels = preprocess(image)[None].to(device)
+    cos = patch_similarity(model, pixels, text, path)[0].cpu()
+    view = np.asarray(preprocess.center_crop(preprocess.resize(to_rgb(image, preprocess.alpha))))
+    return FeatureMap(label, view, cos)
+
+
+def plot_feature_maps(image: Any, maps: list[FeatureMap], caption: str, out: Path) -> Path:
+    """The image, then each model's overlay (min–max coloured, best patch outlined); returns the PNG's path."""
+    fig, axes = plt.subplots(1, 1 + len(maps), figsize=(3.4 * (1 + len(maps)), 3.9), squeeze=False)
+    axes[0, 0].imshow(np.asarray(to_rgb(image)))
+    axes[0, 0].set_title("image", fontsize=9)
+    for ax, fm in zip(axes[0, 1:], maps, strict=True):
+        up = fm.upsampled()
+        lo, hi = float(fm.cos.min()), float(fm.cos.max())
+        ax.imshow(fm.view)
+        ax.imshow((up - lo) / max(hi - lo, 1e-12), cmap="jet", alpha=0.5, vmin=0.0, vmax=1.0)
+        rows, cols = fm.cos.shape
+        ph, pw = fm.view.shape[0] / rows, fm.view.shape[1] / cols
+        r, c = fm.best
+        ax.add_patch(Rectangle((c * pw - 0.5, r * ph - 0.5), pw, ph, fill=False, edgecolor="white", linewidth=1.5))
+        ax.set_title(f"{fm.label}\ncos {lo:.3f} … {hi:.3f}", fontsize=9)
+    for ax in axes[0]:
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.tight_layout(rect=(0, 0, 1, 0.9))  # the caption above the panel titles
+    fig.suptitle(f"“{caption}”", fontsize=10, y=0.98)
+    png = out / f"{STEM}.png"
+    fig.savefig(png, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return png
+
+
+def _record(fm: FeatureMap) -> dict[str, Any]:
+    return {"grid": fm.cos.tolist(), "min": float(fm.cos.min()), "max": float(fm.cos.max()), "best_patch": fm.best}
+
+
+def write_page(out: Path, caption: str, image_name: str, maps: list[FeatureMap], path: str, png: Path) -> Path:
+    """feature_map.html: self-contained (inline style, the PNG by relative link, no network), text escaped."""
+    rows = "".join(
+        f"<tr><td>{html.escape(fm.label)}</td><td>{r['min']:.4f}</td><td>{r['max']:.4f}</td>"
+        f"<td>row {r['best_patch'][0]}, column {r['best_patch'][1]} of {fm.cos.shape[0]}×{fm.cos.shape[1]}</td></tr>"
+        for fm, r in ((fm, _record(fm)) for fm in maps)
+    )
+    page = f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>Feature map: {html.escape(caption)}</title>
+<style>body {{ font-family: system-ui, sans-serif; margin: 1.5em; color: #222; max-width: 1400px; }}
+.query {{ background: #f6f6f6; padding: 6px 10px; border-left: 4px solid #4575b4; }}
+table {{ border-collapse: collapse; font-size: 0.9em; }} th, td {{ border: 1px solid #ccc; padding: 3px 8px; }}
+img {{ max-width: 100%; }}</style></head>
+<body><h1>Patch feature map</h1>
+<p class="query">{html.escape(caption)}</p>
+<p>Image: {html.escape(image_name)}. Dense features: {html.escape(path)} (Zhou et al.'s value path); colours are
+each map's cosines scaled to its own min … max, warm = high; the outlined patch scores highest.</p>
+<img src="{html.escape(png.name)}" alt="feature maps">
+<table><tr><th>model</th><th>min cosine</th><th>max cosine</th><th>best patch</th></tr>{rows}</table>
+</body></html>
+"""
+    target = out / f"{STEM}.html"
+    target.write_text(page, encoding="utf-8")
+    return target
+
+
+def load_models(names: list[str]) -> list[tuple[str, Any]]:
+    """(label, model) for each name, resolved as `sharpclip eval --model` resolves it (a run directory's newest
+    complete checkpoint, a checkpoint, an export or hub folder, a tiny preset); a repeated name is labelled #2."""
+    if not 1 <= len(names) <= 2:
+        raise ValueError(f"--feature-map draws one or two models side by side: give --model once or twice, not "
+                         f"{len(names)} times")  # fmt: skip
+    out = []
+    for k, name in enumerate(names):
+        source, _ = model_source(name)
+        model = create_model(load_config(None, [f"model.name={source}"]).model).eval()
+        label = "/".join(Path(name).parts[-2:]) if Path(name).exists() else name  # a run's folder and its parent
+        out.append((label if name not in names[:k] else f"{label} #{k + 1}", model))
+    return out
+
+
+def run_feature_map(
+    models: list[tuple[str, Any]], image_path: str | Path, caption: str, out_dir: str | Path, path: str = "maskclip"
+) -> list[Path]:
+    """Maps of `caption` over the image at `image_path` for each (label, model): PNG, JSON and HTML in `out_dir`."""
+    if not caption.strip():
+        raise ValueError("--feature-map needs --text CAPTION: the caption to map over the image")
+    if not 1 <= len(models) <= 2:
+        raise ValueError(f"--feature-map draws one or two models side by side; got {len(models)}")
+    image = load_image(image_path)
+    maps = [compute_feature_map(model, label, image, caption, path) for label, model in models]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    png = plot_feature_maps(image, maps, caption, out)
+    numbers = {"caption": caption, "image": str(image_path), "path": path}
+    numbers["models"] = {m.label: _record(m) for m in maps}
+    js = out / f"{STEM}.json"
+    js.write_text(json.dumps(numbers, indent=2) + "\n")
+    return [png, js, write_page(out, caption, Path(image_path).name, maps, path, png)]
