@@ -217,3 +217,14 @@ def test_analyze_feature_map_refuses_without_text_or_with_three_models(tmp_path,
     three = ["--model", "tiny-clip"] * 3
     assert main(["analyze", "--feature-map", str(image), "--text", "red", *three, "--out", str(tmp_path)]) == 2
     assert "one or two models" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["clip", "siglip"])
+def test_feature_map_on_cuda_matches_cpu(kind: str) -> None:
+    """The map is computed where the model is (pixels and caption moved there) and comes back on the CPU."""
+    image = _red_square_image(2, 1)
+    cpu = compute_feature_map(tiny_model(kind, seed=4).eval(), "cpu", image, CAPTION)
+    gpu = compute_feature_map(tiny_model(kind, seed=4).eval().cuda(), "cuda", image, CAPTION)
+    assert gpu.cos.device.type == "cpu"
+    torch.testing.assert_close(gpu.cos, cpu.cos, atol=1e-4, rtol=1e-4)
