@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -79,6 +80,27 @@ def test_spec_suite_matches_the_hand_computed_scores() -> None:
     assert r["t2i_mean"] == pytest.approx((100 + 50 + 200 / 3 + 50 + 50 + 200 / 3) / 6)  # 63.89
     assert r["mean"] == pytest.approx((r["i2t_mean"] + r["t2i_mean"]) / 2)
     assert r["items"] == 15 + 13 and r["i2t_items"]["count"] == 4 and r["t2i_items"]["relative_spatial"] == 2
+
+
+def _zipped(tmp_path: Path, prefix: str) -> Path:
+    """The fixture as the hub repository holds it: one data.zip, the subset folders at `prefix` inside."""
+    archive = tmp_path / "data.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        for path in sorted(FIXTURE.rglob("*")):
+            if path.is_file():
+                z.write(path, prefix + path.relative_to(FIXTURE).as_posix())
+    return tmp_path
+
+
+@pytest.mark.parametrize("prefix", ["", "data/"])
+def test_the_downloaded_data_zip_is_read_in_place_with_the_same_scores(tmp_path: Path, prefix: str) -> None:
+    root = _zipped(tmp_path, prefix)
+    cs = read_spec(root)
+    assert cs.images[0][0].path == str(root / "data.zip") and cs.images[0][0].member.startswith(prefix)
+    cfg = EvalConfig(suites=["spec"], roots={"spec": str(root)}, progress=False)
+    zipped = run_suite(Colours(), cfg).results["spec"]
+    unzipped = run_suite(Colours(), EvalConfig(suites=["spec"], roots={"spec": str(FIXTURE)}, progress=False))
+    assert zipped == unzipped.results["spec"]
 
 
 def _broken(tmp_path: Path) -> Path:
