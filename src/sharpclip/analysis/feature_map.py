@@ -62,12 +62,16 @@ class FeatureMap:
 
 
 def compute_feature_map(model: Any, label: str, image: Any, caption: str, path: str = "maskclip") -> FeatureMap:
-    """`model`'s map of `caption` over `image` (a PIL image), on the model's device."""
+    """`model`'s map of `caption` over `image` (a PIL image), on the model's device, in eval mode (no dropout)."""
     preprocess = model_transforms(model).image
     device = next(model.parameters()).device
-    text = model_embedder(model, progress=False).texts([caption])[0]
-    pixels = preprocess(image)[None].to(device)
-    cos = patch_similarity(model, pixels, text, path)[0].cpu()
+    was_training = model.training
+    model.eval()
+    try:
+        text = model_embedder(model, progress=False).texts([caption])[0]
+        cos = patch_similarity(model, preprocess(image)[None].to(device), text, path)[0].cpu()
+    finally:
+        model.train(was_training)
     view = np.asarray(preprocess.center_crop(preprocess.resize(to_rgb(image, preprocess.alpha))))
     return FeatureMap(label, view, cos)
 
