@@ -24,9 +24,12 @@ from PIL import Image
 from sharpclip.analysis.dense import dense_features, patch_similarity
 from sharpclip.analysis.feature_map import compute_feature_map
 from sharpclip.cli import main
+from sharpclip.config import ModelConfig
 from sharpclip.eval.evaluator import model_embedder
+from sharpclip.models import create_model, save_checkpoint
 from sharpclip.models.preprocessing import model_transforms
 from sharpclip.models.tiny import tiny_model
+from sharpclip.train import checkpoint
 
 CAPTION = "a red square"
 PATCH = 8  # the tiny towers: 32 px images in 8 px patches, a 4 × 4 grid
@@ -65,8 +68,8 @@ def _onto(text: torch.Tensor, width: int) -> torch.Tensor:
     return torch.outer(text, F.normalize(u, dim=0))
 
 
-def _known_clip() -> tuple[torch.nn.Module, torch.Tensor]:
-    model = tiny_model("clip").eval()
+def _known_clip(model: torch.nn.Module | None = None) -> tuple[torch.nn.Module, torch.Tensor]:
+    model = (model if model is not None else tiny_model("clip")).eval()
     text = model_embedder(model, progress=False).texts([CAPTION])[0]
     vision = model.vision_model
     with torch.no_grad():
@@ -207,6 +210,22 @@ def test_analyze_feature_map_writes_png_json_and_a_self_contained_page(tmp_path:
     assert "b" not in parser.tags and "a red &lt;b&gt;square&lt;/b&gt; &amp; more" in page
     assert parser.images == ["feature_map.png"] and all((out / src).is_file() for src in parser.images)
     assert "http" not in page  # nothing fetched
+
+
+def test_a_run_directory_resolves_as_eval_resolves_it_and_keeps_the_known_answer(tmp_path: Path) -> None:
+    """The known CLIP saved as a training run's checkpoint: `--model RUN` loads its newest checkpoint."""
+    cfg = ModelConfig()
+    model, _ = _known_clip(create_model(cfg))
+    run = tmp_path / "run"
+    checkpoint.save(run / "checkpoints", 3, lambda d: save_checkpoint(model, d, cfg), {}, {"step": 3})
+    image = tmp_path / "red.png"
+    _red_square_image(2, 3).save(image)
+    argv = ["analyze", "--feature-map", str(image), "--text", CAPTION, "--model", str(run), "--dense", "value"]
+    assert main([*argv, "--out", str(tmp_path / "maps")]) == 0
+    numbers = json.loads((tmp_path / "maps" / "feature_map.json").read_text())
+    (record,) = numbers["models"].values()
+    assert record["best_patch"] == [2, 3] and record["max"] == pytest.approx(1.0, abs=1e-4)
+    assert numbers["path"] == "value" and list(numbers["models"]) == [f"{tmp_path.name}/run"]
 
 
 def test_analyze_feature_map_refuses_without_text_or_with_three_models(tmp_path, capsys) -> None:
