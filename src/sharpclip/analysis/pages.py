@@ -34,6 +34,8 @@ from urllib.parse import quote
 from PIL import Image
 
 from sharpclip.data.images import load_image
+from sharpclip.eval.embed import ImageRef
+from sharpclip.eval.embed import load_image as load_ref
 
 THUMB_SIZE = 192  # pixels, the longest side of a thumbnail: four or five to a row at 1280 px
 
@@ -97,12 +99,16 @@ class Page:
 
     # -- images -----------------------------------------------------------------------------------------------------
     def thumbnail(self, image: Any, key: str | None = None) -> str:
-        """Save a thumbnail of `image` (a PIL image, or any ImageSource: path, bytes, parquet cell) beside the page;
-        returns its relative link. `key` names the file and de-duplicates (default: a running number)."""
+        """Save a thumbnail of `image` (a PIL image, an eval ImageRef, or any ImageSource: path, bytes, parquet cell)
+        beside the page; returns its relative link. `key` names the file and de-duplicates (default: a running
+        number)."""
         key = str(key) if key is not None else f"img{len(self._written)}"
         if key in self._written:
             return self._written[key]
-        picture = image if isinstance(image, Image.Image) else load_image(image)
+        if isinstance(image, Image.Image):
+            picture = image
+        else:  # eval's refs (zip members, ARO's boxes) or any data.schema.ImageSource
+            picture = load_ref(image) if isinstance(image, ImageRef) else load_image(image)
         picture = picture.convert("RGBA" if picture.mode in ("RGBA", "LA") else "RGB")
         picture.thumbnail((self.thumb_size, self.thumb_size))
         name = f"{len(self._written):05d}_{_safe_name(key)}"
