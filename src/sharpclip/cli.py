@@ -372,6 +372,29 @@ def _add_search(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
+def _add_compare(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("compare", help="two models' retrievals side by side: the queries whose ranks differ most")
+    _config_args(p, "eval.data_root=/data/benchmarks")
+    p.add_argument("--model", action="append", required=True, metavar="MODEL", help="twice: --model A --model B")
+    p.add_argument("--suite", help="a retrieval suite of `sharpclip eval` (default: the config's data section)")
+    p.add_argument("--data-root", help="folder holding one sub-folder per suite (sets eval.data_root)")
+    p.add_argument("--index", default="search-index", metavar="DIR", help="where indexes live (shared with search)")
+    p.add_argument("--out", default="compare", help="folder for compare.html (+ thumbnails), compare.png, .json")
+    p.add_argument("-k", "--top", type=int, default=5, help="images shown per model and query (default 5)")
+    p.add_argument("-n", "--queries", type=int, default=6, help="queries shown per direction (default 6)")
+    p.add_argument("--rebuild", action="store_true", help="delete and rebuild the indexes (only their own files)")
+
+    def run(args: argparse.Namespace) -> int:
+        from sharpclip.analysis.compare import run_compare
+
+        cfg = _load(args, [f"eval.data_root={args.data_root}"] * bool(args.data_root))
+        written = run_compare(cfg, args.model, args.suite, args.index, args.out, args.top, args.queries, args.rebuild)
+        print("\n".join(f"wrote {p}" for p in written))
+        return 0
+
+    p.set_defaults(handler=run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sharpclip",
@@ -391,6 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_eval,
         _add_analyze,
         _add_search,
+        _add_compare,
         _add_demo,
     ):
         add(sub)

@@ -12,6 +12,9 @@ from sharpclip.analysis.pages import Markup, Page, escape, tag
 def test_escape_text_and_pass_markup():
     assert escape('<b>"a" & b</b>') == "&lt;b&gt;&quot;a&quot; &amp; b&lt;/b&gt;"
     assert escape(Markup("<i>x</i>")) == "<i>x</i>"
+    both = Markup("<i>x</i>") + "<y>" + Markup("<br>")
+    assert both == "<i>x</i>&lt;y&gt;<br>" and isinstance(both, Markup)
+    assert "<z>" + Markup("<br>") == "&lt;z&gt;<br>"
     assert tag("td", "1 < 2", class_="a&b") == '<td class="a&amp;b">1 &lt; 2</td>'
 
 

@@ -59,7 +59,14 @@ th { background: #f3f3f3; }
 
 
 class Markup(str):
-    """A string that is already HTML (built by this module): inserted as it is, never escaped again."""
+    """A string that is already HTML (built by this module): inserted as it is, never escaped again. `+` with plain
+    text escapes the text and stays Markup."""
+
+    def __add__(self, other: Any) -> Markup:
+        return Markup(str.__add__(self, escape(other)))
+
+    def __radd__(self, other: Any) -> Markup:
+        return Markup(str.__add__(escape(other), self))
 
 
 def escape(text: Any) -> Markup:
@@ -76,6 +83,13 @@ def tag(name: str, body: Any = "", **attrs: Any) -> Markup:
 def join(parts: Iterable[Any]) -> Markup:
     """Concatenate escaped parts into one piece of Markup."""
     return Markup("".join(escape(p) for p in parts))
+
+
+def load_any(image: Any) -> Image.Image:
+    """A PIL image from a PIL image, an eval ImageRef (zip members, ARO's boxes) or any data.schema.ImageSource."""
+    if isinstance(image, Image.Image):
+        return image
+    return load_ref(image) if isinstance(image, ImageRef) else load_image(image)
 
 
 def _safe_name(key: str) -> str:
@@ -105,10 +119,7 @@ class Page:
         key = str(key) if key is not None else f"img{len(self._written)}"
         if key in self._written:
             return self._written[key]
-        if isinstance(image, Image.Image):
-            picture = image
-        else:  # eval's refs (zip members, ARO's boxes) or any data.schema.ImageSource
-            picture = load_ref(image) if isinstance(image, ImageRef) else load_image(image)
+        picture = load_any(image)
         picture = picture.convert("RGBA" if picture.mode in ("RGBA", "LA") else "RGB")
         picture.thumbnail((self.thumb_size, self.thumb_size))
         name = f"{len(self._written):05d}_{_safe_name(key)}"
