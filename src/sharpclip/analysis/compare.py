@@ -30,6 +30,7 @@ from torch import Tensor
 
 from sharpclip.analysis.index import top_k
 from sharpclip.analysis.pages import Markup, Page, load_any, tag
+from sharpclip.analysis.search import open_searcher, read_gallery
 from sharpclip.eval.metrics import pairs_from_caption_index, query_ranks
 from sharpclip.eval.retrieval import RetrievalSet
 
@@ -188,8 +189,6 @@ def run_compare(
     n: int = 6, rebuild: bool = False,
 ) -> list[Path]:  # fmt: skip
     """`sharpclip compare`: both models' indexes of the suite (built or resumed, then checked), compared."""
-    from sharpclip.analysis.search import open_searcher, read_gallery
-
     if len(models) != 2:
         raise ValueError(f"compare takes two models (--model A --model B), got {len(models)}")
     dataset, spec = read_gallery(cfg, suite=suite)
