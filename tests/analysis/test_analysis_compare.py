@@ -73,6 +73,7 @@ def test_page_and_figure_of_the_hand_built_cases(tmp_path: Path):
     assert len(parsed.images) == 3 + 2 + 2 + 2 and parsed.classes.count("mark") == 4
     assert "compare.png" in parsed.links and png.stat().st_size > 0
     assert json.loads(numbers.read_text())["captions"]["1"] == captions[1]
+    assert "mark" in parsed.tags  # the hardest negative's words that differ from the query
 
 
 def test_cli_compare_two_tiny_models(tmp_path: Path, capsys):
@@ -93,6 +94,7 @@ def test_cli_compare_two_tiny_models(tmp_path: Path, capsys):
     assert main(args) == 0
     assert "compare.html" in capsys.readouterr().out
     result = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert result["models"] == ["tiny-clip", "tiny-siglip"] and result["sources"]["tiny-clip"] == "tiny-clip"
     for case in result["b_better"] + result["a_better"]:
         a, b = (m["gt_rank"] for m in case["models"])
         assert (a > b) == (case in result["b_better"]) and a != b

@@ -6,7 +6,7 @@ import pytest
 from PIL import Image
 
 from _support.html_pages import check_page, parse_page
-from sharpclip.analysis.pages import Markup, Page, escape, tag
+from sharpclip.analysis.pages import Markup, Page, escape, marked_differences, tag
 
 
 def test_escape_text_and_pass_markup():
@@ -49,3 +49,9 @@ def test_checker_fails_on_missing_image_and_remote_links(tmp_path):
     with pytest.raises(AssertionError, match="remote"):
         check_page(tmp_path / "q.html")
     assert parse_page(tmp_path / "q.html").links == ["https://cdn.example/x.js"]
+
+
+def test_marked_differences_marks_the_changed_words_only():
+    got = marked_differences("a large dotted cyan cross <x>", "a large striped cyan cross <x> too")
+    assert got == "a large <mark>striped</mark> cyan cross &lt;x&gt; <mark>too</mark>"
+    assert marked_differences("same words", "same words") == "same words"

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from sharpclip.analysis.index import top_k
-from sharpclip.analysis.pages import Markup, Page, load_any, tag
+from sharpclip.analysis.pages import Markup, Page, escape, load_any, marked_differences, tag
 from sharpclip.analysis.search import open_searcher, read_gallery
 from sharpclip.eval.metrics import pairs_from_caption_index, query_ranks
 from sharpclip.eval.retrieval import RetrievalSet
@@ -103,22 +103,25 @@ def _model_block(page: Page, m: dict[str, Any], case: dict[str, Any], dataset: R
     if gt not in m["top"]:  # shown apart, so the reader sees what was missed
         cells.append(page.figure(page.thumbnail(dataset.images[gt], key=f"img{gt}"),
                                  f"ground truth: rank {m['gt_rank']}", mark=True))  # fmt: skip
-    neg = m["hardest_negative"]
-    said = dataset.captions[neg["caption"]] if neg["caption"] >= 0 else "(none: every caption is this image's)"
-    cosines = ", ".join(f"{name} {v:.3f}" for name, v in neg["cosine"].items())
+    neg, query = m["hardest_negative"], dataset.captions[case["query"]]
+    said = marked_differences(query, dataset.captions[neg["caption"]]) if neg["caption"] >= 0 else "(none)"
+    cosines = ", ".join(f"{name} {v:.4f}" for name, v in neg["cosine"].items())
+    intro = Markup(f"hardest caption negative under {tag('b', m['model'])}, the words that differ from the query "
+                   f"marked (cosine {escape(cosines)}): ")  # fmt: skip
     parts = [tag("h3", f"{m['model']}: ground truth at rank {m['gt_rank']}"), page.row(cells),
-             tag("p", Markup(f"hardest caption negative under {tag('b', m['model'])} (cosine {cosines}): ")
-                 + tag("i", said), class_="note")]  # fmt: skip
+             tag("p", intro + tag("i", said), class_="note")]  # fmt: skip
     return Markup("".join(parts))
 
 
 def write_page(result: dict[str, Any], dataset: RetrievalSet, out: Path, figure: Path | None = None) -> Path:
     """compare.html: per direction, per query, the caption and each model's column."""
     a, b = result["models"]
-    page = Page(out, f"Qualitative retrieval: {a} vs {b} on {dataset.name}")
+    page = Page(out, f"Qualitative retrieval: {a} vs {b} on {dataset.name}", thumb_size=96)  # 5 per row and column
     page.paragraph(f"{result['queries']} caption queries over {len(dataset.images)} images. Shown: the queries whose "
                    f"ground-truth rank differs most between the two models (top {result['k']} per model, the ground "
                    "truth framed in green; rank 1 is an R@1 hit).", note=True)  # fmt: skip
+    if result.get("sources"):
+        page.paragraph("Models: " + "; ".join(f"{k} = {v}" for k, v in result["sources"].items()), note=True)
     if figure is not None:
         page.add(tag("p", Markup(f'The same cases as a figure: <a href="{page.local(figure)}">{figure.name}</a>')))
     for key in ("b_better", "a_better"):
@@ -184,6 +187,13 @@ def write_compare(result: dict[str, Any], dataset: RetrievalSet, out_dir: str | 
     return [write_page(result, dataset, out_dir / "compare.html", figure), figure, out_dir / "compare.json"]
 
 
+def short_names(models: Sequence[str]) -> list[str]:
+    """Labels for the page and figure: each model's last path part (`runs/x/hn` → `hn`) when those differ, else the
+    names as given."""
+    short = [Path(m).name or m for m in models]
+    return short if len(set(short)) == len(short) else list(models)
+
+
 def run_compare(
     cfg: Any, models: Sequence[str], suite: str | None, index_root: str | Path, out_dir: str | Path, k: int = 5,
     n: int = 6, rebuild: bool = False,
@@ -195,6 +205,8 @@ def run_compare(
     if not dataset.captions:
         raise ValueError(f"{dataset.name}: no captions to query with; compare needs an image-caption suite")
     a, b = (open_searcher(m, cfg, dataset, spec, index_root, rebuild) for m in models)
-    result = compare_rankings(Side(a.name, a.index.image, a.index.text), Side(b.name, b.index.image, b.index.text),
+    short = short_names(models)
+    result = compare_rankings(Side(short[0], a.index.image, a.index.text), Side(short[1], b.index.image, b.index.text),
                               dataset.caption_to_image, k, n)  # fmt: skip
+    result["sources"] = dict(zip(short, models, strict=True))
     return write_compare(result, dataset, out_dir)

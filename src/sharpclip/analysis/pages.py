@@ -24,6 +24,7 @@ plain strings (escaped) or `Markup` cells.
 
 from __future__ import annotations
 
+import difflib
 import html
 import re
 from collections.abc import Iterable, Sequence
@@ -47,7 +48,7 @@ p.note { color: #555; font-size: 0.9em; }
 .row { display: flex; flex-wrap: wrap; gap: 10px; align-items: flex-start; }
 figure { margin: 0; width: %(w)dpx; border: 3px solid transparent; padding: 2px; }
 figure.mark { border-color: #1a9850; background: #e9f7ef; }
-figure img { display: block; max-width: %(w)dpx; max-height: %(w)dpx; margin: 0 auto; image-rendering: pixelated; }
+figure img { display: block; width: %(w)dpx; height: %(w)dpx; object-fit: contain; image-rendering: pixelated; }
 figcaption { font-size: 0.8em; line-height: 1.25; word-wrap: break-word; margin-top: 3px; }
 table { border-collapse: collapse; font-size: 0.9em; margin: 0.5em 0; }
 th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: left; vertical-align: top; }
@@ -90,6 +91,18 @@ def load_any(image: Any) -> Image.Image:
     if isinstance(image, Image.Image):
         return image
     return load_ref(image) if isinstance(image, ImageRef) else load_image(image)
+
+
+def marked_differences(reference: str, text: str) -> Markup:
+    """`text` escaped, its words that are not in `reference` at the aligned place wrapped in `<mark>` (difflib over
+    whitespace-separated words): what a near-duplicate caption changes."""
+    ref, words = reference.split(), text.split()
+    out = []
+    for op, _, _, j1, j2 in difflib.SequenceMatcher(a=ref, b=words, autojunk=False).get_opcodes():
+        chunk = escape(" ".join(words[j1:j2]))
+        if chunk:
+            out.append(chunk if op == "equal" else tag("mark", chunk))
+    return Markup(" ".join(out))
 
 
 def _safe_name(key: str) -> str:

@@ -76,6 +76,7 @@ def read_gallery(cfg: Any, images: str | None = None, suite: str | None = None) 
     spec = {"suite": name, "data_root": cfg.eval.data_root, "format": cfg.data.format, "root": cfg.data.root}
     # the run's data section is named by its format and folder, so two datasets never share an index folder
     spec["label"] = f"{cfg.data.format}-{Path(cfg.data.root).resolve().name}" if name == "retrieval" else name
+    dataset.name = spec["label"]  # what pages call it
     return dataset, spec
 
 
@@ -116,7 +117,7 @@ def open_searcher(
 ) -> Searcher:
     """Load model `name`, build or resume its index of `dataset` under `index_root`, check it, and read it."""
     _, embedder, record = load_model(name, cfg)
-    folder = Path(index_root) / slug(spec.get("label", dataset.name)) / slug(name)
+    folder = Path(index_root) / slug(dataset.name) / slug(name)
     if rebuild and folder.exists():
         remove_index(folder)
     build_index(folder, embedder, record, dataset, spec, progress=cfg.eval.progress)
@@ -230,7 +231,11 @@ def write_search_page(
 ) -> Path:
     """An HTML page of the hits, one column per model, thumbnails beside it; a dataset image whose caption is the
     query exactly is framed as the ground truth."""
-    page = Page(out, f"Search {dataset.name}: " + (_shorten(text, 60) if text is not None else Path(image).name))
+    page = Page(
+        out,
+        thumb_size=150,
+        title=f"Search {dataset.name}: " + (_shorten(text, 60) if text is not None else Path(image).name),
+    )
     if text is not None:
         page.add(tag("p", text, class_="query"))
     else:
