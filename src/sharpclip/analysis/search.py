@@ -216,7 +216,7 @@ def _hit_column(page: Page, h: Hits, dataset: RetrievalSet, truth: set[int]) -> 
     for r, (score, i) in enumerate(zip(h.image_scores, h.images, strict=True)):
         src = page.thumbnail(dataset.images[i], key=source_name(dataset.images[i]))
         said = f" · {_shorten(first[i], 140)}" if i in first else ""
-        label = f"#{r + 1} · cos {score:.3f} · {Path(source_name(dataset.images[i])).name}{said}"
+        label = f"#{r + 1} · cos {score:.4f} · {Path(source_name(dataset.images[i])).name}{said}"
         cells.append(page.figure(src, label, mark=i in truth))
     parts = [tag("h3", h.model), page.row(cells)]
     if h.captions:
