@@ -106,7 +106,7 @@ def test_a_killed_build_resumes_where_it_stopped(data: Path, tmp_path: Path):
     assert again.items == 0
 
 
-def test_changed_model_or_files_are_refused_in_one_line(data: Path, tmp_path: Path):
+def test_changed_model_or_files_are_refused_in_one_line(data: Path, tmp_path: Path, monkeypatch):
     dataset, spec = s.read_gallery(_cfg(data))
     keys = [*dataset.images, *dataset.captions]
     vectors = {k: v for k, v in zip(keys, _unit(len(keys), 6, 3), strict=True)}
@@ -115,8 +115,14 @@ def test_changed_model_or_files_are_refused_in_one_line(data: Path, tmp_path: Pa
         ix.build_index(tmp_path / "i", Counting(vectors), _record("d1"), dataset, spec, progress=False)
     assert "\n" not in str(err.value)
     image = Path(dataset.images[4])
+    hashed = []
+    real_sha = ix.sha256_file
+    monkeypatch.setattr(ix, "sha256_file", lambda p: hashed.append(Path(p).name) or real_sha(p))
+    ix.build_index(tmp_path / "i", Counting(vectors), _record(), dataset, spec, progress=False)
+    assert hashed == []  # an unchanged index is checked by stat alone: no file is read again
     os.utime(image, ns=(1, 1))  # touched, same bytes: still the same file
     ix.build_index(tmp_path / "i", Counting(vectors), _record(), dataset, spec, progress=False)
+    assert hashed == [image.name]  # only the touched file is hashed
     Image.new("RGB", (32, 32), (1, 2, 3)).save(image)
     with pytest.raises(ix.IndexMismatch, match=f"{image.name} changed"):
         ix.build_index(tmp_path / "i", Counting(vectors), _record(), dataset, spec, progress=False)

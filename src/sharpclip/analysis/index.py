@@ -120,15 +120,16 @@ def preprocessing_record(preprocess: Any, tokenizer: Any) -> dict[str, Any]:
 
 
 # -- the manifest -----------------------------------------------------------------------------------------------------
-def dataset_record(dataset: RetrievalSet, spec: dict[str, Any]) -> dict[str, Any]:
-    """The manifest's dataset part: how it was read (`spec`), items, captions, and every file's fingerprint."""
+def dataset_record(dataset: RetrievalSet, spec: dict[str, Any], hash_files: bool = True) -> dict[str, Any]:
+    """The manifest's dataset part: how it was read (`spec`), items, captions, and every file's fingerprint
+    (`hash_files`; without it the files are left to `changed_file`, which hashes only a file whose stat moved)."""
     return {
         "name": dataset.name,
         "spec": spec,
         "items": [source_key(s) for s in dataset.images],
         "captions": list(dataset.captions),
         "caption_to_image": list(dataset.caption_to_image),
-        "files": {str(p): file_record(p) for p in dataset_files(dataset)},
+        "files": {str(p): file_record(p) if hash_files else None for p in dataset_files(dataset)},
     }
 
 
@@ -164,6 +165,9 @@ def mismatch(manifest: dict[str, Any], model: dict[str, Any], data: dict[str, An
     for key in ("items", "captions", "caption_to_image"):
         if old_data[key] != data[key]:
             return f"the dataset's {key.replace('_', ' ')} differ from those it was built over ({old_data['name']})"
+    if set(old_data["files"]) != set(data["files"]):
+        extra = sorted(set(old_data["files"]) ^ set(data["files"]))
+        return f"the dataset reads other files than it was built over ({extra[0]}, {len(extra)} in all)"
     return changed_file(old_data["files"])
 
 
@@ -209,8 +213,8 @@ def build_index(
 
     model: {"name", "class", "digest", "preprocessing"} (`model_record`); spec: how to read the dataset again."""
     folder = Path(folder)
-    data = dataset_record(dataset, spec)
     manifest = read_manifest(folder)
+    data = dataset_record(dataset, spec, hash_files=manifest is None)  # an existing index: stat its files first
     if manifest is None:
         if folder.exists() and any(folder.iterdir()):
             raise IndexMismatch(f"{folder}: not empty and holds no {MANIFEST}; choose another --index folder")
