@@ -48,16 +48,21 @@ def _cfg(data: Path, *extra: str):
                               "eval.progress=false", *extra])  # fmt: skip
 
 
-def test_index_top1_is_evals_r1_ranking(data: Path, tmp_path: Path):
-    cfg = _cfg(data, f"eval.output_dir={tmp_path / 'eval'}")
-    dataset, spec = s.read_gallery(cfg)
+@pytest.mark.parametrize("suite", ["retrieval", "synthdense"])
+def test_index_top1_is_evals_r1_ranking(data: Path, tmp_path: Path, suite: str):
+    # "retrieval": the config's data section; "synthdense": the suite reading SynthDense's layout under --data-root
+    if suite == "synthdense":
+        data.rename(tmp_path / "synthdense")
+        data = tmp_path / "synthdense"
+    cfg = _cfg(data, f"eval.output_dir={tmp_path / 'eval'}", f"eval.suites=[{suite}]", f"eval.data_root={tmp_path}")
+    dataset, spec = s.read_gallery(cfg, suite=suite)
     searcher = s.open_searcher("tiny-clip", cfg, dataset, spec, tmp_path / "index")
     idx = searcher.index
     _, top1 = ix.top_k(idx.text, idx.image, 1)
     truth = torch.tensor(dataset.caption_to_image)
     ranks = query_ranks(idx.text, idx.image, pairs_from_caption_index(truth))
     assert torch.equal(top1[:, 0] == truth, ranks == 0)
-    report = json.loads(run_eval(cfg)[0].read_text())["retrieval"]
+    report = json.loads(run_eval(cfg)[0].read_text())[suite]
     assert report["t2i"]["R@1"] == pytest.approx(100 * (top1[:, 0] == truth).float().mean().item())
     # the same caption embedded fresh as a query finds the same first image as the stored text embedding
     for c in (0, 5, 11):
