@@ -343,6 +343,67 @@ def _add_analyze(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
+def _add_search(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("search", help="index a dataset or image folder with one or two models; query by text or image")
+    _config_args(p, "data.format=generic data.root=/data/mine")
+    p.add_argument("--model", action="append", required=True, metavar="MODEL",
+                   help="a run directory, checkpoint, export/HF folder or tiny model; twice: side by side")  # fmt: skip
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--images", metavar="DIR", help="a folder of images (captions from same-named .txt files)")
+    what.add_argument("--suite", help="a retrieval suite of `sharpclip eval` (default: the config's data section)")
+    p.add_argument("--data-root", help="folder holding one sub-folder per suite (sets eval.data_root)")
+    p.add_argument("--index", default="search-index", metavar="DIR", help="where indexes live: DIR/<data>/<model>/")
+    query = p.add_mutually_exclusive_group()
+    query.add_argument("--text", help="query caption")
+    query.add_argument("--image", metavar="FILE", help="query image")
+    p.add_argument("-k", "--top", type=int, default=10, help="results per model (default 10)")
+    p.add_argument("--html", metavar="FILE", help="also write an HTML page (thumbnails in FILE's folder)")
+    p.add_argument("--rebuild", action="store_true", help="delete and rebuild the indexes (only their own files)")
+
+    def run(args: argparse.Namespace) -> int:
+        from sharpclip.analysis import search as s
+
+        overrides = [f"eval.data_root={args.data_root}"] * bool(args.data_root)
+        cfg = _load(args, overrides)
+        dataset, spec = s.read_gallery(cfg, args.images, args.suite)
+        if args.text is None and args.image is None:  # build (or resume) the indexes only
+            for name in args.model:
+                print(
+                    f"index ready: {s.open_searcher(name, cfg, dataset, spec, args.index, args.rebuild).index.folder}"
+                )
+            return 0
+        found = s.search(cfg, args.model, dataset, spec, args.index, args.text, args.image, args.top, args.rebuild)
+        print(s.format_hits(found, dataset))
+        if args.html:
+            print(f"wrote {s.write_search_page(found, dataset, args.html, args.text, args.image)}")
+        return 0
+
+    p.set_defaults(handler=run)
+
+
+def _add_compare(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("compare", help="two models' retrievals side by side: the queries whose ranks differ most")
+    _config_args(p, "eval.data_root=/data/benchmarks")
+    p.add_argument("--model", action="append", required=True, metavar="MODEL", help="twice: --model A --model B")
+    p.add_argument("--suite", help="a retrieval suite of `sharpclip eval` (default: the config's data section)")
+    p.add_argument("--data-root", help="folder holding one sub-folder per suite (sets eval.data_root)")
+    p.add_argument("--index", default="search-index", metavar="DIR", help="where indexes live (shared with search)")
+    p.add_argument("--out", default="compare", help="folder for compare.html (+ thumbnails), compare.png, .json")
+    p.add_argument("-k", "--top", type=int, default=5, help="images shown per model and query (default 5)")
+    p.add_argument("-n", "--queries", type=int, default=6, help="queries shown per direction (default 6)")
+    p.add_argument("--rebuild", action="store_true", help="delete and rebuild the indexes (only their own files)")
+
+    def run(args: argparse.Namespace) -> int:
+        from sharpclip.analysis.compare import run_compare
+
+        cfg = _load(args, [f"eval.data_root={args.data_root}"] * bool(args.data_root))
+        written = run_compare(cfg, args.model, args.suite, args.index, args.out, args.top, args.queries, args.rebuild)
+        print("\n".join(f"wrote {p}" for p in written))
+        return 0
+
+    p.set_defaults(handler=run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sharpclip",
@@ -361,6 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
         _add_validate_data,
         _add_eval,
         _add_analyze,
+        _add_search,
+        _add_compare,
         _add_demo,
     ):
         add(sub)

@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from _support.html_pages import check_page
 from sharpclip.cli import main
 from sharpclip.demo import DemoOptions, profile_for, select
 from sharpclip.demo.stages import ensure_init
@@ -41,6 +42,10 @@ def test_demo_quick_writes_every_row(tmp_path, capsys):
         assert curve["points"][0]["deltas"]["zeroshot/top1"] == 0.0
         assert (out / f"wise_ft_{arm}" / "wise_ft.png").stat().st_size > 0
         assert f"wise_ft_{arm}/wise_ft.png" in markdown
+    # the qualitative page, InfoNCE vs HN-CLIP: self-contained, its figure linked from report.md
+    page = check_page(out / "compare_infonce_hn" / "compare.html")
+    assert page.title == "Qualitative retrieval: InfoNCE vs HN-CLIP on SynthDense test" and page.images
+    assert "compare_infonce_hn/compare.png" in markdown and "compare_infonce_hn" in printed
     for figure in ("gradient_dynamics", "convergence", "geometry", "caption_similarity", "geometry_along_training"):
         assert (out / f"{figure}.png").stat().st_size > 0, figure
     # the regime check of the init and the geometry along training, per arm, in both report files

@@ -16,7 +16,8 @@
    drop (zero-shot colour + shape classification, what stage A taught) beside it, and judged against the papers'
    claims (demo.report), under the init's regime check against HN-CLIP's caption geometry and each arm's caption
    geometry along training (demo.regime); with `--full` (and `--quick`) the InfoNCE and HN-CLIP arms are blended back
-   towards the init (demo.wise_ft, WiSE-FT); report.md / report.json and the figures go into the run directory.
+   towards the init (demo.wise_ft, WiSE-FT); report.md / report.json and the figures go into the run directory, with
+   a page of the test captions whose ground-truth rank differs most between InfoNCE and HN-CLIP (demo.compare).
 
     run_demo(DemoOptions(out="runs/demo"))            # what `sharpclip demo` calls
 """
@@ -37,6 +38,7 @@ from tqdm import tqdm
 from sharpclip.config import ModelConfig
 from sharpclip.data.synthetic import ensure
 from sharpclip.demo import report, wise_ft
+from sharpclip.demo.compare import write_qualitative
 from sharpclip.demo.measure import evaluate_model, training_stats
 from sharpclip.demo.plan import DEFAULT_TASK, Arm, Profile, arms, core_arms, task_profile
 from sharpclip.demo.stages import (
@@ -216,6 +218,8 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
         entry["seeds"][0]["test"] = _slim(entry["seeds"][0]["test"])
     results = {**inits, **results}
     figures = report.write_figures(results, run_dirs, geometry, out)
+    qualitative = write_qualitative(run_dirs, data, out)  # InfoNCE vs HN-CLIP, the queries whose ranks differ most
+    figures += [f for f in qualitative if f.suffix == ".png"]
     wise = {}
     if opts.full or opts.quick:  # WiSE-FT of the InfoNCE and HN-CLIP arms (seed 0) back towards the A2 init
         wise = wise_ft.curves(init.model_dir, run_dirs, data, WISE_ALPHAS[opts.quick], out)
@@ -236,6 +240,8 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
     for c in report.claims(results, wise):
         print(f"- {c['claim']}: {c['verdict']}\n    {c['measured']}")
     print(f"\nreport: {files[0]}  ({meta['wall_seconds']:.0f} s in all; figures and report.json beside it)")
+    if qualitative:
+        print(f"qualitative retrieval, InfoNCE vs HN-CLIP: {qualitative[0]}")
     (out / "demo_meta.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
     return {"results": results, "claims": report.claims(results, wise), "wise_ft": wise, "files": files + figures,
             "meta": meta}  # fmt: skip
