@@ -14,7 +14,6 @@ the best patch is outlined. Files written into `out`:
 
 from __future__ import annotations
 
-import html
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ import torch.nn.functional as F
 from matplotlib.patches import Rectangle
 
 from sharpclip.analysis.dense import patch_similarity
+from sharpclip.analysis.pages import Markup, Page, escape, tag
 from sharpclip.config import load_config
 from sharpclip.data.images import to_rgb
 from sharpclip.eval.embed import load_image
@@ -107,29 +107,21 @@ def _record(fm: FeatureMap) -> dict[str, Any]:
 
 
 def write_page(out: Path, caption: str, image_name: str, maps: list[FeatureMap], path: str, png: Path) -> Path:
-    """feature_map.html: self-contained (inline style, the PNG by relative link, no network), text escaped."""
-    rows = "".join(
-        f"<tr><td>{html.escape(fm.label)}</td><td>{r['min']:.4f}</td><td>{r['max']:.4f}</td>"
-        f"<td>row {r['best_patch'][0]}, column {r['best_patch'][1]} of {fm.cos.shape[0]}×{fm.cos.shape[1]}</td></tr>"
-        for fm, r in ((fm, _record(fm)) for fm in maps)
+    """feature_map.html through `pages.Page`: self-contained (the PNG by relative link, no network), text escaped."""
+    page = Page(out / f"{STEM}.html", "Patch feature map")
+    page.add(tag("p", caption, class_="query"))
+    page.paragraph(
+        f"Image: {image_name}. Dense features: {path} (Zhou et al.'s value path); colours are each map's cosines "
+        "scaled to its own min … max, warm = high; the outlined patch scores highest."
     )
-    page = f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>Feature map: {html.escape(caption)}</title>
-<style>body {{ font-family: system-ui, sans-serif; margin: 1.5em; color: #222; max-width: 1400px; }}
-.query {{ background: #f6f6f6; padding: 6px 10px; border-left: 4px solid #4575b4; }}
-table {{ border-collapse: collapse; font-size: 0.9em; }} th, td {{ border: 1px solid #ccc; padding: 3px 8px; }}
-img {{ max-width: 100%; }}</style></head>
-<body><h1>Patch feature map</h1>
-<p class="query">{html.escape(caption)}</p>
-<p>Image: {html.escape(image_name)}. Dense features: {html.escape(path)} (Zhou et al.'s value path); colours are
-each map's cosines scaled to its own min … max, warm = high; the outlined patch scores highest.</p>
-<img src="{html.escape(png.name)}" alt="feature maps">
-<table><tr><th>model</th><th>min cosine</th><th>max cosine</th><th>best patch</th></tr>{rows}</table>
-</body></html>
-"""
-    target = out / f"{STEM}.html"
-    target.write_text(page, encoding="utf-8")
-    return target
+    page.add(Markup(f'<img src="{escape(page.local(png))}" alt="feature maps" style="max-width: 100%">'))
+    rows = []
+    for fm in maps:
+        r = _record(fm)
+        (row, col), (h, w) = r["best_patch"], fm.cos.shape
+        rows.append([fm.label, f"{r['min']:.4f}", f"{r['max']:.4f}", f"row {row}, column {col} of {h}×{w}"])
+    page.add(page.table(["model", "min cosine", "max cosine", "best patch"], rows))
+    return page.write()
 
 
 def load_models(names: list[str]) -> list[tuple[str, Any]]:
