@@ -12,8 +12,8 @@ Parts, in this order, each in its own process; every JSON line a part prints is 
    time) with graphs, graph breaks, recompiles and recompile-limit hits;
 2. `gpu_step`: `gpu_step.py --models l14 --steps 5`: the objectives alone, interleaved whole steps, attention
    kernels, the compiled rows, the grid; its `ratios` after every row (a line only when they changed);
-3. `gpu_tests`: `pytest -m gpu` (every CUDA-only test; with 2 GPUs or more the NCCL equality test among them), a
-   row per test as it ends;
+3. `gpu_tests`: `pytest -m gpu` over the test files that mark tests `gpu` (every CUDA-only test; with 2 GPUs or
+   more the NCCL equality test among them), a row per test as it ends;
 4. `multi_gpu` (2 GPUs or more): `gpu_ranks.py` on one process and under torchrun on 2 GPUs (and on all of them
    when more, if they divide the batch of 128): losses, gradient norms and gradient digests of 1 GPU against W
    GPUs (an `equality` row), img/s in all and per GPU for each count (`speed` rows).
@@ -184,9 +184,15 @@ def run_gpu_step(check: Check, timeout: float) -> tuple[list[dict], dict]:
     return check.launch("gpu_step", python("gpu_step.py", *args), timeout, parse)
 
 
+def gpu_test_files() -> list[str]:
+    """The test files that mark tests `gpu` (collecting only these saves collecting the whole suite)."""
+    files = sorted(p for p in (ROOT / "tests").rglob("test_*.py") if "mark.gpu" in p.read_text(encoding="utf-8"))
+    return [str(p.relative_to(ROOT)) for p in files]
+
+
 def run_gpu_tests(check: Check, timeout: float) -> tuple[list[dict], dict]:
-    where = "tests/data/test_data_gpu_feed.py" if check.dry_run else "tests"
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-v", "-p", "no:cacheprovider", where]
+    where = ["tests/data/test_data_gpu_feed.py"] if check.dry_run else gpu_test_files()
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-v", "-p", "no:cacheprovider", *where]
     return check.launch("gpu_tests", cmd, timeout, pytest_row)
 
 
