@@ -44,9 +44,8 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from importlib.metadata import version
 from pathlib import Path
-
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = {"compile": 0.30, "gpu_step": 0.35, "gpu_tests": 0.20, "multi_gpu": 0.15}  # shares of the time left
@@ -332,6 +331,15 @@ def run_parts(check: Check, parts: list[str], summary: dict) -> None:
         summary |= {f"{part}.{k}": v for k, v in SUMMARIES[part](rows).items()}
 
 
+def _machine() -> dict:
+    """The GPUs here (torch is imported only for this: --dry-run and the tests of this script skip it)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"device": "cpu", "gpus": 0, "cuda": torch.version.cuda}
+    return {"device": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count(), "cuda": torch.version.cuda}
+
+
 def _interrupt(signum: int, frame) -> None:
     raise Interrupted(signal.Signals(signum).name)
 
@@ -343,22 +351,22 @@ def main() -> None:
     parser.add_argument("--dry-run", action="store_true", help="every part on the CPU, tiny and cheap")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of: {', '.join(PARTS)}")
     args = parser.parse_args()
-    cuda = torch.cuda.is_available()
-    gpus = 2 if args.dry_run else torch.cuda.device_count() if cuda else 0  # --dry-run: 2 gloo processes
+    machine = {"device": "cpu", "gpus": 2, "cuda": None} if args.dry_run else _machine()  # --dry-run: 2 gloo ranks
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    check = Check(args.out, args.budget_s, args.dry_run, gpus)
-    device = torch.cuda.get_device_name(0) if cuda and not args.dry_run else "cpu"
-    summary: dict = {"device": device, "gpus": gpus, "dry_run": args.dry_run, "out": str(args.out)}
-    check.write("start", {"kind": "start", **summary, "torch": torch.__version__, "cuda": torch.version.cuda,
+    check = Check(args.out, args.budget_s, args.dry_run, machine["gpus"])
+    summary: dict = {"device": machine["device"], "gpus": machine["gpus"], "dry_run": args.dry_run}
+    summary["out"] = str(args.out)
+    check.write("start", {"kind": "start", **summary, "torch": version("torch"), "cuda": machine["cuda"],
                           "budget_s": args.budget_s, "argv": sys.argv[1:]})  # fmt: skip
     parts = [p for p in PARTS if p in args.parts.split(",")]
     code = 0
-    if not cuda and not args.dry_run:
+    if not machine["gpus"] and not args.dry_run:
         summary["ran"] = False
         summary["reason"] = "no CUDA device (torch.cuda.is_available() is False); run it on a GPU machine"
         parts = []
-    if "multi_gpu" in parts and gpus < 2:
-        check.write("multi_gpu", {"kind": "skipped", "reason": f"{gpus} GPU: NCCL needs one GPU per rank"})
+    if "multi_gpu" in parts and machine["gpus"] < 2:
+        reason = f"{machine['gpus']} GPU: NCCL needs one GPU per rank"
+        check.write("multi_gpu", {"kind": "skipped", "reason": reason})
         summary["multi_gpu.status"] = "skipped (1 GPU)"
         parts.remove("multi_gpu")
     signal.signal(signal.SIGTERM, _interrupt)

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
@@ -76,6 +77,17 @@ def test_a_spent_budget_skips_every_part_with_its_reason(tmp_path):
     assert [r["part"] for r in skipped] == list(gpu_check.PARTS)
     assert all(r["reason"].startswith("budget spent") for r in skipped)
     assert all(rows[-1][f"{p}.status"].startswith("skipped (budget spent") for p in gpu_check.PARTS)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the check would run for real")
+def test_without_cuda_it_records_that_it_did_not_run(tmp_path):
+    out = tmp_path / "check.jsonl"
+    cmd = [sys.executable, str(SCRIPT), "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = _rows(out)
+    assert [r["part"] for r in rows] == ["start", "summary"]
+    assert rows[-1]["ran"] is False and "no CUDA device" in rows[-1]["reason"]
 
 
 def test_a_part_past_its_time_is_killed_with_its_children_and_keeps_its_rows(tmp_path):
