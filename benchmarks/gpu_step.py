@@ -14,8 +14,8 @@ setting: 2 warm-up steps, then the median of `--steps` timed steps (CUDA-synchro
 memory. Dynamo is reset before every compiled setting, and each compiled row reports its compile health: graphs,
 graph breaks (`counters["graph_break"]`), recompiles and recompile-limit hits (from Dynamo's own log records).
 Rows come in order of importance, so a run cut short keeps the key numbers: per model `objective`, `interleaved`,
-then the compiled rows (`varying`, the compiled grid setting), the rows of the targets, the rest of the grid,
-`trainer` and `sdpa`; `ratios` is printed again after every row.
+`sdpa`, then the compiled rows (`varying`, the compiled grid setting), the grid rows the targets compare, the rest
+of the grid, `trainer`; `ratios` is printed again after every row.
 
 The default grid, per model: `infonce`, `hn_clip`, `hn_clip` + `filip` under exact accumulation (micro-batches of 32)
 and per-micro-batch accumulation (16); `hn_clip` exact and per-micro-batch at the same micro size (16 and 32) and
