@@ -97,7 +97,7 @@ def phase(name: str, model_name: str, device: torch.device, batch_size: int, ste
             row = {"kind": f"{name}_step", "world": world, "step": k + 1, "loss": record.get("loss"),
                    "grad_norm": record.get("grad_norm"), "step_s": round(times[-1], 4)}  # fmt: skip
             if name == "check" and k == 0:
-                row |= digest(trainer.params)  # every rank holds the averaged gradient; rank 0 reports it
+                row |= digest([p for p in model.parameters() if p.requires_grad])  # averaged on every rank
             if main:
                 emit(row)
         trainer.logger.close()
