@@ -32,7 +32,8 @@ from PIL import Image, ImageDraw
 from sharpclip.config import DataConfig, SynthDenseConfig
 from sharpclip.data import build_loader
 from sharpclip.data.images import request_draft
-from sharpclip.data.synthetic import MMVP_PATTERNS, generate
+from sharpclip.data.synthdense.corpus import generate
+from sharpclip.data.synthdense.edits import MMVP_PATTERNS
 from sharpclip.data.transforms import CLIP_MEAN, CLIP_STD, ClipImageTransform, Preprocessing, TextTokenizer
 from sharpclip.models.tokenizer import build_word_tokenizer, synthdense_tokenizer
 

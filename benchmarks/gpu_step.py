@@ -2,15 +2,20 @@
 lines.
 
     python benchmarks/gpu_step.py [--models l14,b16] [--steps 5] [--full] [--dynamic]
-    python benchmarks/gpu_step.py --trainer-run [--steps 20]   (ViT-L through Trainer, bf16, compile on)
+    python benchmarks/gpu_step.py --trainer-run [--steps 20]   (ViT-L through Trainer, bf16, compile on, exact)
     python benchmarks/gpu_step.py --check-on-cpu      (the script's own smoke test: a tiny CLIP, batch 16, CPU)
+    python benchmarks/gpu_step.py --dry-run [--max-rows 3]   (cheaper still: fp32, 77 positions, 64 px, one thread)
 
 Models are transformers CLIPModels built in code, on the device, with random weights (no download): OpenAI's
 ViT-L/14 (first) and ViT-B/16 shapes, 224 px, text towers stretched to 248 positions (Long-CLIP). Every step is a
 real `train.step.run_step` on a global batch of 128 (captions of 20-248 tokens, padded to the full 248 positions;
 `--dynamic` pads to the longest), bf16 autocast on the towers, AdamW, batches copied from pinned memory. Per
 setting: 2 warm-up steps, then the median of `--steps` timed steps (CUDA-synchronised), peak allocated and reserved
-memory. Dynamo is reset before every compiled setting, and each compiled row reports its graph count.
+memory. Dynamo is reset before every compiled setting, and each compiled row reports its compile health: graphs,
+graph breaks (`counters["graph_break"]`), recompiles and recompile-limit hits (from Dynamo's own log records).
+Rows come in order of importance, so a run cut short keeps the key numbers: per model `objective`, `interleaved`,
+`sdpa`, then the compiled rows (`varying`, the compiled grid setting), the grid rows the targets compare, the rest
+of the grid, `trainer`; `ratios` is printed again after every row.
 
 The default grid, per model: `infonce`, `hn_clip`, `hn_clip` + `filip` under exact accumulation (micro-batches of 32)
 and per-micro-batch accumulation (16); `hn_clip` exact and per-micro-batch at the same micro size (16 and 32) and
@@ -22,7 +27,8 @@ gradient checkpointing (the memory target). Besides the grid, per model:
 - `interleaved`: whole `infonce` and `hn_clip` steps alternated, 20 each, medians;
 - `varying`: compiled, captions of changing widths and a short last micro-batch: recompiles and graph counts;
 - `trainer`: `Trainer._train_step` on in-memory batches (gradient averaging, clipping, the weight check and the
-  end-of-step reads included), exact accumulation;
+  end-of-step reads included), exact accumulation; `--trainer-run` is this row compiled, one `trainer_step` row
+  per step as it ends (the first holds the compile time);
 - `sdpa`: which attention kernels ran (profiler kernel names: flash, memory-efficient, cuDNN or math).
 
 Targets: `hn_clip` objective ≤ 1.01 × `infonce` objective in a ViT-L step's time; exact ≤ 1.4 × per-micro-batch at
@@ -36,6 +42,7 @@ import argparse
 import gc
 import itertools
 import json
+import logging
 import statistics
 import tempfile
 import time
@@ -67,6 +74,7 @@ OBJECTIVES = {
     "hn_clip+filip": {"hn": TermConfig("hn_clip"), "tok": TermConfig("filip")},
 }
 BACKEND = {"name": "inductor"}  # --check-on-cpu compiles with "eager": the same Dynamo guards, no C++ build
+PRECISION = {"name": "bf16"}  # --dry-run: fp32 (a CPU without bf16 units emulates it, several times slower)
 ACCUMULATION = {"exact": 32, "per_micro_batch": 16}  # the default grid's micro-batch rows at a batch of 128
 
 
@@ -113,9 +121,47 @@ def graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
+class DynamoWatch(logging.Handler):
+    """Dynamo's "Recompiling function ..." records (logged once `torch._logging.set_logs(recompiles=True)`) and its
+    "hit config.recompile_limit" warnings: after a hit the frame runs eagerly for the rest of the process."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.recompiles: list[str] = []
+        self.limit_hits: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        lines = [line.strip() for line in record.getMessage().strip().splitlines()]
+        if lines[0].startswith("Recompiling function"):  # "... function NAME in FILE:LINE", then guard failures
+            self.recompiles.append(f"{lines[0].split()[2]}: {lines[-1].lstrip('- ')}"[:200])
+        elif "hit config." in lines[0]:
+            self.limit_hits.append(lines[0][:200])
+
+    def install(self) -> None:
+        torch._logging.set_logs(recompiles=True)
+        logging.getLogger("torch._dynamo").addHandler(self)
+
+
+WATCH = DynamoWatch()  # installed by main(); counts nothing when only imported
+
+
+def compile_health(reasons: bool = True) -> dict:
+    """Graphs, graph breaks, recompiles and recompile-limit hits since the last `fresh_dynamo()` (with the first
+    three reasons of each when `reasons`)."""
+    breaks = counters["graph_break"]
+    out = {"graphs": graphs(), "graph_breaks": sum(breaks.values()), "recompiles": len(WATCH.recompiles),
+           "recompile_limit_hits": len(WATCH.limit_hits)}  # fmt: skip
+    if reasons:
+        out |= {"graph_break_reasons": [r.strip().splitlines()[0][:160] for r in list(breaks)[:3]],
+                "recompile_reasons": WATCH.recompiles[:3], "recompile_limit_reasons": WATCH.limit_hits[:3]}  # fmt: skip
+    return out
+
+
 def fresh_dynamo() -> None:
     torch._dynamo.reset()
     counters.clear()
+    WATCH.recompiles.clear()
+    WATCH.limit_hits.clear()
 
 
 def random_batch(rows: int, dynamic: bool, seed: int = 0, pin: bool = True) -> Batch:
@@ -163,7 +209,7 @@ class Rig:
         if setting.compiled:
             compile_towers(self.model, backend=BACKEND["name"])
         self.objective = build_objective(LossConfig(terms=OBJECTIVES[setting.objective]))
-        self.encoder = FeatureEncoder(self.model, self.objective.feature_keys, precision="bf16")
+        self.encoder = FeatureEncoder(self.model, self.objective.feature_keys, precision=PRECISION["name"])
         self.optimizer = build_optimizer(self.model, 1e-5, 0.1, {})
         self.micro = (setting.micro or ACCUMULATION[setting.accumulation]) * batch_size // 128
         self.encode = setting.encode * batch_size // 128
@@ -191,7 +237,7 @@ def measure(setting: Setting, steps: int, dynamic: bool, device: torch.device, b
             torch.cuda.reset_peak_memory_stats(device)
         seconds = statistics.median(rig.step(batch) for _ in range(steps))
         out = {"micro_batch": rig.micro, "step_s": round(seconds, 4), "img_per_s": round(batch_size / seconds, 1)}
-        return {**out, **memory(device), **({"graphs": graphs()} if setting.compiled else {})}
+        return {**out, **memory(device), **(compile_health() if setting.compiled else {})}
 
     return _reported(record, run)
 
@@ -220,7 +266,7 @@ def objective_only(model_name: str, device: torch.device, batch_size: int, reps:
         model = build_on(device, model_name)
         objectives = {name: build_objective(LossConfig(terms=OBJECTIVES[name])) for name in OBJECTIVES}
         keys = set().union(*(o.feature_keys for o in objectives.values()))
-        encoder = FeatureEncoder(model, keys, precision="bf16")
+        encoder = FeatureEncoder(model, keys, precision=PRECISION["name"])
         batch = encoder.to_device(random_batch(batch_size, False, pin=device.type == "cuda"))
         cache = CachedFeatures(encoder, split_rows(batch, max(1, batch_size // 4)), device)
         times: dict[str, list[float]] = {name: [] for name in objectives}
@@ -273,7 +319,7 @@ def varying(model_name: str, device: torch.device, batch_size: int, steps: int) 
         first = [rig.step(b) for b in batches[:3]]  # new widths and a short last micro-batch: any recompiles here
         after = graphs()
         timed = [rig.step(b) for b in batches[3:]]
-        return {"first_steps_s": [round(t, 3) for t in first], "graphs_after_3": after, "graphs": graphs(),
+        return {"first_steps_s": [round(t, 3) for t in first], "graphs_after_3": after, **compile_health(),
                 "steady_step_s": round(statistics.median(timed), 4),
                 "widths": [b.input_ids.shape[1] for b in batches], "rows": [len(b) for b in batches]}  # fmt: skip
 
@@ -303,8 +349,9 @@ class MemoryLoader:
 
 
 def trainer_steps(model_name: str, device: torch.device, batch_size: int, steps: int, accumulation: str = "exact",
-                  compiled: bool = False) -> dict:  # fmt: skip
-    """`Trainer._train_step` (the whole trainer step) on in-memory pinned batches, bf16."""
+                  compiled: bool = False, on_step=None) -> dict:  # fmt: skip
+    """`Trainer._train_step` (the whole trainer step) on in-memory pinned batches, bf16; `on_step(row)` gets one row
+    per step as it ends (its time and, compiled, the compile health so far)."""
     record: dict = {"kind": "trainer", "model": model_name, "batch": batch_size, "accumulation": accumulation,
                     "compiled": compiled, "steps": steps}  # fmt: skip
 
@@ -322,7 +369,8 @@ def trainer_steps(model_name: str, device: torch.device, batch_size: int, steps:
         batches = [random_batch(batch_size, True, seed=k, pin=device.type == "cuda") for k in range(4)]
         with tempfile.TemporaryDirectory() as out:
             cfg = TrainConfig(output_dir=out, max_steps=steps + 2, batch_size=batch_size, micro_batch_size=micro,
-                              accumulation=accumulation, precision="bf16", compile=compiled and not compiled_here,
+                              accumulation=accumulation, precision=PRECISION["name"],
+                              compile=compiled and not compiled_here,
                               device=str(device),
                               progress=False, eval_every=0, checkpoint_every=0, warmup_steps=1)  # fmt: skip
             trainer = Trainer(model, objective, MemoryLoader(batches), cfg, out, lambda d: None)
@@ -333,14 +381,18 @@ def trainer_steps(model_name: str, device: torch.device, batch_size: int, steps:
                 start = time.perf_counter()
                 trainer._train_step(batches[k % len(batches)])
                 _sync(device)
+                seconds = time.perf_counter() - start
                 if k >= 2:
-                    times.append(time.perf_counter() - start)
+                    times.append(seconds)
+                if on_step is not None:
+                    on_step({"kind": "trainer_step", "model": model_name, "step": k + 1, "step_s": round(seconds, 4),
+                             **(compile_health(reasons=False) if compiled else {})})  # fmt: skip
                 if k == 1 and device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(device)
             trainer.logger.close()
         seconds = statistics.median(times)
         return {"step_s": round(seconds, 4), "img_per_s": round(batch_size / seconds, 1), **memory(device),
-                **({"graphs": graphs()} if compiled else {})}  # fmt: skip
+                **(compile_health() if compiled else {})}  # fmt: skip
 
     return _reported(record, run)
 
@@ -367,17 +419,23 @@ def sdpa_kernels(model_name: str, device: torch.device, batch_size: int) -> dict
 
 
 def grid(models: list[str], full: bool) -> list[Setting]:
+    """The settings in order of importance (a run cut short loses the last): compiled first, then the rows the
+    targets compare (objectives; exact vs per-micro-batch at micro 16 and 32; checkpointing's memory), then the rest."""
     if full:
         combos = itertools.product(models, OBJECTIVES, ACCUMULATION, ("sdpa", "eager"), (False, True))
-        return [Setting(*c) for c in combos]
+        return sorted((Setting(*c) for c in combos), key=lambda s: not s.compiled)
     out = []
     for m in models:
-        out += [Setting(m, o, a) for o in OBJECTIVES for a in ACCUMULATION]
-        out += [Setting(m, "hn_clip", "exact", micro=16), Setting(m, "hn_clip", "per_micro_batch", micro=32),
-                Setting(m, "hn_clip", "per_micro_batch", micro=16, encode=64)]  # fmt: skip
-        out += [Setting(m, "infonce", "exact", attention="eager"), Setting(m, "infonce", "exact", compiled=True)]
+        out.append(Setting(m, "infonce", "exact", compiled=True))
+        out += [Setting(m, o, a) for o in ("infonce", "hn_clip") for a in ACCUMULATION]
+        out += [Setting(m, "hn_clip", "exact", micro=16), Setting(m, "hn_clip", "per_micro_batch", micro=32)]
         if m != "b16":  # L/14: the memory target
             out.append(Setting(m, "infonce", "exact", checkpointing=True))
+        out += [Setting(m, "hn_clip+filip", a) for a in ACCUMULATION]
+        out += [
+            Setting(m, "hn_clip", "per_micro_batch", micro=16, encode=64),
+            Setting(m, "infonce", "exact", attention="eager"),
+        ]
     return out
 
 
@@ -420,6 +478,34 @@ def ratios(results: list[dict], models: list[str]) -> dict:
     return out
 
 
+def plan(models: list[str], args: argparse.Namespace, device: torch.device, batch_size: int) -> list:
+    """The rows to measure, each a call, in the order they run (most important first: see the module docstring)."""
+    cheap = args.check_on_cpu or args.dry_run
+    out: list = []
+    for m in models:
+        out += [
+            lambda m=m: objective_only(m, device, batch_size, reps=2 if cheap else 50),
+            lambda m=m: interleaved(m, device, batch_size, steps=1 if cheap else 20),
+            lambda m=m: sdpa_kernels(m, device, batch_size),
+            lambda m=m: varying(m, device, batch_size, args.steps),
+        ]
+        out += [lambda s=s: measure(s, args.steps, args.dynamic, device, batch_size) for s in grid([m], args.full)]
+        out.append(lambda m=m: trainer_steps(m, device, batch_size, args.steps))
+    return out
+
+
+def dry_run_settings() -> None:
+    """--dry-run: what --check-on-cpu runs, at fp32, 77 text positions and 64 px on one thread (a CPU emulates bf16,
+    and threads fight over a busy machine's cores)."""
+    global CONTEXT, IMAGE
+    CONTEXT, IMAGE, PRECISION["name"] = 77, 64, "fp32"
+    torch.set_num_threads(1)
+
+
+def emit(record: dict) -> None:
+    print(json.dumps(record), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="l14,b16", help="comma-separated: l14, b16 (in this order)")
@@ -427,15 +513,20 @@ def main() -> None:
     parser.add_argument(
         "--trainer-run",
         action="store_true",
-        help="only: ViT-L through Trainer, bf16, compile on, exact and per-micro-batch, --steps each",
+        help="only: ViT-L through Trainer, bf16, compile on, exact accumulation, --steps steps (a row per step)",
     )
     parser.add_argument("--full", action="store_true", help="every objective × accumulation × attention × compile")
     parser.add_argument("--dynamic", action="store_true", help="pad captions to the batch's longest (multiple of 8)")
     parser.add_argument("--check-on-cpu", action="store_true", help="run the default grid on a tiny CLIP on the CPU")
+    parser.add_argument("--dry-run", action="store_true", help="--check-on-cpu at fp32, 77 positions, 64 px")
+    parser.add_argument("--max-rows", type=int, default=0, help="stop after this many measured rows (0: all)")
     args = parser.parse_args()
-    if args.check_on_cpu:  # every code path once, quickly: one timed step, eager compile backend
+    if args.check_on_cpu or args.dry_run:  # every code path once, quickly: one timed step, eager compile backend
         device, models, batch_size = torch.device("cpu"), ["tiny"], 16
-        args.steps, BACKEND["name"] = 1, "eager"
+        BACKEND["name"] = "eager"
+        args.steps = args.steps if args.trainer_run else 1
+        if args.dry_run:
+            dry_run_settings()
     elif not torch.cuda.is_available():
         print(json.dumps({"benchmark": "gpu_step", "ran": False, "reason": "no CUDA device (torch.cuda.is_available() "
                           "is False); run it on a GPU machine"}))  # fmt: skip
@@ -443,33 +534,27 @@ def main() -> None:
     else:
         device, models, batch_size = torch.device("cuda", 0), [m for m in args.models.split(",") if m], 128
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # train.tf32's default
+    WATCH.install()
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    header = {"benchmark": "gpu_step", "ran": True, "device": name, "torch": torch.__version__, "bf16": True}
-    print(json.dumps(header), flush=True)
+    emit({"benchmark": "gpu_step", "ran": True, "device": name, "torch": torch.__version__,
+          "precision": PRECISION["name"], "text_positions": CONTEXT, "image_size": IMAGE})  # fmt: skip
     results = []
 
     def report(record: dict) -> None:
         results.append(record)
-        print(json.dumps(record), flush=True)
+        emit(record)
         gc.collect()  # the previous model and optimizer state, before the next is built
         if device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
 
-    if args.trainer_run:
-        model = models[0] if args.check_on_cpu else "l14"
-        for accumulation in ACCUMULATION:
-            report(trainer_steps(model, device, batch_size, args.steps, accumulation, compiled=True))
+    if args.trainer_run:  # exact only: a second accumulation mode costs a second cold compile for little news
+        model = models[0] if device.type == "cpu" else "l14"
+        report(trainer_steps(model, device, batch_size, args.steps, "exact", compiled=True, on_step=emit))
         return
-    for m in models:
-        report(objective_only(m, device, batch_size, reps=2 if args.check_on_cpu else 50))
-        report(interleaved(m, device, batch_size, steps=1 if args.check_on_cpu else 20))
-        report(sdpa_kernels(m, device, batch_size))
-        for setting in [s for s in grid(models, args.full) if s.model == m]:
-            report(measure(setting, args.steps, args.dynamic, device, batch_size))
-        report(varying(m, device, batch_size, args.steps))
-        report(trainer_steps(m, device, batch_size, args.steps))
-    print(json.dumps({"benchmark": "gpu_step", "ratios": ratios(results, models)}), flush=True)
+    for row in plan(models, args, device, batch_size)[: args.max_rows or None]:
+        report(row())
+        emit({"benchmark": "gpu_step", "ratios": ratios(results, models)})  # after every row: a cut run keeps them
 
 
 if __name__ == "__main__":

@@ -136,7 +136,7 @@ class ModelConfig:
 
 @dataclass
 class SynthDenseConfig:
-    """Sizes of the generated SynthDense corpus (data.synthetic); the corpus is a pure function of these values."""
+    """Sizes of the generated SynthDense corpus (data.synthdense); the corpus is a pure function of these values."""
 
     seed: int = 0
     resolution: int = 64  # rendered image side in pixels

@@ -142,10 +142,10 @@ def test_a_missing_split_beside_other_split_files_names_the_split_file(tmp_path)
 
 def test_a_truncated_synthdense_manifest_names_the_file(tmp_path):
     from sharpclip.config import SynthDenseConfig
-    from sharpclip.data import synthetic
+    from sharpclip.data.synthdense import corpus
 
     root = tmp_path / "synth"
     root.mkdir()
     (root / "manifest.json").write_text('{"config": {"seed')
     with pytest.raises(ValueError, match=rf"{root / 'manifest.json'}: unreadable SynthDense manifest.*delete the"):
-        synthetic.ensure(root, SynthDenseConfig())
+        corpus.ensure(root, SynthDenseConfig())

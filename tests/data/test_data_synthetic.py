@@ -11,8 +11,11 @@ import pytest
 
 from sharpclip.config import DataConfig, SynthDenseConfig
 from sharpclip.data import build_loader, read_samples
-from sharpclip.data import synthetic as sd
 from sharpclip.data.images import load_image
+from sharpclip.data.synthdense.captions import coarse_caption, dense_caption, family, noisy_details, vocabulary
+from sharpclip.data.synthdense.corpus import ZEROSHOT_PROMPTS, _records, _rng, ensure, generate, manifest
+from sharpclip.data.synthdense.edits import EDIT_KINDS, MMVP_PATTERNS, make_edit, mmvp_pair
+from sharpclip.data.synthdense.scene import COLOURS, DETAILS, SIZES, TEXTURES, Obj, Scene, random_scene
 from sharpclip.data.transforms import ClipImageTransform, Preprocessing, TextTokenizer
 from sharpclip.models.tokenizer import synthdense_tokenizer
 
@@ -31,10 +34,10 @@ SMALL = SynthDenseConfig(
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    return sd.generate(tmp_path_factory.mktemp("synth"), SMALL)
+    return generate(tmp_path_factory.mktemp("synth"), SMALL)
 
 
-def _attribute_diff(a: sd.Scene, b: sd.Scene) -> int:
+def _attribute_diff(a: Scene, b: Scene) -> int:
     """Attributes changed, for scenes that differ in one object."""
     (x,) = set(a.objects) - set(b.objects)
     (y,) = set(b.objects) - set(a.objects)
@@ -44,7 +47,7 @@ def _attribute_diff(a: sd.Scene, b: sd.Scene) -> int:
 def test_families_differ_in_one_or_two_attributes_of_one_object():
     changes = []
     for i in range(200):
-        base, *variants = sd.family(random.Random(i), 6, 3, 5)
+        base, *variants = family(random.Random(i), 6, 3, 5)
         for v in variants:
             assert len(set(base.objects) - set(v.objects)) == 1 and len(v.objects) == len(base.objects)
             changes.append(_attribute_diff(base, v))
@@ -55,8 +58,8 @@ def test_families_differ_in_one_or_two_attributes_of_one_object():
 def test_dense_captions_are_long_and_name_every_object_and_relation():
     rng = random.Random(0)
     for _ in range(500):
-        scene = sd.random_scene(rng, 3, 5)
-        text = sd.dense_caption(scene)
+        scene = random_scene(rng, 3, 5)
+        text = dense_caption(scene)
         assert len(text.split()) >= 80
         for o in scene.objects:
             assert f"there is a {o.size} {o.texture} {o.colour} {o.shape}." in text
@@ -66,27 +69,25 @@ def test_dense_captions_are_long_and_name_every_object_and_relation():
 
 
 def test_coarse_captions_at_two_levels():
-    scene = sd.Scene(
-        "gray", (sd.Obj("circle", "red", "small", "solid", 0), sd.Obj("star", "blue", "large", "dotted", 4))
-    )
-    assert sd.coarse_caption(scene, "shapes") == "a picture of a circle and a star."
-    assert sd.coarse_caption(scene, "colours") == "a picture of a red circle and a blue star."
+    scene = Scene("gray", (Obj("circle", "red", "small", "solid", 0), Obj("star", "blue", "large", "dotted", 4)))
+    assert coarse_caption(scene, "shapes") == "a picture of a circle and a star."
+    assert coarse_caption(scene, "colours") == "a picture of a red circle and a blue star."
 
 
-@pytest.mark.parametrize("kind", sd.EDIT_KINDS)
+@pytest.mark.parametrize("kind", EDIT_KINDS)
 def test_edits_change_what_the_instruction_says(kind):
     rng = random.Random(kind)
-    source = sd.random_scene(rng, 3, 4)
-    target, instruction = sd.make_edit(source, rng, kind)
-    assert target != source and sd.dense_caption(target) != sd.dense_caption(source)
+    source = random_scene(rng, 3, 4)
+    target, instruction = make_edit(source, rng, kind)
+    assert target != source and dense_caption(target) != dense_caption(source)
     delta = len(target.objects) - len(source.objects)
     assert delta == {"add": 1, "remove": -1}.get(kind, 0)
     assert instruction.split()[0] in {"change", "turn", "make", "move", "add", "remove"}
 
 
-@pytest.mark.parametrize("pattern", sd.MMVP_PATTERNS)
+@pytest.mark.parametrize("pattern", MMVP_PATTERNS)
 def test_mmvp_pairs_differ_in_their_pattern_with_one_statement_each(pattern):
-    a, b, text_a, text_b = sd.mmvp_pair(pattern, random.Random(pattern), 3, 5)
+    a, b, text_a, text_b = mmvp_pair(pattern, random.Random(pattern), 3, 5)
     assert a != b and text_a != text_b
     assert a.background == b.background
     if pattern == "count":
@@ -98,7 +99,7 @@ def test_mmvp_pairs_differ_in_their_pattern_with_one_statement_each(pattern):
 
 
 def test_vocabulary_covers_every_generated_text(corpus):
-    vocab = set(sd.vocabulary())
+    vocab = set(vocabulary())
     texts = []
     for name in ("train", "test", "pretrain", "mmvp"):
         for line in (corpus / f"{name}.jsonl").read_text().splitlines():
@@ -109,18 +110,18 @@ def test_vocabulary_covers_every_generated_text(corpus):
         texts += [rec["source_caption"], rec["target_caption"], rec["instruction"]]
     words = {w for t in texts for w in t.lower().replace(".", " . ").replace(",", " , ").split()}
     assert words <= vocab, words - vocab
-    assert (corpus / "vocab.txt").read_text().split() == sd.vocabulary()
+    assert (corpus / "vocab.txt").read_text().split() == vocabulary()
 
 
 def test_generation_is_deterministic_and_independent_of_workers(corpus, tmp_path):
-    other = sd.generate(tmp_path / "again", SynthDenseConfig(**{**vars(SMALL), "workers": 2}))
+    other = generate(tmp_path / "again", SynthDenseConfig(**{**vars(SMALL), "workers": 2}))
     for name in ("train.jsonl", "test.jsonl", "edits.jsonl", "mmvp.jsonl", "manifest.json"):
         assert (corpus / name).read_bytes() == (other / name).read_bytes()
     for rel in ("images/test/test-000003-5.png", "images/edits/edit-000007-edited.png"):
         assert (corpus / rel).read_bytes() == (other / rel).read_bytes()
     different = SynthDenseConfig(**{**vars(SMALL), "seed": 1})
     assert (
-        next(iter(sd._records(different, "test", 0)))[0]["caption"]
+        next(iter(_records(different, "test", 0)))[0]["caption"]
         != json.loads((corpus / "test.jsonl").read_text().splitlines()[0])["caption"]
     )
 
@@ -148,25 +149,25 @@ def test_the_generic_loaders_read_every_split(corpus):
 
 def test_a_different_config_in_the_same_folder_is_an_error(corpus):
     with pytest.raises(ValueError, match="different config"):
-        sd.ensure(corpus, SynthDenseConfig(**{**vars(SMALL), "edits": 13}))
+        ensure(corpus, SynthDenseConfig(**{**vars(SMALL), "edits": 13}))
 
 
 def test_layout_captions_leave_out_exactly_size_and_texture():
     rng = random.Random(1)
-    words = set(sd.SIZES) | set(sd.TEXTURES)
+    words = set(SIZES) | set(TEXTURES)
     for _ in range(300):
-        scene = sd.random_scene(rng, 3, 5)
-        layout = sd.dense_caption(scene, details=False)
+        scene = random_scene(rng, 3, 5)
+        layout = dense_caption(scene, details=False)
         assert len(layout.split()) >= 80 and not words & set(layout.replace(".", " ").split())
         for o in scene.objects:
             assert f"there is a {o.colour} {o.shape}." in layout
-    detailed = sd.dense_caption(sd.random_scene(random.Random(2), 3, 5))
+    detailed = dense_caption(random_scene(random.Random(2), 3, 5))
     assert words & set(detailed.replace(".", " ").split())
 
 
 def test_detail_families_differ_only_in_size_or_texture(tmp_path):
     for i in range(100):
-        base, *variants = sd.family(random.Random(i), 6, 3, 5, sd.DETAILS)
+        base, *variants = family(random.Random(i), 6, 3, 5, DETAILS)
         for v in variants:
             (x,) = set(base.objects) - set(v.objects)
             (y,) = set(v.objects) - set(base.objects)
@@ -174,10 +175,10 @@ def test_detail_families_differ_only_in_size_or_texture(tmp_path):
                 y.size,
                 y.texture,
             )
-            assert sd.dense_caption(v, details=False) == sd.dense_caption(base, details=False)  # the init can't tell
+            assert dense_caption(v, details=False) == dense_caption(base, details=False)  # the init can't tell
     cfg = SynthDenseConfig(train_families=0, test_families=2, test_variants="details", pretrain_scenes=3, edits=0,
                            mmvp_pairs=0, resolution=32, workers=1)  # fmt: skip
-    root = sd.generate(tmp_path, cfg)
+    root = generate(tmp_path, cfg)
     data = DataConfig(root=str(root), synthdense=cfg)
     test = read_samples(data, "test")
     assert (
@@ -192,7 +193,7 @@ def test_detail_families_differ_only_in_size_or_texture(tmp_path):
 def test_test_changed_objects_changes_the_details_of_that_many_objects_of_each_test_sibling(tmp_path):
     for k in (2, 3, 5):
         for i in range(60):
-            base, *variants = sd.family(random.Random(i), 6, 3, 5, sd.DETAILS, objects=k)
+            base, *variants = family(random.Random(i), 6, 3, 5, DETAILS, objects=k)
             for v in variants:
                 before, after = (
                     sorted(set(base.objects) - set(v.objects), key=lambda o: o.cell),
@@ -203,12 +204,12 @@ def test_test_changed_objects_changes_the_details_of_that_many_objects_of_each_t
                 assert all((x.size, x.texture) != (y.size, y.texture) for x, y in zip(before, after, strict=True))
     one = SynthDenseConfig(train_families=0, test_families=3, test_variants="details", pretrain_scenes=0, edits=0,
                            mmvp_pairs=0, resolution=32, workers=1)  # fmt: skip
-    assert "test_changed_objects" not in sd.manifest(one)["config"]  # at 1, corpora made before the field are valid
+    assert "test_changed_objects" not in manifest(one)["config"]  # at 1, corpora made before the field are valid
     three = replace(one, test_changed_objects=3)
-    assert sd.manifest(three)["config"]["test_changed_objects"] == 3
-    rows = [json.loads(x) for x in (sd.generate(tmp_path / "three", three) / "test.jsonl").read_text().splitlines()]
-    fresh = [sd.dense_caption(s) for f in range(3) for s in
-             sd.family(random.Random(f"0:test:{f}"), 6, 3, 5, sd.DETAILS, objects=3)]  # fmt: skip
+    assert manifest(three)["config"]["test_changed_objects"] == 3
+    rows = [json.loads(x) for x in (generate(tmp_path / "three", three) / "test.jsonl").read_text().splitlines()]
+    fresh = [dense_caption(s) for f in range(3) for s in
+             family(random.Random(f"0:test:{f}"), 6, 3, 5, DETAILS, objects=3)]  # fmt: skip
     assert [r["caption"] for r in rows] == fresh
     with pytest.raises(ValueError, match="test_changed_objects must be >= 1"):
         SynthDenseConfig(test_changed_objects=0)
@@ -217,7 +218,7 @@ def test_test_changed_objects_changes_the_details_of_that_many_objects_of_each_t
 def test_detail_pairs_are_extra_training_families_of_two_apart_only_in_size_or_texture(tmp_path):
     cfg = SynthDenseConfig(train_families=3, train_detail_pairs=4, test_families=0, pretrain_scenes=0, edits=0,
                            mmvp_pairs=0, resolution=32, workers=1)  # fmt: skip
-    root = sd.generate(tmp_path, cfg)
+    root = generate(tmp_path, cfg)
     rows = [json.loads(line) for line in (root / "train.jsonl").read_text().splitlines()]
     groups: dict[str, list[dict]] = {}
     for r in rows:
@@ -233,8 +234,8 @@ def test_detail_pairs_are_extra_training_families_of_two_apart_only_in_size_or_t
 def test_pretrain_detail_pairs_follow_the_pretrain_scenes_and_leave_them_unchanged(tmp_path):
     base = SynthDenseConfig(train_families=0, test_families=0, pretrain_scenes=3, edits=0, mmvp_pairs=0,
                             resolution=32, workers=1, detail_random_p=0.0)  # fmt: skip
-    plain = sd.generate(tmp_path / "plain", base)
-    paired = sd.generate(tmp_path / "paired", replace(base, pretrain_detail_pairs=2))
+    plain = generate(tmp_path / "plain", base)
+    paired = generate(tmp_path / "paired", replace(base, pretrain_detail_pairs=2))
     rows = [json.loads(line) for line in (paired / "pretrain.jsonl").read_text().splitlines()]
     alone = [json.loads(line) for line in (plain / "pretrain.jsonl").read_text().splitlines()]
     assert rows[:3] == alone  # the independent scenes are the same scenes, the pairs come after them
@@ -243,7 +244,7 @@ def test_pretrain_detail_pairs_follow_the_pretrain_scenes_and_leave_them_unchang
     for a, b in (pairs[:2], pairs[2:]):
         assert a["caption_layout"] == b["caption_layout"] and a["caption"] != b["caption"]
         assert a["caption_noisy"] == a["caption"]  # p = 0: the noisy captions are the true ones
-    assert "pretrain_detail_pairs" not in sd.manifest(base)["config"]  # corpora made before the field stay valid
+    assert "pretrain_detail_pairs" not in manifest(base)["config"]  # corpora made before the field stay valid
     noisy = read_samples(DataConfig(root=str(paired), synthdense=replace(base, pretrain_detail_pairs=2)),
                          "pretrain_noisy")  # fmt: skip
     assert len(noisy) == 7 and len({s.group for s in noisy}) == 5
@@ -254,17 +255,17 @@ def test_zeroshot_split_is_an_image_folder_of_single_objects_one_class_per_colou
 
     cfg = SynthDenseConfig(train_families=0, test_families=0, pretrain_scenes=0, edits=0, mmvp_pairs=0,
                            zeroshot_per_class=2, resolution=32, workers=1)  # fmt: skip
-    root = sd.generate(tmp_path, cfg)
+    root = generate(tmp_path, cfg)
     classes = read_image_folder(root / "images" / "zeroshot")
     assert len(classes.classnames) == 64 and "red circle" in classes.classnames and len(classes.images) == 128
-    assert (root / sd.ZEROSHOT_PROMPTS).read_text().strip() == "a picture of a {}."
+    assert (root / ZEROSHOT_PROMPTS).read_text().strip() == "a picture of a {}."
     for index in (0, 9, 127):
-        ((record, scene),) = sd._records(cfg, "zeroshot", index)
+        ((record, scene),) = _records(cfg, "zeroshot", index)
         (obj,) = scene.objects
         assert record["label"] == f"{obj.colour}_{obj.shape}" and (root / record["image"]).is_file()
     image = np.asarray(load_image(root / "images" / "zeroshot" / "red_circle" / "000000.png"))
     pixels = {tuple(p) for p in image.reshape(-1, 3)}
-    assert sd.COLOURS["red"] in pixels  # the object is drawn in its class colour
+    assert COLOURS["red"] in pixels  # the object is drawn in its class colour
 
 
 # ---------------------------------------------------------------- caption_noisy's detail words, random with p
@@ -272,13 +273,13 @@ def test_zeroshot_split_is_an_image_folder_of_single_objects_one_class_per_colou
 NOISY = SynthDenseConfig(train_families=0, test_families=0, pretrain_scenes=60, edits=0, mmvp_pairs=0, workers=1)
 
 
-def _pretrain(cfg: SynthDenseConfig) -> list[tuple[dict, sd.Scene]]:
-    return [rs for i in range(cfg.pretrain_scenes) for rs in sd._records(cfg, "pretrain", i)]
+def _pretrain(cfg: SynthDenseConfig) -> list[tuple[dict, Scene]]:
+    return [rs for i in range(cfg.pretrain_scenes) for rs in _records(cfg, "pretrain", i)]
 
 
-def _every_detail_drawn(scene: sd.Scene, rng: random.Random) -> sd.Scene:
+def _every_detail_drawn(scene: Scene, rng: random.Random) -> Scene:
     """The rule caption_noisy followed before it had a probability: each object's size, then texture, from `rng`."""
-    objects = [replace(o, size=rng.choice(sd.SIZES), texture=rng.choice(sd.TEXTURES)) for o in scene.objects]
+    objects = [replace(o, size=rng.choice(SIZES), texture=rng.choice(TEXTURES)) for o in scene.objects]
     return scene.with_objects(objects)
 
 
@@ -287,15 +288,15 @@ def test_detail_random_p_0_gives_the_true_captions_and_1_every_detail_drawn_at_r
         assert record["caption_noisy"] == record["caption"]
     assert NOISY.detail_random_p == 1.0  # the default: every detail word random
     for i, (record, scene) in enumerate(_pretrain(NOISY)):
-        drawn = _every_detail_drawn(scene, sd._rng(NOISY.seed, "pretrain-noisy", i * 8))
-        assert record["caption_noisy"] == sd.dense_caption(drawn)
+        drawn = _every_detail_drawn(scene, _rng(NOISY.seed, "pretrain-noisy", i * 8))
+        assert record["caption_noisy"] == dense_caption(drawn)
 
 
 def test_intermediate_p_randomises_each_detail_word_independently_at_rate_p():
-    scenes = [sd.random_scene(random.Random(f"scene{i}"), 3, 5) for i in range(3000)]
+    scenes = [random_scene(random.Random(f"scene{i}"), 3, 5) for i in range(3000)]
 
-    def noisy(p: float) -> list[sd.Scene]:
-        return [sd.noisy_details(s, random.Random(f"d{i}"), p, random.Random(f"c{i}")) for i, s in enumerate(scenes)]
+    def noisy(p: float) -> list[Scene]:
+        return [noisy_details(s, random.Random(f"d{i}"), p, random.Random(f"c{i}")) for i, s in enumerate(scenes)]
 
     drawn = [_every_detail_drawn(s, random.Random(f"d{i}")) for i, s in enumerate(scenes)]
     for p in (0.3, 0.7):
@@ -324,7 +325,7 @@ def test_intermediate_p_randomises_each_detail_word_independently_at_rate_p():
 
 
 def test_detail_random_p_is_in_the_manifest_only_when_it_changes_the_corpus():
-    assert "detail_random_p" not in sd.manifest(NOISY)["config"]  # corpora generated before the field stay valid
-    assert sd.manifest(replace(NOISY, detail_random_p=0.5))["config"]["detail_random_p"] == 0.5
+    assert "detail_random_p" not in manifest(NOISY)["config"]  # corpora generated before the field stay valid
+    assert manifest(replace(NOISY, detail_random_p=0.5))["config"]["detail_random_p"] == 0.5
     with pytest.raises(ValueError, match="detail_random_p must be in"):
         SynthDenseConfig(detail_random_p=1.5)

@@ -306,7 +306,7 @@ def test_cli_eval_writes_report(data_root: Path, tmp_path: Path, capsys: pytest.
 
 
 def _synthdense(root: Path) -> None:
-    """The layout data.synthetic.generate writes: test.jsonl (generic format), mmvp.jsonl, images/<split>/."""
+    """The layout data.synthdense.corpus.generate writes: test.jsonl (generic format), mmvp.jsonl, images/<split>/."""
     rows, mmvp = [], []
     for i, c in enumerate(["red", "green", "blue"]):
         _img(root / "images" / "test" / f"{i}.png", c)

@@ -1,6 +1,6 @@
 """`sharpclip demo`: both papers' main experiment, end to end on SynthDense, on CPU, in minutes.
 
-1. SynthDense (data.synthetic) into the run directory: training scenes, test families of near-duplicates, edit pairs,
+1. SynthDense (data.synthdense) into the run directory: training scenes, test families of near-duplicates, edit pairs,
    MMVP-style pairs, and a validation corpus (another seed) for the convergence curves.
 2. The strong initialisation (demo.stages), made as CLIP then Long-CLIP were and cached for reuse: stage A, a tiny
    CLIP pre-trained on coarse captions at 32 tokens; stage A2, stretched to 152 tokens and trained on dense captions.
@@ -36,7 +36,7 @@ import torch
 from tqdm import tqdm
 
 from sharpclip.config import ModelConfig
-from sharpclip.data.synthetic import ensure
+from sharpclip.data.synthdense.corpus import ensure
 from sharpclip.demo import report, wise_ft
 from sharpclip.demo.compare import write_qualitative
 from sharpclip.demo.measure import evaluate_model, training_stats

@@ -30,7 +30,7 @@ from sharpclip.analysis.dynamics import read_jsonl
 from sharpclip.analysis.geometry import caption_geometry
 from sharpclip.config import DataConfig
 from sharpclip.data import read_samples
-from sharpclip.data.synthetic import ZEROSHOT_PROMPTS
+from sharpclip.data.synthdense.corpus import ZEROSHOT_PROMPTS
 from sharpclip.devices import resolve_device
 from sharpclip.eval.evaluator import model_embedder
 from sharpclip.eval.metrics import pairs_from_caption_index, retrieval_metrics

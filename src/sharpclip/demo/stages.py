@@ -39,8 +39,8 @@ from pathlib import Path
 from sharpclip.analysis.dynamics import read_jsonl
 from sharpclip.config import Config, DataConfig, SynthDenseConfig, load_config, to_yaml
 from sharpclip.data import read_samples
-from sharpclip.data.synthetic import VERSION as generator
-from sharpclip.data.synthetic import identity as corpus_identity
+from sharpclip.data.synthdense.corpus import VERSION as generator
+from sharpclip.data.synthdense.corpus import identity as corpus_identity
 from sharpclip.demo.measure import PROBE_MICRO_BATCHES, along_training, probe_micro_batches, with_measures
 from sharpclip.demo.plan import Arm, Profile, term_overrides
 from sharpclip.eval.evaluator import Evaluate, retrieval_validator
@@ -158,7 +158,7 @@ def init_key(p: Profile) -> str:
 
 _INIT_FIELDS = ("width", "layers", "image_size", "patch_size", "pretrain_scenes", "context_length")
 # Profile fields added after INIT_VERSION 3, with the value that reproduces its init: at that value a field stays out
-# of the key, so caches made before it existed are still found (as data.synthetic.LATER_FIELDS does for corpora)
+# of the key, so caches made before it existed are still found (as data.synthdense.corpus.LATER_FIELDS does for corpora)
 _LATER_FIELDS = {"a2_detail_random_p": 1.0, "a2_scale": 0.0, "a2_detail_pairs": 0}
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from sharpclip.analysis.wise_ft import sweep, write_sweep
 from sharpclip.config import DataConfig, EvalConfig, GuardConfig
-from sharpclip.data.synthetic import ZEROSHOT_PROMPTS
+from sharpclip.data.synthdense.corpus import ZEROSHOT_PROMPTS
 from sharpclip.models.blend import WeightBlend
 from sharpclip.train.checkpoint import resolve_source
 

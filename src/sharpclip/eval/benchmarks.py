@@ -132,7 +132,7 @@ def _zeroshot(root: Path, cfg: EvalConfig, data: DataConfig | None) -> Classific
 DATASETS: dict[str, Reader] = {
     **{fmt: _data_reader(fmt, fmt) for fmt in (*RETRIEVAL_FORMATS, *SUITE_FORMATS)},
     "retrieval": _run_data,
-    "synthdense": _data_reader("generic", "synthdense"),  # SynthDense is written in the generic format (data.synthetic)
+    "synthdense": _data_reader("generic", "synthdense"),  # data.synthdense writes the generic format
     "synth_mmvp": _choice_reader("synth_mmvp", pair_data.read_synth_mmvp),
     "mmvp": _choice_reader("mmvp", pair_data.read_mmvp),
     "winoground": _choice_reader("winoground", pair_data.read_winoground, with_report=True),

@@ -9,7 +9,7 @@ giving a (N, n_texts, n_images) tensor that eval/pairs.py scores. Layouts read h
   root (flat) or as the HF hub snapshot of `facebook/winoground` has them: `data/examples.jsonl` with
   `data/images.zip` (read in place, never extracted) or the zip extracted to `data/images/`.
 - SugarCrepe: `<name>.json` files {id: {filename, caption, negative_caption}}; images in a COCO val2017 folder.
-- SynthDense MMVP-style pairs: `mmvp.jsonl` from data.synthetic.generate, two rows per pair.
+- SynthDense MMVP-style pairs: `mmvp.jsonl` from data.synthdense.corpus.generate, two rows per pair.
 - ARO: `visual_genome_relation.json` / `visual_genome_attribution.json` and `images/`; each item is cropped to its bbox.
 """
 

@@ -51,7 +51,7 @@ from transformers import (
 )
 
 from sharpclip.config import ModelConfig
-from sharpclip.data.synthetic import vocabulary as synthdense_vocabulary
+from sharpclip.data.synthdense.captions import vocabulary as synthdense_vocabulary
 from sharpclip.models import adapters, freezing, long_context, open_clip, rope
 from sharpclip.models.hf import HFDualEncoder, wrap
 from sharpclip.models.openai_format import clip_from_openai, read_checkpoint

@@ -26,7 +26,7 @@ from itertools import pairwise
 
 from transformers import AutoTokenizer, CLIPTokenizer
 
-from sharpclip.data.synthetic import vocabulary
+from sharpclip.data.synthdense.captions import vocabulary
 from sharpclip.data.transforms import TextTokenizer
 
 BOS = "<|startoftext|>"

@@ -31,7 +31,7 @@ FILES = {
 
 def read(root: Path, split: str, cfg: DataConfig, report: BadSampleReport) -> list[Sample]:
     """SynthDense samples of `split`, generating the corpus under `root` first if needed."""
-    from sharpclip.data.synthetic import ensure  # rendering code loads only when SynthDense is used
+    from sharpclip.data.synthdense.corpus import ensure  # rendering code loads only when SynthDense is used
 
     check_split("synthdense", split, tuple(FILES))
     ensure(root, cfg.synthdense)
