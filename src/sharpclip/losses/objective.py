@@ -28,7 +28,7 @@ from torch import Tensor
 
 from sharpclip.config import ConfigError, LossConfig, TermConfig
 from sharpclip.losses import registry
-from sharpclip.losses._common import hyperparameter_problem
+from sharpclip.losses._common import check_hyperparameters, hyperparameter_problem
 from sharpclip.losses.monitors import infonce_saturation
 
 SATURATION_TERM = "infonce_saturation"  # the diagnostic term of image-caption objectives (losses.monitors)
@@ -43,6 +43,9 @@ class Term:
     inputs: dict[str, str]  # every bound tensor argument of the loss -> feature key
     diagnostic: bool = False  # weight 0, evaluated by `Objective.diagnose` only
     remapped: frozenset[str] = frozenset()  # arguments the config mapped: they must be there at call time
+
+    def __post_init__(self) -> None:  # built by hand too: the same ranges as a config's terms
+        check_hyperparameters(f"Term {self.name!r}", weight=self.weight, **self.params)
 
     def __call__(self, features: Mapping[str, Tensor]) -> Any:
         kwargs = dict(self.params)
