@@ -404,6 +404,8 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = Non
     args, extra = parser.parse_known_args(argv)
     dest = getattr(args, "words_dest", None)
     if extra and (dest is None or any(w.startswith("-") for w in extra)):
+        if int(os.environ.get("RANK", 0) or 0) != 0:  # torchrun: rank 0 says it, from the same words
+            raise SystemExit(2)
         hint = flag_hint(extra, list(sys.argv[1:] if argv is None else argv), args.command or "")
         parser.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     if extra:

@@ -627,6 +627,11 @@ def _expand_paths(cfg: Config) -> None:
             setattr(section, name, [os.path.expanduser(v) if isinstance(v, str) else v for v in value])
         elif isinstance(value, dict):
             setattr(section, name, {k: os.path.expanduser(v) if isinstance(v, str) else v for k, v in value.items()})
+    data_paths = {k.split(".", 1)[1].removesuffix(".*") for k in PATH_KEYS if k.startswith("data.")}
+    for options in cfg.eval.data_options.values():  # a suite's own data settings (list_file, annotation_file, ...)
+        for name in data_paths & options.keys():
+            if isinstance(options[name], str):
+                options[name] = os.path.expanduser(options[name])
 
 
 def _is_path_key(key: str) -> bool:

@@ -222,6 +222,9 @@ def test_a_config_error_under_torchrun_is_printed_by_rank_0_only(capsys, monkeyp
     monkeypatch.setenv("RANK", "1")
     assert main(["train", "train.learning_rate=1e-4"]) == 2
     assert capsys.readouterr().err == ""  # rank 1 exits non-zero quietly: the same error as rank 0's
+    with pytest.raises(SystemExit):
+        main(["train", "--batch-size", "8"])
+    assert capsys.readouterr().err == ""
     monkeypatch.setenv("RANK", "0")
     assert main(["train", "train.learning_rate=1e-4"]) == 2
     assert "did you mean train.lr" in _one_line(capsys.readouterr().err)

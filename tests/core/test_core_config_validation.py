@@ -209,11 +209,13 @@ def test_a_tilde_is_the_home_folder_in_every_path_setting(tmp_path, monkeypatch)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     recipe = tmp_path / "r.yaml"
     recipe.write_text("train:\n  output_dir: ~/runs/x\ndata:\n  root: ~/data\n  shards: [~/s-0.tar, s-1.tar]\n")
-    cfg = load_config(recipe, ["eval.roots={a: ~/r}", "model.name=~/ckpt", "eval.output_dir=~"])
+    suite = "eval.data_options={dci: {list_file: ~/DCI_test.json}}"
+    cfg = load_config(recipe, ["eval.roots={a: ~/r}", "model.name=~/ckpt", "eval.output_dir=~", suite])
     home = str(tmp_path / "home")
     assert cfg.train.output_dir == f"{home}/runs/x" and cfg.data.root == f"{home}/data"
     assert cfg.data.shards == [f"{home}/s-0.tar", "s-1.tar"] and cfg.eval.roots == {"a": f"{home}/r"}
     assert cfg.model.name == f"{home}/ckpt" and cfg.eval.output_dir == home
+    assert cfg.eval.data_options["dci"]["list_file"] == f"{home}/DCI_test.json"
     assert "~" not in to_yaml(cfg)
 
 
