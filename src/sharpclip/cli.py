@@ -65,14 +65,19 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     def run(args: argparse.Namespace) -> int:
         from sharpclip.config import split_args
         from sharpclip.train.resume import load_resume_config
-        from sharpclip.train.run import run_train
+        from sharpclip.train.run import AlreadyFinished, run_train
 
         files, overrides = split_args(args.config_args)
         # with --resume: the recipe if given, else the run's own config.yaml, plus any new overrides
         cfg = load_resume_config(args.resume, files, overrides) if args.resume else _load(args)
-        state = run_train(cfg, resume=args.resume, overwrite=args.overwrite)
+        try:
+            state = run_train(cfg, resume=args.resume, overwrite=args.overwrite)
+        except AlreadyFinished as done:  # not an error: a requeued job may resume a run that has just finished
+            summary = str(done)
+        else:
+            summary = f"trained {state.step} steps ({state.seen} samples); run directory: {cfg.train.output_dir}"
         if int(os.environ.get("RANK", 0)) == 0:  # under torchrun: one summary, not one per rank
-            print(f"trained {state.step} steps ({state.seen} samples); run directory: {cfg.train.output_dir}")
+            print(summary)
         return 0
 
     p.set_defaults(handler=run)
@@ -450,6 +455,13 @@ def own_errors() -> tuple[type[BaseException], ...]:
     return (ValueError, OSError, BadSampleError, CheckpointError, RunDirError, TrainingDiverged, ExportError)
 
 
+def _quiet_rank(err: BaseException) -> bool:
+    """A config error on a torchrun rank other than 0: the same error, from the same words, that rank 0 prints."""
+    from sharpclip.config import ConfigError
+
+    return isinstance(err, ConfigError) and int(os.environ.get("RANK", 0) or 0) != 0
+
+
 def _describe(err: BaseException) -> str:
     from sharpclip.config import ConfigError
 
@@ -464,10 +476,41 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = Non
     args, extra = parser.parse_known_args(argv)
     dest = getattr(args, "words_dest", None)
     if extra and (dest is None or any(w.startswith("-") for w in extra)):
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        if int(os.environ.get("RANK", 0) or 0) != 0:  # torchrun: rank 0 says it, from the same words
+            raise SystemExit(2)
+        hint = flag_hint(extra, list(sys.argv[1:] if argv is None else argv), args.command or "")
+        parser.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     if extra:
         setattr(args, dest, [*getattr(args, dest), *extra])
+    for name in PATH_FLAGS:  # `--out=~/x` reaches us unexpanded (the shell expands only a word's leading ~)
+        value = getattr(args, name, None)
+        if isinstance(value, str):
+            setattr(args, name, os.path.expanduser(value))
+        elif isinstance(value, list):
+            setattr(args, name, [os.path.expanduser(v) for v in value])
     return args
+
+
+PATH_FLAGS = ("resume", "out", "cache", "source", "to", "init", "finetuned", "captions", "target", "tokenizer", "json",
+              "model", "data_root", "runs")  # fmt: skip
+
+
+def flag_hint(unknown: list[str], words: list[str], command: str) -> str:
+    """'; settings are key=value words: did you mean train.batch_size=8?' for the first `unknown` flag that names a
+    setting (`--batch-size 8`, `--batch_size=8`, `--lr 1e-4`: open_clip's and transformers' habits), else ''.
+    `words`: the whole command line, where the flag's value follows it."""
+    from sharpclip.config import suggest_keys
+
+    for flag in (w for w in unknown if w.startswith("--")):
+        name, eq, value = flag[2:].partition("=")
+        if not eq:  # the value is the next word, unless that is another flag or an override (a switch: true)
+            i = words.index(flag) + 1 if flag in words else len(words)
+            value = words[i] if i < len(words) and not words[i].startswith("-") and "=" not in words[i] else "true"
+        keys = sorted(suggest_keys(name.replace("-", "_")), key=lambda k: not k.startswith(f"{command}."))
+        if keys:  # the command's own section first (eval.batch_size for eval, train.batch_size for train)
+            others = "".join(f" (or {k}={value})" for k in keys[1:2])
+            return f"; settings are key=value words: did you mean {keys[0]}={value}{others}?"
+    return ""
 
 
 class _Console(logging.StreamHandler):
@@ -503,6 +546,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with console_logging(getattr(args, "console_level", logging.INFO)):
             return args.handler(args)
     except own_errors() as err:
+        if _quiet_rank(err) and not debug:  # torchrun: every rank read the same config; rank 0 says it once
+            return 2
         if debug:
             traceback.print_exc()
         hint = "" if debug else " (--debug for the traceback)"

@@ -7,17 +7,19 @@ that name the source (file or override) and the full key, and validates choices 
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import math
+import os
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 
 class ConfigError(ValueError):
@@ -33,14 +35,142 @@ VALIDATION_METRICS = (
 PIL_MAX_IMAGE_PIXELS = 89_478_485  # PIL.Image.MAX_IMAGE_PIXELS's default (its decompression-bomb limit)
 
 
-def _check_min(key: str, value: float, low: float) -> None:
-    if not value >= low:  # also refuses NaN
-        raise ConfigError(f"{key}: must be >= {low:g}, got {value}")
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric setting may take: bounds `ge` / `gt` (above) and `le` / `lt` (below), each optional;
+    every float must be finite. `why`: what the `ge` / `le` bounds protect, added to their errors."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    why: str = ""
+
+    def problem(self, value: float) -> str | None:
+        """What is wrong with `value` ('must be >= 1, got 0'), or None when it is allowed."""
+        if not math.isfinite(value):
+            return f"must be a finite number, got {value}"
+        for bound, holds, word in (
+            (self.gt, value > (self.gt or 0), ">"),
+            (self.ge, value >= (self.ge or 0), ">="),
+            (self.lt, value < (self.lt or 0), "<"),
+            (self.le, value <= (self.le or 0), "<="),
+        ):
+            if bound is not None and not holds:
+                why = f": {self.why}" if self.why and word in (">=", "<=") else ""
+                return f"must be {word} {bound:g}, got {value}{why}"
+        return None
 
 
-def _check_lr(key: str, value: float) -> None:
-    if not (math.isfinite(value) and value > 0):
-        raise ConfigError(f"{key}: a learning rate must be finite and > 0, got {value}")
+# A learning rate below LR_FLOOR changes no weight: an AdamW step moves a weight w by about lr, and fp32 rounds a
+# change below half its spacing (|w|·2^-24) away, so at 1e-10 no weight with |w| above 1.7e-3 would ever move.
+LR_FLOOR = 1e-10
+_LR = Range(gt=0, ge=LR_FLOOR, why="an AdamW step moves each weight by about lr, and fp32 rounds such a change away "
+            "for every weight over 2^24·lr in magnitude (1.7e-3 at 1e-10): no weight would move")  # fmt: skip
+_COUNT, _POSITIVE, _FRACTION = Range(ge=0), Range(ge=1), Range(ge=0, le=1)
+# Every number of the config (a dotted key; `*`: any key of a mapping) with its range, checked in one place
+# (`check_declared`, from each section's __post_init__); tests/core/test_core_config_validation.py fails on a numeric
+# key without an entry. The objective's weights and parameters are checked against the loss registry
+# (losses.objective), the guards' max_drop by GuardConfig.
+RANGES: dict[str, Range] = {
+    "model.context_length": _POSITIVE,
+    "model.keep_positions": _COUNT,
+    "model.rope_theta": Range(gt=0),
+    "model.rope_ntk_factor": _COUNT,
+    "model.logit_scale_init": Range(),
+    "model.adapter.rank": _POSITIVE,
+    "model.adapter.alpha": Range(gt=0),
+    "model.adapter.dropout": Range(ge=0, lt=1),
+    "model.freeze.vision_unlocked_layers": _COUNT,
+    "model.freeze.text_unlocked_layers": _COUNT,
+    **{f"model.tiny.{k}": _POSITIVE for k in ("width", "layers", "heads", "mlp_ratio", "patch_size", "image_size")},
+    "model.tiny.context_length": _COUNT,
+    "data.num_workers": _COUNT,
+    "eval.num_workers": _COUNT,
+    "data.prefetch_factor": _POSITIVE,
+    "data.max_image_pixels": _POSITIVE,
+    "data.sharegpt4v_test_size": _COUNT,
+    "data.epoch_samples": _COUNT,
+    "data.shuffle_buffer": _COUNT,
+    **{
+        f"data.synthdense.{k}": _COUNT
+        for k in (
+            "seed",
+            "train_families",
+            "train_detail_pairs",
+            "test_families",
+            "pretrain_scenes",
+            "pretrain_detail_pairs",
+            "edits",
+            "mmvp_pairs",
+            "zeroshot_per_class",
+        )
+    },
+    **{
+        f"data.synthdense.{k}": _POSITIVE
+        for k in ("resolution", "train_family_size", "test_family_size", "test_changed_objects", "workers")
+    },
+    **{
+        f"data.synthdense.{k}": Range(ge=1, le=9, why="a scene is a 3×3 grid of cells, one object a cell")
+        for k in ("min_objects", "max_objects")
+    },
+    "data.synthdense.detail_random_p": _FRACTION,
+    "data.augment.color_jitter_prob": _FRACTION,
+    "data.augment.gray_scale_prob": _FRACTION,
+    "train.seed": _COUNT,
+    "train.epochs": _COUNT,
+    "train.max_steps": _COUNT,
+    "train.batch_size": _POSITIVE,
+    "train.micro_batch_size": _POSITIVE,
+    "train.encode_batch_size": _COUNT,
+    "train.lr": _LR,
+    "train.module_lr.*": _LR,
+    "train.weight_decay": _COUNT,
+    "train.warmup_steps": _COUNT,
+    "train.min_lr_ratio": _FRACTION,
+    "train.grad_clip": _COUNT,
+    "train.dist_timeout_min": Range(gt=0),
+    "train.checkpoint_every": _COUNT,
+    "train.keep_last": _POSITIVE,
+    "train.eval_every": _COUNT,
+    "train.diagnostics_every": _COUNT,
+    "train.nan_patience": _POSITIVE,
+    "eval.chunk_size": _POSITIVE,
+    "eval.batch_size": _POSITIVE,
+}
+
+
+def declared_range(key: str) -> Range | None:
+    """The entry of RANGES for dotted `key` (a mapping's entries by `prefix.*`), or None."""
+    if key in RANGES:
+        return RANGES[key]
+    parts = key.split(".")
+    for n in range(len(parts) - 1, 0, -1):  # a mapping's keys may hold dots (train.module_lr.backbone.text_model)
+        if (found := RANGES.get(".".join(parts[:n]) + ".*")) is not None:
+            return found
+    return None
+
+
+def check_number(key: str, value: Any) -> None:
+    """Raise ConfigError naming `key` unless `value` is within its RANGES entry (any number must be finite). None
+    (an optional setting left unset) and non-numbers pass."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return
+    problem = (declared_range(key) or Range()).problem(value)
+    if problem is not None:
+        raise ConfigError(f"{key}: {problem}")
+
+
+def check_declared(section: Any, prefix: str) -> None:
+    """Every number of dataclass `section` (and of its mappings of numbers) against RANGES, as `prefix.field`;
+    nested sections check themselves."""
+    for f in fields(section):
+        value = getattr(section, f.name)
+        if isinstance(value, dict):
+            for name, item in value.items():
+                check_number(f"{prefix}.{f.name}.{name}", item)
+        else:
+            check_number(f"{prefix}.{f.name}", value)
 
 
 def _check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
@@ -71,8 +201,7 @@ class AdapterConfig:
         _check_choice("model.adapter.method", self.method, ("none", "lora", "dora"))
         _check_choice("model.adapter.towers", self.towers, ("text", "vision", "both"))
         _check_choice("model.adapter.modules", self.modules, ("attention", "mlp", "attention_mlp"))
-        if self.rank < 1:
-            raise ConfigError(f"model.adapter.rank: must be >= 1, got {self.rank}")
+        check_declared(self, "model.adapter")
 
 
 @dataclass
@@ -83,6 +212,9 @@ class FreezeConfig:
     text: bool = False
     vision_unlocked_layers: int = 0
     text_unlocked_layers: int = 0
+
+    def __post_init__(self) -> None:
+        check_declared(self, "model.freeze")
 
 
 @dataclass
@@ -99,8 +231,9 @@ class TinyConfig:
     context_length: int = 0  # text positions; 0 keeps the real tower's (77 CLIP, 64 SigLIP)
 
     def __post_init__(self) -> None:
-        if min(self.width, self.layers, self.heads, self.mlp_ratio, self.patch_size) < 1 or self.width % self.heads:
-            raise ConfigError(f"model.tiny: sizes must be >= 1 and width divisible by heads, got {self}")
+        check_declared(self, "model.tiny")
+        if self.width % self.heads:
+            raise ConfigError(f"model.tiny.width ({self.width}) must be divisible by model.tiny.heads ({self.heads})")
         if self.image_size % self.patch_size:
             raise ConfigError(f"model.tiny.image_size ({self.image_size}) must be a multiple of patch_size")
 
@@ -132,6 +265,7 @@ class ModelConfig:
         _check_choice("model.kind", self.kind, ("auto", "clip", "siglip", "siglip2", "open_clip"))
         _check_choice("model.text_encoder", self.text_encoder, ("absolute", "rope"))
         _check_choice("model.activation", self.activation, ("", "quick_gelu", "gelu"))
+        check_declared(self, "model")
 
 
 @dataclass
@@ -169,10 +303,12 @@ class SynthDenseConfig:
 
     def __post_init__(self) -> None:
         _check_choice("data.synthdense.test_variants", self.test_variants, ("any", "details"))
-        if self.test_changed_objects < 1:
-            raise ConfigError(f"data.synthdense.test_changed_objects must be >= 1; got {self.test_changed_objects}")
-        if not 0.0 <= self.detail_random_p <= 1.0:
-            raise ConfigError(f"data.synthdense.detail_random_p must be in [0, 1]; got {self.detail_random_p}")
+        check_declared(self, "data.synthdense")
+        if self.max_objects < self.min_objects:
+            raise ConfigError(
+                f"data.synthdense.max_objects ({self.max_objects}) must be >= data.synthdense.min_objects "
+                f"({self.min_objects})"
+            )
 
 
 @dataclass
@@ -193,6 +329,7 @@ class AugmentConfig:
     gray_scale_prob: float = 0.0
 
     def __post_init__(self) -> None:
+        check_declared(self, "data.augment")
         if len(self.scale) != 2 or not 0 < self.scale[0] <= self.scale[1] <= 1:
             raise ConfigError(f"data.augment.scale: expected [min, max] with 0 < min <= max <= 1, got {self.scale}")
         if len(self.ratio) != 2 or not 0 < self.ratio[0] <= self.ratio[1]:
@@ -271,11 +408,7 @@ class DataConfig:
         _check_choice("data.coco_flickr_protocol", self.coco_flickr_protocol, ("karpathy", "longclip"))
         if self.num_workers != "auto" and not (str(self.num_workers).isdigit()):
             raise ConfigError(f"data.num_workers: {self.num_workers!r} is neither auto nor a number >= 0")
-        if self.prefetch_factor < 1:
-            raise ConfigError(f"data.prefetch_factor: must be >= 1, got {self.prefetch_factor}")
-        if self.epoch_samples < 0 or self.shuffle_buffer < 0:
-            raise ConfigError("data.epoch_samples and data.shuffle_buffer must be >= 0")
-        _check_min("data.max_image_pixels", self.max_image_pixels, 1)
+        check_declared(self, "data")
         if self.preload and self.augment.enabled:
             raise ConfigError(
                 "data.preload keeps one decoded copy of each image, but data.augment draws new crops every epoch; "
@@ -393,18 +526,7 @@ class TrainConfig:
             )
 
     def _check_ranges(self) -> None:
-        for key in ("batch_size", "micro_batch_size", "keep_last", "nan_patience"):
-            _check_min(f"train.{key}", getattr(self, key), 1)
-        for key in ("epochs", "max_steps", "warmup_steps", "checkpoint_every", "eval_every", "diagnostics_every",
-                    "grad_clip", "weight_decay", "encode_batch_size"):  # fmt: skip
-            _check_min(f"train.{key}", getattr(self, key), 0)
-        if not self.dist_timeout_min > 0:
-            raise ConfigError(f"train.dist_timeout_min: must be > 0 minutes, got {self.dist_timeout_min}")
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise ConfigError(f"train.min_lr_ratio: must be in [0, 1], got {self.min_lr_ratio}")
-        _check_lr("train.lr", self.lr)
-        for prefix, lr in self.module_lr.items():
-            _check_lr(f"train.module_lr.{prefix}", lr)
+        check_declared(self, "train")
         if self.best_metric not in VALIDATION_METRICS:
             raise ConfigError(
                 f"train.best_metric: {self.best_metric!r} is not a validation metric; use one of "
@@ -440,10 +562,7 @@ class EvalConfig:
     num_workers: int | str = "auto"  # image decoding processes: auto (as data.num_workers) or a number
 
     def __post_init__(self) -> None:
-        if self.chunk_size < 1 or self.batch_size < 1:
-            raise ConfigError(
-                f"eval.chunk_size and eval.batch_size must be >= 1, got {self.chunk_size}, {self.batch_size}"
-            )
+        check_declared(self, "eval")
         _check_device("eval.device", self.device)
         bad = [k for k in [*self.recall_k, *self.zeroshot_k] if k < 1]
         if bad:
@@ -487,14 +606,103 @@ REMOVED_KEYS = {
 }
 
 
-def _merge(base: Any, layer: Any, source: str) -> Any:
+# Settings that name files or folders: a leading `~` is the home folder (os.path.expanduser) wherever the value was
+# written, a YAML file (no shell expands it there) or the command line; `*`: every value of a mapping.
+PATH_KEYS = (
+    "model.name", "model.vocabulary", "model.processor", "model.open_clip_config", "data.root", "data.list_file",
+    "data.list_files.*", "data.annotation_file", "data.shards", "data.edits_root", "train.output_dir",
+    "eval.data_root", "eval.roots.*", "eval.output_dir", "eval.prompts",
+)  # fmt: skip
+
+
+def _expand_paths(cfg: Config) -> None:
+    """`~` and `~user` at the start of every PATH_KEYS value (lists and mappings item by item)."""
+    for key in PATH_KEYS:
+        section_name, name = key.split(".", 1)
+        section, name = getattr(cfg, section_name), name.removesuffix(".*")
+        value = getattr(section, name)
+        if isinstance(value, str):
+            setattr(section, name, os.path.expanduser(value))
+        elif isinstance(value, list):
+            setattr(section, name, [os.path.expanduser(v) if isinstance(v, str) else v for v in value])
+        elif isinstance(value, dict):
+            setattr(section, name, {k: os.path.expanduser(v) if isinstance(v, str) else v for k, v in value.items()})
+    data_paths = {k.split(".", 1)[1].removesuffix(".*") for k in PATH_KEYS if k.startswith("data.")}
+    for options in cfg.eval.data_options.values():  # a suite's own data settings (list_file, annotation_file, ...)
+        for name in data_paths & options.keys():
+            if isinstance(options[name], str):
+                options[name] = os.path.expanduser(options[name])
+
+
+def _is_path_key(key: str) -> bool:
+    return key in PATH_KEYS or any(p.endswith(".*") and key.startswith(p[:-1]) for p in PATH_KEYS)
+
+
+# Other tools' names for sharpclip's settings (open_clip's flags, transformers' TrainingArguments), by leaf name
+ALIASES = {
+    "learning_rate": "train.lr", "num_train_epochs": "train.epochs", "per_device_train_batch_size": "train.batch_size",
+    "train_batch_size": "train.batch_size", "wd": "train.weight_decay", "warmup": "train.warmup_steps",
+    "workers": "data.num_workers", "dataloader_num_workers": "data.num_workers", "grad_clip_norm": "train.grad_clip",
+    "max_grad_norm": "train.grad_clip", "logs": "train.output_dir", "train_data": "data.root",
+    "save_total_limit": "train.keep_last", "save_steps": "train.checkpoint_every", "eval_steps": "train.eval_every",
+    "gradient_checkpointing": "train.grad_checkpointing", "torch_compile": "train.compile",
+    "dataset_type": "data.format", "csv_img_key": "data.image_field", "csv_caption_key": "data.caption_field",
+    "pretrained": "model.name", "model_name_or_path": "model.name", "lock_image": "model.freeze.vision",
+    "lock_text": "model.freeze.text", "max_steps": "train.max_steps",
+}  # fmt: skip
+
+
+def config_keys(node: Any = Config, prefix: str = "") -> list[str]:
+    """Every dotted key of the schema (a mapping or list setting is one key), in declaration order."""
+    keys = []
+    for f in fields(node):
+        key = f"{prefix}{f.name}"
+        default = f.default_factory() if f.default_factory is not MISSING else f.default  # type: ignore[misc]
+        keys += config_keys(type(default), f"{key}.") if is_dataclass(default) else [key]
+    return keys
+
+
+def suggest_keys(key: str, limit: int = 3) -> list[str]:
+    """The settings a mistyped or foreign dotted `key` (or a bare leaf, `batch_size`) most likely means: an alias,
+    keys with the same leaf name, then close spellings (difflib) of the whole key and of its leaf."""
+    known, leaf = config_keys(), key.rsplit(".", 1)[-1].replace("-", "_")
+    if key.startswith("loss.terms.") and key.count(".") >= 3:  # a term's own fields (its params are the loss's)
+        term = key.split(".")[2]
+        known += [f"loss.terms.{term}.{f.name}" for f in fields(TermConfig)]
+    found = [ALIASES[leaf]] if leaf in ALIASES else []
+    found += [k for k in known if k.rsplit(".", 1)[-1] == leaf]
+    found += difflib.get_close_matches(key, known, n=limit, cutoff=0.75)
+    section = key.rsplit(".", 1)[0] + "." if "." in key else ""  # a bare leaf (a flag's name): every section's
+    leaves: dict[str, list[str]] = {}
+    for k in known:
+        if k.startswith(section):
+            leaves.setdefault(k.rsplit(".", 1)[-1], []).append(k)
+    for m in difflib.get_close_matches(leaf, list(leaves), n=limit, cutoff=0.6 if section else 0.8):
+        found += leaves[m]
+    return list(dict.fromkeys(k for k in found if k != key))[:limit]
+
+
+def _did_you_mean(key: str) -> str:
+    found = suggest_keys(key)
+    return f"; did you mean {' or '.join(found)}?" if found else ""
+
+
+def _merge(base: Any, layer: Any, source: str, given: str = "") -> Any:
+    """`layer` over `base`; an error names `source` and the key (`given`: the override's own dotted key, which is
+    more precise than OmegaConf's for a key under an unknown section)."""
     try:
         return OmegaConf.merge(base, layer)
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None) or "?"
+        if isinstance(err, ConfigKeyError) and given.startswith(f"{key}."):
+            key = given
         if key in REMOVED_KEYS:
             raise ConfigError(f"{source}: key '{key}' is no longer a setting: {REMOVED_KEYS[key]}") from None
+        if isinstance(err, ConfigKeyError) and key != "?":  # not a setting: the likely one, if any
+            raise ConfigError(f"{source}: '{key}' is not a setting{_did_you_mean(key)}") from None
         reason = str(err).splitlines()[0]
+        if _is_path_key(key) and "'None'" in reason:  # `output_dir: ~` is YAML's null, not the home folder
+            reason += "; a bare ~ is YAML's null: write the folder out, or quote it ('~')"
         raise ConfigError(f"{source}: key '{key}': {reason}") from None
 
 
@@ -567,6 +775,9 @@ def _quoted_list(item: str) -> str | None:
 def parse_override(item: str) -> DictConfig:
     """One `key=value` as an OmegaConf layer; an unquoted brace pattern in a list is read as a string (what it
     always means in a sharpclip setting); other values that are not YAML are a one-line ConfigError."""
+    key, _, value = item.partition("=")
+    if value.strip() == "~" and _is_path_key(key.strip()):  # the shell left it unexpanded (`key=~`): the home folder
+        item = f"{key}='~'"
     try:
         return OmegaConf.from_dotlist([item])
     except yaml.YAMLError as err:
@@ -612,11 +823,12 @@ def load_config(
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r}: expected key=value (e.g. train.lr=1e-4)")
-        merged = _merge(merged, parse_override(item), f"override {item!r}")
+        merged = _merge(merged, parse_override(item), f"override {item!r}", item.split("=", 1)[0].strip())
     try:
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
         raise ConfigError(str(err).splitlines()[0]) from None
+    _expand_paths(cfg)
     if not cfg.loss.terms:
         cfg.loss.terms = {
             name: TermConfig(t.loss, t.weight, dict(t.params), dict(t.inputs)) for name, t in DEFAULT_TERMS.items()

@@ -177,3 +177,80 @@ def test_data_layer_messages_reach_the_console_and_train_log(data, tmp_path, cap
     assert err.count("data: preloaded the") == 1  # one console handler, not the command's and the run's
     assert "requires torchvision" not in err  # transformers' backend notice is silenced (see sharpclip.models)
     assert not logging.getLogger("sharpclip").handlers  # removed after the command
+
+
+@pytest.mark.parametrize(
+    "argv, hint",
+    [
+        (["train", "--batch-size", "8"], "did you mean train.batch_size=8"),  # open_clip's habit
+        (["train", "r.yaml", "--batch_size=8", "train.lr=1e-4"], "did you mean train.batch_size=8"),
+        (["train", "--lr", "1e-4"], "did you mean train.lr=1e-4"),
+        (["train", "--learning-rate", "1e-4"], "did you mean train.lr=1e-4"),  # transformers' name
+        (["train", "--epochs", "3"], "did you mean train.epochs=3"),
+        (["train", "--grad-checkpointing", "train.lr=1e-4"], "did you mean train.grad_checkpointing=true"),
+        (["eval", "--batch-size", "8"], "did you mean eval.batch_size=8"),  # the command's own section first
+        (["config", "--warmup", "10"], "did you mean train.warmup_steps=10"),
+    ],
+)
+def test_a_flag_from_another_tool_suggests_the_setting(argv, hint, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "unrecognized arguments" in err and hint in err
+
+
+def test_a_near_miss_key_on_the_command_line_is_one_line_naming_the_real_key(capsys) -> None:
+    assert main(["config", "train.learning_rate=1e-4"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "'train.learning_rate' is not a setting; did you mean train.lr?" in line
+
+
+def test_eval_of_a_mistyped_local_run_says_the_path_does_not_exist(tmp_path, monkeypatch, capsys) -> None:
+    (tmp_path / "runs" / "csv").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for model, says in (("runs/cvs", "did you mean runs/csv?"), ("./runs/cvs", "did you mean runs/csv?"),
+                        ("~/nothing", f"the nearest folder that exists is {tmp_path}"),
+                        ("runs/exp/cvs", "the nearest folder that exists is runs")):  # fmt: skip
+        assert main(["eval", "--model", model, "--suite", "retrieval"]) == 2
+        line = _one_line(capsys.readouterr().err)
+        assert "no such file or folder (a local path, not a hub id)" in line and says in line, line
+        assert "hf download" not in line
+
+
+def test_a_config_error_under_torchrun_is_printed_by_rank_0_only(capsys, monkeypatch) -> None:
+    monkeypatch.setenv("RANK", "1")
+    assert main(["train", "train.learning_rate=1e-4"]) == 2
+    assert capsys.readouterr().err == ""  # rank 1 exits non-zero quietly: the same error as rank 0's
+    with pytest.raises(SystemExit):
+        main(["train", "--batch-size", "8"])
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("RANK", "0")
+    assert main(["train", "train.learning_rate=1e-4"]) == 2
+    assert "did you mean train.lr" in _one_line(capsys.readouterr().err)
+
+
+@pytest.mark.slow
+def test_torchrun_prints_a_config_error_once(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "sharpclip",
+           "train", "train.learning_rate=1e-4", f"train.output_dir={tmp_path / 'run'}"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode != 0
+    assert proc.stderr.count("'train.learning_rate' is not a setting; did you mean train.lr?") == 1, proc.stderr
+
+
+def test_a_tilde_output_dir_in_a_recipe_writes_under_home_not_a_folder_named_tilde(data, tmp_path, monkeypatch, capsys):
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir()
+    cwd.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    recipe = cwd / "m2.yaml"
+    recipe.write_text("train:\n  output_dir: ~/r4runs/x\n")
+    args = [a for a in _train_args(data, "unused") if not a.startswith("train.output_dir")]
+    assert main([args[0], str(recipe), *args[1:]]) == 0
+    assert (home / "r4runs" / "x" / "config.yaml").is_file() and not (cwd / "~").exists()
+    assert f"run directory: {home / 'r4runs' / 'x'}" in capsys.readouterr().out

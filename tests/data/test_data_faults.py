@@ -149,3 +149,27 @@ def test_a_truncated_synthdense_manifest_names_the_file(tmp_path):
     (root / "manifest.json").write_text('{"config": {"seed')
     with pytest.raises(ValueError, match=rf"{root / 'manifest.json'}: unreadable SynthDense manifest.*delete the"):
         corpus.ensure(root, SynthDenseConfig())
+
+
+INVISIBLE = [" \t\u200b\u00a0 ", "\u200b", "\u200c\u200d", "\u2060", "\ufeff", "\u3000\u200b\n"]
+
+
+@pytest.mark.parametrize("caption", INVISIBLE, ids=["mixed", "zwsp", "zwnj-zwj", "word-joiner", "bom", "ideographic"])
+def test_a_caption_of_whitespace_and_zero_width_characters_is_an_empty_caption(tmp_path, caption):
+    cfg = _generic(tmp_path / "d", [_jsonl(0), _jsonl(1, caption), _jsonl(2, "a\u200bred square")])
+    report = validate(cfg, "train")
+    assert report.samples == 2 and not report.ok  # a visible caption with a zero-width space inside is kept
+    assert any("train.jsonl:2" in e and "empty caption" in e for e in report.errors), report.errors
+
+
+def test_an_invisible_caption_in_a_csv_and_in_a_caption_file_is_an_empty_caption(tmp_path):
+    rows = ["id,image,caption\n", "r0,0.png,a red square\n", "r1,1.png,\u200b \u200b\n"]
+    cfg = _generic(tmp_path / "csv", [r.encode() for r in rows], suffix=".csv")
+    assert any("row 2" in e and "empty caption" in e for e in validate(cfg, "train").errors)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    for i, text in enumerate(["a red square", "\ufeff\u200b \n"]):
+        _png(folder / f"{i}.png")
+        (folder / f"{i}.txt").write_text(text, encoding="utf-8")
+    report = validate(DataConfig(format="generic", root=str(folder), num_workers=0), "train")
+    assert report.samples == 1 and any("1.txt" in e and "empty caption" in e for e in report.errors), report.errors

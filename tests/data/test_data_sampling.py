@@ -129,3 +129,9 @@ def test_pairs_among_single_rows_fill_the_first_micro_batches_of_every_batch():
         micro = [batch[k : k + 16] for k in range(0, 128, 16)]
         for m in micro[:2]:  # both halves of each pair share a micro-batch
             assert all(sum(units[q] == units[r] for q in m) == 2 for r in m)
+
+
+@pytest.mark.parametrize("batch_size", [0, -4, 2.5, True])
+def test_a_batch_size_that_is_not_a_whole_number_at_least_1_is_refused(batch_size):
+    with pytest.raises(ValueError, match=r"batch_size=.* must be a whole number >= 1"):
+        GroupBatchSampler([0, 1, 2, 3], batch_size)

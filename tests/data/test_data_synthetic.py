@@ -211,7 +211,7 @@ def test_test_changed_objects_changes_the_details_of_that_many_objects_of_each_t
     fresh = [dense_caption(s) for f in range(3) for s in
              family(random.Random(f"0:test:{f}"), 6, 3, 5, DETAILS, objects=3)]  # fmt: skip
     assert [r["caption"] for r in rows] == fresh
-    with pytest.raises(ValueError, match="test_changed_objects must be >= 1"):
+    with pytest.raises(ValueError, match="test_changed_objects: must be >= 1"):
         SynthDenseConfig(test_changed_objects=0)
 
 
@@ -327,5 +327,5 @@ def test_intermediate_p_randomises_each_detail_word_independently_at_rate_p():
 def test_detail_random_p_is_in_the_manifest_only_when_it_changes_the_corpus():
     assert "detail_random_p" not in manifest(NOISY)["config"]  # corpora generated before the field stay valid
     assert manifest(replace(NOISY, detail_random_p=0.5))["config"]["detail_random_p"] == 0.5
-    with pytest.raises(ValueError, match="detail_random_p must be in"):
+    with pytest.raises(ValueError, match="detail_random_p: must be <= 1"):
         SynthDenseConfig(detail_random_p=1.5)

@@ -4,6 +4,7 @@ gradients, fp64), at γ > 0 they are sharpclip's own HN-CLIP losses with the sca
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -93,7 +94,7 @@ def test_output_dict_and_label_cache_behave_as_open_clips():
     ("kwargs", "message"),
     [
         ({"use_horovod": True}, "use_horovod=True is not supported"),
-        ({"gamma": -0.1}, "must be >= 0"),
+        ({"gamma": -0.1}, "must be a finite number >= 0"),
     ],
 )
 def test_unsupported_settings_are_refused_in_one_line(kwargs, message):
@@ -166,3 +167,20 @@ def test_on_cuda_the_losses_run_where_their_inputs_are_and_match_the_cpu():
         value, grads = _value_and_grads(loss, on_gpu)
         assert value.device.type == "cuda" and all(g.device.type == "cuda" for g in grads)
         _assert_same((value.cpu(), [g.cpu() for g in grads]), _value_and_grads(loss, leaves))
+
+
+@pytest.mark.parametrize("gamma", [float("nan"), float("inf"), -float("inf"), -1, "0.5", True])
+@pytest.mark.parametrize("build", [
+    lambda g: HNClipLoss(gamma=g),
+    lambda g: SigLipMarginLoss(gamma=g),
+    lambda g: hf_hn_loss(SimpleNamespace(image_embeds=torch.ones(2, 4), text_embeds=torch.ones(2, 4)),
+                         torch.tensor(0.0), gamma=g),
+], ids=["HNClipLoss", "SigLipMarginLoss", "hf_hn_loss"])  # fmt: skip
+def test_a_gamma_that_is_not_a_finite_number_at_least_0_is_refused_at_construction(build, gamma):
+    with pytest.raises(ValueError, match=r"gamma=.* must be a finite number >= 0") as err:
+        build(gamma)
+    assert "\n" not in str(err.value)
+
+
+def test_a_0_d_tensor_gamma_is_a_number():
+    assert HNClipLoss(gamma=torch.tensor(0.25)).gamma == 0.25

@@ -204,3 +204,11 @@ def build_terms_with(key: str, value: float) -> None:
     else:
         term.params = {"gamma": value}
     build_objective(LossConfig(terms={name: term}))
+
+
+@pytest.mark.parametrize("weight, params", [(float("nan"), {}), (-1.0, {}), (1.0, {"gamma": float("inf")})])
+def test_a_term_built_by_hand_checks_its_weight_and_parameters(weight, params):
+    from sharpclip.losses import Term, registry
+
+    with pytest.raises(ValueError, match=r"^Term 'hn': (weight|gamma)=.* must be a finite number >= 0"):
+        Term("hn", registry.get("hn_clip"), weight, params, {})

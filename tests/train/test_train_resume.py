@@ -300,3 +300,58 @@ def test_tensorboard_drops_the_replayed_steps_on_resume(trained, tmp_path, monke
     run_train(load_resume_config(run, [], ["train.tensorboard=true", "train.max_steps=3"]), resume=run / "checkpoints"
               / "step-000001")  # fmt: skip
     assert made == [None, 2]  # reopened to purge every event after step 1, which the resume replays
+
+
+@pytest.fixture(scope="module")
+def two_epochs(data, tmp_path_factory):
+    """A finished 2-epoch run (2 steps an epoch, a checkpoint at each epoch's end) read by 2 loader workers, as
+    `data.num_workers: auto` does: the workers' prefetching runs the sampler ahead of the batches trained."""
+    run = tmp_path_factory.mktemp("two_epochs") / "run"
+    run_train(tiny_config(data, run, "train.max_steps=0", "train.epochs=2", "train.checkpoint_every=0",
+                          "data.num_workers=2"))  # fmt: skip
+    return run
+
+
+def _evals(run: Path) -> list[tuple[int, int]]:
+    return [(r["step"], r["epoch"]) for r in _records(run) if "eval/mean_R@1" in r]
+
+
+def test_a_finished_run_continues_for_more_epochs(two_epochs, tmp_path, capsys):
+    run = _copy(two_epochs, tmp_path / "run")
+    assert main(["train", "--resume", str(run), "train.epochs=3"]) == 0
+    out, err = capsys.readouterr()
+    assert "trained 6 steps" in out
+    assert "steps 5-6 of 6" in err and "schedule is rebuilt for 6 steps" in err
+    trained = [(r["step"], r["epoch"]) for r in _records(run) if "loss" in r]
+    assert trained == [(1, 0), (2, 0), (3, 1), (4, 1), (5, 2), (6, 2)]
+    assert _evals(run) == [(2, 0), (4, 1), (6, 2)]  # each epoch validated once, none again
+    assert (run / "checkpoints" / "step-000006").is_dir()
+    assert checkpoint.best(run / "checkpoints").is_dir()  # best kept through the pruning of keep_last
+    assert load_config(run / "config.yaml").train.epochs == 3
+    for r in _records(run):  # the schedule rebuilt for 6 steps, as if the run had used it from the start
+        if "loss" in r and r["step"] > 4:
+            assert r["lr"] == pytest.approx(1e-3 * warmup_cosine(r["step"] - 1, 0, 6))
+
+
+def test_a_finished_run_continues_to_a_raised_max_steps_in_its_next_epoch(two_epochs, tmp_path):
+    run = _copy(two_epochs, tmp_path / "run")
+    state = run_train(load_resume_config(run, [], ["train.max_steps=5"]), resume=run)
+    assert state.step == 5
+    assert [(r["step"], r["epoch"]) for r in _records(run) if "loss" in r][-1] == (5, 2)  # no empty epoch 2
+
+
+@pytest.mark.parametrize("how", [[], ["train.epochs=2"], ["train.max_steps=4"], ["checkpoint"]])
+def test_resuming_a_finished_run_with_nothing_to_do_says_so_and_writes_nothing(two_epochs, tmp_path, capsys, how):
+    run = _copy(two_epochs, tmp_path / "run")
+    target = run / "checkpoints" / "step-000004" if how == ["checkpoint"] else run
+    overrides = [] if how == ["checkpoint"] else how
+    before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != "train.log"}
+    assert main(["train", "--resume", str(target), *overrides]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip().splitlines() == [
+        f"{run} already finished at step 4 (train.{'max_steps=4' if 'max' in str(how) else 'epochs=2'}); raise "
+        "train.epochs or train.max_steps to train more"
+    ]
+    assert "eval after" not in err and "training " not in err
+    after = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != "train.log"}
+    assert after == before  # config.yaml, metrics.jsonl, resumes.jsonl, checkpoints: untouched

@@ -288,3 +288,40 @@ def test_an_unreadable_best_json_does_not_stop_pruning(tmp_path, caplog):
         checkpoint.prune(tmp_path, keep_last=1, keep=(new,))
     assert new.is_dir() and not old.exists()
     assert any("best.json" in r.getMessage() for r in caplog.records)
+
+
+def test_pruning_skips_and_names_linked_and_foreign_checkpoints_and_prunes_the_rest(data, tmp_path, capsys):
+    """A symlinked oldest checkpoint (its target holds a trainer_state.json, as a copied checkpoint does) and a
+    foreign folder among the checkpoints: the resume trains, prunes its own old checkpoints and touches neither."""
+    from sharpclip.cli import main
+
+    run = tmp_path / "run"
+    run_train(tiny_config(data, run, "train.eval_every=0"))  # step-1, step-2; no best to keep
+    user = tmp_path / "user-files"
+    user.mkdir()
+    (user / "keep.txt").write_text("mine")
+    (user / checkpoint.TRAINER_STATE).write_text("{}")
+    ckpts = run / "checkpoints"
+    (ckpts / "step-000000").symlink_to(user, target_is_directory=True)
+    foreign = ckpts / "step-backup"
+    foreign.mkdir()
+    (foreign / checkpoint.TRAINER_STATE).write_text("{}")
+    (ckpts / "notes").mkdir()
+    assert main(["train", "--resume", str(run), "train.max_steps=4", "train.keep_last=1"]) == 0
+    err = capsys.readouterr().err
+    assert "step-000000" in err and "step-backup" in err and "symbolic link" in err
+    assert (ckpts / "step-000000").is_symlink() and (user / "keep.txt").read_text() == "mine"
+    assert sorted(p.name for p in user.iterdir()) == ["keep.txt", checkpoint.TRAINER_STATE]
+    assert foreign.is_dir() and (ckpts / "notes").is_dir()
+    assert sorted(p.name for p in ckpts.iterdir()) == ["notes", "step-000000", "step-000004", "step-backup"]
+    assert checkpoint.latest(ckpts) == ckpts / "step-000004"  # a link is never taken for the run's own checkpoint
+
+
+def test_a_link_where_a_checkpoint_is_written_is_refused_naming_it(tmp_path):
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (tmp_path / "ckpts").mkdir()
+    (tmp_path / "ckpts" / checkpoint.checkpoint_name(3)).symlink_to(target, target_is_directory=True)
+    with pytest.raises(checkpoint.CheckpointError, match=r"step-000003.*symbolic link"):
+        checkpoint.save(tmp_path / "ckpts", 3, lambda d: None, {}, {})
+    assert target.is_dir() and not any(target.iterdir())

@@ -231,6 +231,7 @@ class SampleLoader(DataLoader):
         self.times_skipped: Counter[tuple[str, str]] = Counter()  # (where, record) -> skips over all epochs
         self._record(dataset.report.items)
         self.consumed = 0
+        self._yielding: int | None = None  # the epoch whose batches the loader yields (set_epoch, __iter__)
         self.batches_skipped = 0  # batches whose every sample was bad, over all epochs
         self.epoch_sizes: dict[str, float] = {}  # the last epoch's effective batch sizes
 
@@ -258,21 +259,27 @@ class SampleLoader(DataLoader):
         seed, rank = (int(getattr(self.batch_sampler, name, 0)) for name in ("seed", "rank"))
         self.generator.manual_seed((seed * 1_000_003 + epoch) * 65_537 + rank)
         self.dataset.set_epoch(epoch)
+        self._yielding = epoch
         if hasattr(self.batch_sampler, "set_epoch"):
             self.batch_sampler.set_epoch(epoch)
 
     def state_dict(self) -> dict[str, int]:
-        """The batch sampler's state with the batches this loader has yielded."""
+        """The batch sampler's state with the epoch and batches this loader has yielded. The epoch is the one the
+        yielded batches belong to: with workers, the sampler runs ahead (prefetching) and may already have moved on
+        to the next epoch, which a resume must not skip."""
         state = self.batch_sampler.state_dict()
-        return {**state, "batches_done": self.consumed}
+        epoch = state["epoch"] if self._yielding is None else self._yielding
+        return {**state, "epoch": epoch, "batches_done": self.consumed}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Resume mid-epoch from `state_dict()`'s output."""
         self.batch_sampler.load_state_dict(state)
         self.dataset.set_epoch(state["epoch"])
+        self._yielding = state["epoch"]
         self.consumed = state["batches_done"]
 
     def __iter__(self) -> Iterator[Batch]:
+        self._yielding = self.batch_sampler.epoch  # the epoch of the batches this iteration yields
         self.dataset.set_epoch(self.batch_sampler.epoch)
         self.consumed = self.batch_sampler.start
         new, sizes, nominal, empty, shrunk = 0, [], 0, 0, 0
@@ -290,7 +297,7 @@ class SampleLoader(DataLoader):
             sizes.append(len(batch))
             shrunk += bool(batch.skipped)
             yield batch
-        self.consumed = 0  # the sampler has moved on to the next epoch
+        self.consumed, self._yielding = 0, self.batch_sampler.epoch  # the sampler has moved on to the next epoch
         self._log_sizes(sizes, nominal, empty, shrunk)
         if new:
             log.warning("data: %s", self.report.summary())

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import numbers
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -61,6 +62,8 @@ class GroupBatchSampler:
         rank: int = 0,
         world_size: int = 1,
     ):
+        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
+            raise ValueError(f"batch_size={batch_size!r} must be a whole number >= 1")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside 0..{world_size - 1}")
         if distinct_captions and captions is None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import html
 import re
+import unicodedata
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +23,13 @@ CLIP_CLEANING = "clip: ftfy.fix_text, html.unescape twice, whitespace collapsed"
 NO_CLEANING = "none"
 # Text that ftfy and html.unescape both leave unchanged: printable ASCII and ordinary whitespace, no '&'.
 _UNTOUCHED = re.compile(r"[\t\n\r\x20-\x25\x27-\x7e]*")
+
+
+def is_blank(text: str) -> bool:
+    """Whether `text` shows nothing: only Unicode whitespace (str.isspace: spaces, tabs, U+00A0, U+3000, ...) and
+    invisible format characters (category Cf: zero-width space U+200B, joiners U+200C/U+200D, word joiner U+2060,
+    byte-order mark U+FEFF, soft hyphen, direction marks). Such a caption is an empty caption."""
+    return all(c.isspace() or unicodedata.category(c) == "Cf" for c in text)
 
 
 def clip_clean(text: str) -> str:

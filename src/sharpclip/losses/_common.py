@@ -3,9 +3,38 @@
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+# The lowest value of each loss hyperparameter, wherever it is given (a config term's weight and params, a drop-in
+# loss's constructor); every value must also be a finite number. γ scales the margin added to the negatives (HN-CLIP
+# eq. 2): below 0 it eases them; a negative weight is gradient ascent on its term; FILIP's chunk_size counts rows.
+HYPERPARAMETER_FLOOR = {"gamma": 0.0, "weight": 0.0, "chunk_size": 1}
+
+
+def hyperparameter_problem(name: str, value: Any) -> str | None:
+    """Why `value` cannot be hyperparameter `name` ('must be a finite number >= 0'); None when it can (None itself:
+    an optional one left unset)."""
+    if value is None:
+        return None
+    if isinstance(value, Tensor) and value.numel() == 1:  # a 0-d tensor γ works as a number does
+        value = value.item()
+    low = HYPERPARAMETER_FLOOR.get(name)
+    number = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+    if number and (low is None or value >= low):
+        return None
+    return "must be a finite number" + (f" >= {low:g}" if low is not None else "")
+
+
+def check_hyperparameters(owner: str, **values: Any) -> None:
+    """ValueError '<owner>: gamma=nan must be a finite number >= 0' for the first value out of its range."""
+    for name, value in values.items():
+        if (problem := hyperparameter_problem(name, value)) is not None:
+            raise ValueError(f"{owner}: {name}={value!r} {problem}")
 
 
 def scale_from_log(logit_scale: Tensor | float) -> Tensor:

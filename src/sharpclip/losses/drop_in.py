@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from sharpclip import collectives
-from sharpclip.losses._common import scale_from_log
+from sharpclip.losses._common import check_hyperparameters, scale_from_log
 from sharpclip.losses.edit_negatives import neg_cl_symmetric
 from sharpclip.losses.margins import boosted_similarity, margin_block
 from sharpclip.losses.sigmoid import pairwise_sigmoid
@@ -93,8 +93,7 @@ class HNClipLoss(nn.Module):
         super().__init__()
         if use_horovod:
             raise ValueError("HNClipLoss: use_horovod=True is not supported; launch with torchrun (torch.distributed)")
-        if gamma < 0:
-            raise ValueError(f"HNClipLoss: gamma={gamma} must be >= 0 (the margin adds to the negatives' logits)")
+        check_hyperparameters("HNClipLoss", gamma=gamma)  # finite, >= 0: the margin adds to the negatives' logits
         self.local_loss, self.gather_with_grad, self.cache_labels = local_loss, gather_with_grad, cache_labels
         self.rank, self.world_size, self.gamma, self.reference = rank, world_size, float(gamma), reference
         self.prev_num_logits = 0
@@ -216,8 +215,7 @@ class SigLipMarginLoss(nn.Module):
         self.dist_impl = dist_impl or "bidir"
         if self.dist_impl not in SIGLIP_DIST_IMPLS:
             raise ValueError(f"SigLipMarginLoss: dist_impl={dist_impl!r}; choose one of {', '.join(SIGLIP_DIST_IMPLS)}")
-        if gamma < 0:
-            raise ValueError(f"SigLipMarginLoss: gamma={gamma} must be >= 0 (the margin adds to the negatives' logits)")
+        check_hyperparameters("SigLipMarginLoss", gamma=gamma)
         self.cache_labels, self.rank, self.world_size = cache_labels, rank, world_size
         self.gamma, self.reference = float(gamma), reference
 

@@ -18,7 +18,6 @@ Diagnostic terms (losses.monitors) have weight 0: `Objective.__call__` skips the
 
 from __future__ import annotations
 
-import math
 import types
 import typing
 from collections.abc import Collection, Iterator, Mapping
@@ -29,6 +28,7 @@ from torch import Tensor
 
 from sharpclip.config import ConfigError, LossConfig, TermConfig
 from sharpclip.losses import registry
+from sharpclip.losses._common import check_hyperparameters, hyperparameter_problem
 from sharpclip.losses.monitors import infonce_saturation
 
 SATURATION_TERM = "infonce_saturation"  # the diagnostic term of image-caption objectives (losses.monitors)
@@ -43,6 +43,9 @@ class Term:
     inputs: dict[str, str]  # every bound tensor argument of the loss -> feature key
     diagnostic: bool = False  # weight 0, evaluated by `Objective.diagnose` only
     remapped: frozenset[str] = frozenset()  # arguments the config mapped: they must be there at call time
+
+    def __post_init__(self) -> None:  # built by hand too: the same ranges as a config's terms
+        check_hyperparameters(f"Term {self.name!r}", weight=self.weight, **self.params)
 
     def __call__(self, features: Mapping[str, Tensor]) -> Any:
         kwargs = dict(self.params)
@@ -176,16 +179,12 @@ def _build_term(name: str, cfg: TermConfig, features: Collection[str]) -> Term:
     return Term(name, spec, float(cfg.weight), params, mapping, remapped=remapped)
 
 
-NON_NEGATIVE_PARAMS = ("gamma",)  # γ scales the margin γ·Ḡ added to negatives (HN-CLIP eq. 2): below 0 it eases them
-
-
 def _check_values(where: str, weight: Any, params: Mapping[str, Any]) -> None:
-    """A term's weight finite and >= 0 (a negative one is gradient ascent on that term), γ likewise."""
-    checked = {f"{where}.weight": weight, **{f"{where}.params.{k}": v for k, v in params.items()
-                                                if k in NON_NEGATIVE_PARAMS}}  # fmt: skip
-    for key, value in checked.items():
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-            raise ConfigError(f"{key}: must be a finite number >= 0, got {value!r}")
+    """A term's weight and parameters within losses._common.HYPERPARAMETER_FLOOR's ranges (finite, >= the floor)."""
+    checked = {"weight": (f"{where}.weight", weight), **{k: (f"{where}.params.{k}", v) for k, v in params.items()}}
+    for name, (key, value) in checked.items():
+        if (problem := hyperparameter_problem(name, value)) is not None:
+            raise ConfigError(f"{key}: {problem}, got {value!r}")
 
 
 def _saturation_term(features: Collection[str]) -> Term:

@@ -29,10 +29,12 @@ Checkpoint layout (written by `save_checkpoint`, read by `load_checkpoint`; the 
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import os
 import pickle
+import re
 from pathlib import Path
 from typing import Any
 
@@ -91,9 +93,35 @@ def _load_base(cfg: ModelConfig) -> HFDualEncoder:
         raise ModelNotFoundError(f"model.kind=open_clip but {path} holds no {open_clip.CONFIG}")
     if path.is_file() and path.suffix in OPENAI_SUFFIXES:
         return _from_openai(path, cfg)
-    if path.is_dir() or not path.is_absolute():
-        return _from_transformers(cfg)
-    raise ModelNotFoundError(f"model.name={cfg.name!r}: no such file or folder")
+    if not path.exists() and is_local_path(cfg.name):
+        raise ModelNotFoundError(_no_local(cfg.name, path))
+    return _from_transformers(cfg)
+
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # `name` or `org/name`, as the Hugging Face hub
+
+
+def is_local_path(name: str) -> bool:
+    """Whether `model.name` can only mean a local file or folder: it starts with `.`, `/` or `~`, holds a backslash
+    or more than one `/` (no hub id does), or its first part is a folder here (`runs/x` when ./runs exists). Else
+    (`openai/clip-vit-base-patch32`, a bare name) it may be a hub id in the HF cache."""
+    if name.startswith((".", "/", "~")) or not HUB_ID.fullmatch(name):
+        return True
+    head, sep, _ = name.partition("/")
+    return bool(sep) and Path(head).is_dir()
+
+
+def _no_local(name: str, path: Path) -> str:
+    """'no such file or folder', with the closest entries of its folder or the nearest folder that exists."""
+    parent = path.parent
+    while not parent.is_dir() and parent != parent.parent:
+        parent = parent.parent
+    close = difflib.get_close_matches(path.name, [p.name for p in parent.iterdir()], n=3)
+    if parent == path.parent and close:
+        hint = f"did you mean {' or '.join(str(parent / c) for c in close)}?"
+    else:
+        hint = f"the nearest folder that exists is {parent}"
+    return f"model.name={name!r}: no such file or folder (a local path, not a hub id); {hint}"
 
 
 def tiny_words(vocabulary: str) -> tuple[str, ...]:

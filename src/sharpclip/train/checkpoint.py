@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +37,7 @@ from safetensors import SafetensorError
 
 from sharpclip.models.factory import CHECKPOINT_CONFIG, WEIGHTS, read_weights
 
+_log = logging.getLogger("sharpclip.train")
 TRAINING_STATE = "training_state.pt"
 TRAINER_STATE = "trainer_state.json"
 BEST = "best.json"
@@ -108,6 +110,12 @@ def save(
     """Write checkpoint `step` atomically (temporary folder, then rename); returns its final path."""
     final = directory / checkpoint_name(step)
     tmp = directory / f".{final.name}.tmp"
+    for path in (final, tmp):  # replaced below: never through a link, never someone else's file
+        if path.is_symlink() or (path.exists() and not path.is_dir()):
+            raise CheckpointError(
+                f"cannot write checkpoint {final.name}: {path} exists and is not sharpclip's own checkpoint folder "
+                "(a symbolic link or a file); move it out of the run directory and resume"
+            )
     try:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -189,9 +197,14 @@ def load(checkpoint: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], dic
 
 
 def all_checkpoints(directory: Path) -> list[Path]:
-    """Complete checkpoints, oldest first (interrupted .tmp writes and diverged checkpoints are not listed)."""
+    """Complete checkpoints, oldest first (interrupted .tmp writes, diverged checkpoints and entries that are not
+    sharpclip's own folders, such as a symbolic link to one, are not listed: see `prune`)."""
+    return sorted(p for p in _complete(directory) if _own_entry(p))
+
+
+def _complete(directory: Path) -> list[Path]:
     found = directory.glob("step-*")
-    return sorted(p for p in found if (p / TRAINER_STATE).is_file() and not (p / DIVERGED).exists())
+    return [p for p in found if (p / TRAINER_STATE).is_file() and not (p / DIVERGED).exists()]
 
 
 def mark_diverged(checkpoint: Path, reason: str) -> None:
@@ -233,17 +246,42 @@ _named_best = best  # for resolve_source, whose `best` flag shadows the name
 
 def prune(directory: Path, keep_last: int, keep: tuple[Path, ...] = ()) -> None:
     """Delete all but the newest `keep_last` (≥ 1) checkpoints, the best one and `keep` (the one just written);
-    also stale temporary folders."""
+    also stale temporary folders.
+
+    Only sharpclip's own entries are deleted: a `step-*` entry that is a symbolic link (its target is someone's
+    data), or whose name is not `step-<digits>`, is skipped and named in a warning, and the rest is still pruned. A
+    checkpoint that cannot be deleted (permissions) is named as well; pruning never fails a finished run."""
     if keep_last < 1:
         raise ValueError(f"train.keep_last must be >= 1, got {keep_last}: the newest checkpoint is always kept")
     kept = set(all_checkpoints(directory)[-keep_last:]) | set(keep)
     if (b := best(directory)) is not None:
         kept.add(b)
+    skipped = sorted(p for p in _complete(directory) if not _own_entry(p))
     for path in all_checkpoints(directory):
         if path not in kept:
-            shutil.rmtree(path)
+            _remove(path)
     for tmp in directory.glob(".step-*.tmp"):
-        shutil.rmtree(tmp, ignore_errors=True)
+        if _own_entry(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+    if skipped:
+        _log.warning("pruning left %s in place: not sharpclip's own checkpoint folder%s (a symbolic link is never "
+                     "deleted through); move it out of %s", ", ".join(p.name for p in skipped),
+                     "s" if len(skipped) > 1 else "", directory)  # fmt: skip
+
+
+CHECKPOINT_NAME = re.compile(r"\.?step-\d+(\.tmp)?")  # checkpoint_name(step), and its temporary copy
+
+
+def _own_entry(path: Path) -> bool:
+    """A real folder (not a link to one) named as sharpclip names its checkpoints (step-<digits>)."""
+    return not path.is_symlink() and path.is_dir() and CHECKPOINT_NAME.fullmatch(path.name) is not None
+
+
+def _remove(path: Path) -> None:
+    try:
+        shutil.rmtree(path)
+    except OSError as err:
+        _log.warning("pruning: cannot delete %s (%s); the other checkpoints are pruned", path, err.strerror or err)
 
 
 def fault_point(where: str, step: int) -> None:

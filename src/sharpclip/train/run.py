@@ -49,6 +49,11 @@ RESUMES = "resumes.jsonl"  # one line per resume: the step, the checkpoint and t
 GUARDS_INITIAL = "guards_initial.json"  # the guards' evaluation report of the initial model (train.guards)
 
 
+class AlreadyFinished(Exception):
+    """`--resume` of a run whose budget (train.epochs, train.max_steps) is already spent: nothing was trained and
+    nothing written (config.yaml and resumes.jsonl unchanged); the message names the step and what to raise."""
+
+
 @contextlib.contextmanager
 def _run_logging(directory: Path) -> Iterator[None]:
     """Every sharpclip logger's messages (training, data, models) into `directory`/train.log for this run (rank 0),
@@ -223,7 +228,9 @@ def run_train(cfg: Config, resume: str | Path | None = None, overwrite: bool = F
     """Train as `cfg` says, in `cfg.train.output_dir`, which must be empty unless `overwrite` (empty it first).
 
     `resume` (a run directory, or RUN/checkpoints/step-N) continues that run exactly, writing into that run
-    directory; `cfg` may change only what train.resume applies (the rest is an error listing saved → new).
+    directory; `cfg` may change only what train.resume applies (the rest is an error listing saved → new). A finished
+    run continues when `cfg` raises train.epochs or train.max_steps (the learning-rate schedule is rebuilt for the
+    new total); with nothing left to do it raises `AlreadyFinished` and writes nothing.
     """
     device = devices.resolve_device(cfg.train.device, "train.device")
     devices.configure_tf32(device, cfg.train.tf32)  # before any model runs (the guards' initial evaluation too)
@@ -331,6 +338,9 @@ def _start(
         if resuming:
             path, loaded = resume_policy.pick_checkpoint(directory, named, trainer.model.state_dict())
             trainer.resume(path, loaded)
+            if trainer.finished():
+                trainer.logger.close()
+                raise AlreadyFinished(_finished_message(directory, trainer.state.step, cfg))
             if distributed.rank() == 0:
                 _record_resume(directory, trainer.state.step, path, changed)
     except BaseException:
@@ -341,6 +351,12 @@ def _start(
         # only now: the values this run really uses; the resolved devices head it as a comment
         (directory / RESOLVED_CONFIG).write_text(f"# {placement}\n{to_yaml(cfg)}" if placement else to_yaml(cfg))
     return trainer
+
+
+def _finished_message(directory: Path, step: int, cfg: Config) -> str:
+    budget = f"train.max_steps={cfg.train.max_steps}" if cfg.train.max_steps else f"train.epochs={cfg.train.epochs}"
+    return (f"{directory} already finished at step {step} ({budget}); raise train.epochs or train.max_steps to "
+            "train more")  # fmt: skip
 
 
 def _record_resume(directory: Path, step: int, path: Path, changed: dict) -> None:

@@ -149,8 +149,8 @@ class Trainer:
                  ", towers compiled" if self.cfg.compile else "")  # fmt: skip
         world = distributed.world_size()
         log.info(
-            "training %d steps, objective %r, accumulation %s: %d-row contrastive matrix from micro-batches of %d%s%s",
-            self.total_steps, self.objective, self.cfg.accumulation, self._matrix_rows(), self.micro,
+            "training %s, objective %r, accumulation %s: %d-row contrastive matrix from micro-batches of %d%s%s",
+            self._plan(), self.objective, self.cfg.accumulation, self._matrix_rows(), self.micro,
             f", encoded {self.cfg.encode_batch_size} rows a pass" if self.cfg.encode_batch_size else "",
             f" (local loss: each of {world} processes computes its {self.cfg.batch_size // world} rows against all "
             f"{self.cfg.batch_size})" if world > 1 and self.cfg.accumulation == "exact" else "",
@@ -167,9 +167,19 @@ class Trainer:
             log.warning("bad samples over the run: %s", report.summary())
         return self.state
 
+    def _plan(self) -> str:
+        """'12 steps', or on resume 'steps 9-12 of 12' (epochs: the count announced from the loader's length)."""
+        done, total = self.state.step, self.total_steps
+        return f"{total} steps" if not done else f"steps {done + 1}-{total} of {total}"
+
     def _matrix_rows(self) -> int:
         """Rows of each contrastive matrix, at every world size: the global batch (exact) or a micro-batch."""
         return self.cfg.batch_size if self.cfg.accumulation == "exact" else self.micro
+
+    def finished(self) -> bool:
+        """Whether the budget (train.epochs or train.max_steps) is spent and the last epoch's end has run: a resumed
+        run with nothing left to do."""
+        return not self._budget_left() and not self._epoch_open
 
     def _budget_left(self) -> bool:
         """train.max_steps counts steps; otherwise the budget is train.epochs passes over the data, however many
@@ -490,7 +500,9 @@ class Trainer:
         if self.is_main:
             self._cut_logs(logs)
             self.logger.resume_at(self.state.step)
-        log.info("resumed from %s at step %d (epoch %d)", path, self.state.step, self.state.epoch)
+        log.info("resumed from %s at step %d (epoch %d); learning rate %.3g: the schedule is rebuilt for %d steps "
+                 "and read at step %d", path, self.state.step, self.state.epoch, self.optimizer.param_groups[0]["lr"],
+                 self.total_steps, self.state.step)  # fmt: skip
 
     def _rank_states(self, trainer_state: dict, training: dict) -> tuple[tuple[dict, dict] | None, int, dict]:
         """(this rank's (loader state, RNG state), or None when the world size changed; the saved world size; rank

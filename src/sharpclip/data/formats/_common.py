@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from sharpclip.data.schema import BadSample, BadSampleReport, log
+from sharpclip.data.text import is_blank
 
 
 def require_file(path: Path, what: str) -> Path:
@@ -109,11 +110,12 @@ def caption_ok(text: Any, where: str, rid: str, report: BadSampleReport, blank_o
     """True for a non-blank string; otherwise reports an empty caption (or a malformed one) and returns False.
 
     blank_ok: accept a whitespace-only caption (only "" is empty), as TULIP's Long-DCI builder and evaluator do.
-    """
+    Otherwise a caption of only whitespace and invisible characters (zero-width space, BOM: data.text.is_blank) is
+    empty."""
     if not isinstance(text, str):
         report.add(BadSample(where, rid, f"malformed record: caption is {type(text).__name__}, not a string"))
         return False
-    if not (text if blank_ok else text.strip()):
+    if (not text) if blank_ok else is_blank(text):
         report.add(BadSample(where, rid, "empty caption"))
         return False
     return True

@@ -29,6 +29,7 @@ from sharpclip.data.formats._common import (
 )
 from sharpclip.data.formats.goal import list_for_split, read_goal_list
 from sharpclip.data.schema import BadSample, BadSampleReport, PairSample
+from sharpclip.data.text import is_blank
 
 SPLITS = ("train", "valid", "test", "all")
 
@@ -60,7 +61,7 @@ def _caption(short: str, extra: str, mode: str) -> str:
     if mode == "short":
         return short
     if mode == "short_extra":
-        return f"{short}\n{extra}" if extra.strip() else short
+        return f"{short}\n{extra}" if not is_blank(extra) else short
     return extra
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from sharpclip.config import DataConfig
 from sharpclip.data.formats._common import caption_ok, fields, iter_jsonl, line_of, not_utf8, require_dir
 from sharpclip.data.schema import BadSample, BadSampleReport, EditSample, PairSample, Sample
+from sharpclip.data.text import is_blank
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
 EDIT_KEYS = ("source_image", "edited_image", "source_caption", "target_caption")
@@ -87,7 +88,7 @@ def _pair(record: dict, where: str, rid: str, base: Path, cfg: DataConfig, repor
         id=rid,
         image=base / image,
         caption=captions[0] if captions else caption,
-        short_caption=short if isinstance(short, str) and short.strip() else None,
+        short_caption=short if isinstance(short, str) and not is_blank(short) else None,
         captions=captions,
         group=None if group is None else str(group),
         source=where,

@@ -29,6 +29,7 @@ from typing import Any
 from sharpclip.config import DataConfig
 from sharpclip.data.formats._common import caption_ok
 from sharpclip.data.schema import ArrowCell, BadSample, BadSampleReport, ImageSource, PairSample, ParquetCell
+from sharpclip.data.text import is_blank
 
 
 def resolve_hub_folder(root: Path) -> Path:
@@ -190,7 +191,7 @@ def _sample(where: str, n: int, rec: dict, image: Any, root: Path, cfg: DataConf
         id=rid,
         image=_resolve(image, root),
         caption=texts[0],
-        short_caption=short if isinstance(short, str) and short.strip() else None,
+        short_caption=short if isinstance(short, str) and not is_blank(short) else None,
         captions=captions,
         group=None if group is None else str(group),
         source=where,

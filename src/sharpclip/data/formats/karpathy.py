@@ -24,6 +24,7 @@ from pathlib import Path
 from sharpclip.config import DataConfig
 from sharpclip.data.formats._common import check_split, fields, load_json, require_file
 from sharpclip.data.schema import BadSample, BadSampleReport, PairSample
+from sharpclip.data.text import is_blank
 
 FILES = ("dataset_coco.json", "dataset_flickr30k.json", "dataset_flickr8k.json")
 CAPTIONS_PER_IMAGE = 5
@@ -44,7 +45,7 @@ def _sample(record: object, where: str, image_dir: Path, report: BadSampleReport
     if got is None:
         return None
     raws = [s.get("raw") for s in got[1] if isinstance(s, dict)] if isinstance(got[1], list) else []
-    captions = [r.strip() for r in raws if isinstance(r, str) and r.strip()][:CAPTIONS_PER_IMAGE]
+    captions = [r.strip() for r in raws if isinstance(r, str) and not is_blank(r)][:CAPTIONS_PER_IMAGE]
     if not captions:
         report.add(BadSample(where, rid, "empty caption: no sentence has a non-empty 'raw'"))
         return None

@@ -27,6 +27,7 @@ from typing import Any
 from sharpclip.config import DataConfig
 from sharpclip.data.formats._common import caption_ok
 from sharpclip.data.schema import BadSample, BadSampleReport, PairSample
+from sharpclip.data.text import is_blank
 
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp")
 SIZES_FILE = "sizes.json"  # {shard file name: samples}, the convention open_clip and webdataset tools read
@@ -135,7 +136,7 @@ def to_sample(raw: dict[str, Any], cfg: DataConfig, report: BadSampleReport, url
         id=str(meta.get(cfg.id_field, key)),
         image=image,
         caption=captions[0] if captions else caption,
-        short_caption=short if isinstance(short, str) and short.strip() else None,
+        short_caption=short if isinstance(short, str) and not is_blank(short) else None,
         captions=captions,
         group=None if group is None else str(group),
         source=where,
