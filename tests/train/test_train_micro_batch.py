@@ -192,3 +192,29 @@ def test_on_cuda_the_choice_and_its_peak_memory_are_logged(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="sharpclip"):
         auto, _ = _run(tmp_path, "auto", None, micro_batch_size="auto", device="cuda")
     assert auto.micro == 12 and "GiB allocated on cuda" in caplog.text
+
+
+@pytest.mark.slow
+def test_two_gloo_processes_size_without_collectives_and_train_as_given_by_hand(tmp_path):
+    """2 processes under torchrun, dropout on, exact accumulation: each rank's trials run while the process group is
+    live (any collective in them would pair with the other rank's and fail or hang), and the weights are those of
+    the same run given the share, micro_batch_size=8, by hand (dropout masks depend on the micro-batch's shape, so
+    another size would not give them)."""
+    import os
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    worker = Path(__file__).with_name("trainer_worker.py")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    weights = []
+    for name, micro in (("auto", "auto"), ("hand", "8")):
+        cmd = [*torchrun, str(worker), str(tmp_path / name), str(tmp_path / f"{name}.safetensors"), "dropout",
+               f"micro_batch_size={micro}", "max_steps=2", "epochs=1"]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        weights.append(load_file(tmp_path / f"{name}.safetensors"))
+    for key, value in weights[1].items():
+        assert torch.equal(weights[0][key], value), key
