@@ -218,3 +218,17 @@ def test_two_gloo_processes_size_without_collectives_and_train_as_given_by_hand(
         weights.append(load_file(tmp_path / f"{name}.safetensors"))
     for key, value in weights[1].items():
         assert torch.equal(weights[0][key], value), key
+
+
+def test_trials_pad_captions_to_the_shortest_context_of_the_towers_they_run():
+    """A distillation teacher that reads 32 positions under a student of 77: trial captions are padded to 32 (at 77
+    the teacher's position embeddings would not reach)."""
+    from sharpclip.config import TinyConfig
+    from sharpclip.models.tiny import tiny_model
+
+    student, teacher = toy_model(), tiny_model("clip", size=TinyConfig(context_length=32))
+    objective = build_objective(LossConfig(terms={"distill": TermConfig("distill_cosine")}), monitor=False)
+    encoder = FeatureEncoder(student, objective.feature_keys, teacher=teacher)
+    batch = next(iter(ToyLoader(student.tokenizer, batch_size=4)))
+    cfg = fit_to_memory(encoder, objective, batch, train_config("x", batch_size=4, micro_batch_size="auto"))
+    assert cfg.micro_batch_size == 4

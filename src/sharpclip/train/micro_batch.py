@@ -9,12 +9,13 @@ are only speed and memory (train.step).
 
 How: trial steps, each one whole forward and backward of `run_step` at the run's real shapes: the rank's first
 batch, its rows repeated or cut to b (under exact on W ranks, to the global batch B, so the trial's matrix is at
-least the b × B block each rank computes), captions padded to the model's context length (the longest any batch
-can have), the run's precision and objective, so the loss's own tensors (the gathered matrix, FILIP's token
-similarities, margins) count. A trial that raises `torch.OutOfMemoryError` has failed: its gradients are set to
-None, its tensors dropped (the exception and its frames first), and on CUDA the cache is emptied; any other error
-propagates. No trial steps the optimiser; gradients end as None, buffers and every random generator (CPU, CUDA,
-numpy, Python) are restored, so the run then trains exactly as if it had been given the size by hand.
+least the b × B block each rank computes), captions padded to the context length (the longest any batch can have:
+the model's, or a distillation teacher's when shorter), the run's precision and objective, so the loss's own tensors
+(the gathered matrix, FILIP's token similarities, margins) count. A trial that raises `torch.OutOfMemoryError` has
+failed: its gradients are set to None, its tensors dropped (the exception and its frames first), and on CUDA the
+cache is emptied; any other error propagates. No trial steps the optimiser; gradients end as None, buffers and every
+random generator (CPU, CUDA, numpy, Python) are restored, so the run then trains exactly as if it had been given the
+size by hand.
 
 Search (downward, then up): the largest candidate first (b: no accumulation at all); on out-of-memory the largest
 candidate at most half the one that failed, until one fits; then a bisection among the candidates between the
@@ -160,7 +161,7 @@ def fit_to_memory(encoder: FeatureEncoder, objective: Objective, batch: Batch, c
     `batch`: this rank's first batch. The model, its gradients, buffers and random generators are left as found."""
     world = distributed.world_size()
     rows = cfg.batch_size if cfg.accumulation == "exact" else cfg.batch_size // world
-    context = encoder.model.context_length
+    context = min(t.context_length for t in (encoder.model, *encoder.towers.values()))  # a teacher's may be shorter
     trials = Trials(encoder, objective, trial_batch(encoder.to_device(batch), rows, context), cfg)
     buffers = {name: b.detach().clone() for name, b in encoder.model.named_buffers()}
     rng = checkpoint.rng_state(encoder.device)
