@@ -32,6 +32,7 @@ VALIDATION_METRICS = (
     *(f"{d}_R@{k}" for d in ("t2i", "i2t") for k in VALIDATION_KS),
     "mean_R@1",
 )  # what `train.best_metric` may name
+AUTO = "auto"  # train.micro_batch_size / encode_batch_size: sized to the device's memory before step 1
 PIL_MAX_IMAGE_PIXELS = 89_478_485  # PIL.Image.MAX_IMAGE_PIXELS's default (its decompression-bomb limit)
 
 
@@ -465,11 +466,15 @@ class TrainConfig:
     epochs: int = 1
     max_steps: int = 0  # > 0 stops after this many optimiser steps (and sets the schedule's length)
     batch_size: int = 128  # effective (global) batch: the size of the contrastive matrix under `exact`
-    micro_batch_size: int = 16  # rows per forward pass (under per_micro_batch: rows per contrastive matrix)
+    # rows per forward pass (under per_micro_batch: rows per contrastive matrix); auto: the largest that fits the
+    # device's memory, found by trial steps before step 1 (train.micro_batch; under per_micro_batch auto keeps the
+    # micro-batch the lower layers set and sizes encode_batch_size instead)
+    micro_batch_size: Any = 16
     accumulation: str = "exact"  # exact (cached gradients) | per_micro_batch (each micro-batch its own loss)
     # per_micro_batch only: rows per forward pass, a multiple of micro_batch_size (0: micro_batch_size); the
-    # micro-batches of one pass keep their own matrices, so only speed and memory change (faster when memory allows)
-    encode_batch_size: int = 0
+    # micro-batches of one pass keep their own matrices, so only speed and memory change (faster when memory
+    # allows); auto: the largest that fits the device's memory, found by trial steps before step 1
+    encode_batch_size: Any = 0
     lr: float = 1e-5
     module_lr: dict[str, float] = field(default_factory=dict)  # parameter-name prefix -> lr (longest prefix wins)
     weight_decay: float = 0.1  # not applied to gains, biases, logit scale/bias
@@ -502,13 +507,26 @@ class TrainConfig:
         _check_choice("train.accumulation", self.accumulation, ("exact", "per_micro_batch"))
         _check_choice("train.precision", self.precision, ("fp32", "bf16"))
         _check_device("train.device", self.device)
+        self._check_auto()
         self._check_ranges()
-        if self.batch_size % self.micro_batch_size:
+        if self.micro_batch_size != AUTO and self.batch_size % self.micro_batch_size:
             raise ConfigError(
                 f"train.batch_size ({self.batch_size}) must be a multiple of train.micro_batch_size "
                 f"({self.micro_batch_size})"
             )
         self._check_encode_batch_size()
+
+    def _check_auto(self) -> None:
+        """Each of the two sizes: an integer, or `auto` where the accumulation mode allows it."""
+        for key in ("micro_batch_size", "encode_batch_size"):
+            value = getattr(self, key)
+            if value != AUTO and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ConfigError(f"train.{key}: must be an integer or auto, got {value!r}")
+        if self.micro_batch_size == AUTO and self.accumulation == "per_micro_batch":
+            raise ConfigError(
+                "train.micro_batch_size: auto under accumulation: per_micro_batch needs the micro-batch (each its own "
+                "contrastive matrix) from a recipe or an earlier layer; give it and set train.encode_batch_size=auto"
+            )
 
     def _check_encode_batch_size(self) -> None:
         size, micro = self.encode_batch_size, self.micro_batch_size
@@ -519,7 +537,7 @@ class TrainConfig:
                 "train.encode_batch_size applies to accumulation: per_micro_batch only (under exact, "
                 "train.micro_batch_size is already the rows per forward pass); set it to 0"
             )
-        if size % micro or self.batch_size % size:
+        if size != AUTO and (size % micro or self.batch_size % size):
             raise ConfigError(
                 f"train.encode_batch_size ({size}) must be a multiple of train.micro_batch_size ({micro}) that "
                 f"divides train.batch_size ({self.batch_size})"
@@ -807,6 +825,7 @@ def load_config(
     REMOVED_KEYS there are dropped with a warning (the run stays readable) instead of refused.
     """
     merged = OmegaConf.structured(Config)
+    micro = merged.train.micro_batch_size  # the last integer micro-batch of the layers (per_micro_batch's auto)
     paths = [] if path is None else [path] if isinstance(path, str | Path) else list(path)
     for file in map(Path, paths):
         if not file.is_file():
@@ -820,10 +839,13 @@ def load_config(
         if saved:
             _drop_removed(layer, file)
         merged = _merge(merged, layer, str(file))
+        micro = _numeric_micro(merged, micro)
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r}: expected key=value (e.g. train.lr=1e-4)")
         merged = _merge(merged, parse_override(item), f"override {item!r}", item.split("=", 1)[0].strip())
+        micro = _numeric_micro(merged, micro)
+    _auto_encode_passes(merged, micro)
     try:
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
@@ -834,6 +856,26 @@ def load_config(
             name: TermConfig(t.loss, t.weight, dict(t.params), dict(t.inputs)) for name, t in DEFAULT_TERMS.items()
         }
     return cfg
+
+
+def _numeric_micro(merged: DictConfig, last: Any) -> Any:
+    """`train.micro_batch_size` of the layers merged so far when it is a number, else `last`."""
+    value = merged.train.micro_batch_size
+    return last if value == AUTO else value
+
+
+def _auto_encode_passes(merged: DictConfig, micro: Any) -> None:
+    """Under per_micro_batch the micro-batch is the contrastive matrix, which memory must not change: there
+    `train.micro_batch_size: auto` keeps the last number the layers gave it (the recipe's, else the default) and
+    sizes the encode passes instead (`train.encode_batch_size: auto`)."""
+    train = merged.train
+    if train.micro_batch_size != AUTO or train.accumulation != "per_micro_batch":
+        return
+    train.micro_batch_size, train.encode_batch_size = micro, AUTO
+    logging.getLogger("sharpclip.config").info(
+        "train.micro_batch_size: auto under per_micro_batch keeps the micro-batch of %s rows (each its own contrastive "
+        "matrix) and sizes the rows per forward pass instead (train.encode_batch_size: auto)", micro,
+    )  # fmt: skip
 
 
 def to_yaml(cfg: Config) -> str:

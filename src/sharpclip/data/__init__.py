@@ -130,16 +130,19 @@ def build_loader(
     seed: int = 0,
     train: bool | None = None,
     pin_memory: bool = False,
+    whole_units: bool = True,
 ) -> SampleLoader | StreamLoader:
     """A DataLoader of `Batch`es for `split`; this rank's share of every epoch, deterministic per seed and epoch.
 
     preprocessing: the model's image transform and tokenizer (models.preprocessing.model_transforms; its context
     length, padding and image size are the model's). train: shuffle and drop the last partial batch (default: split ==
     cfg.train_split); evaluation keeps release order and every row. batch_size: rows per batch on this rank (an edit
-    pair is two rows). `data.augment` (random resized crop, colour jitter) applies to training only. webdataset
-    shards stream (data.stream: `StreamLoader`). pin_memory: batches in page-locked memory (training on CUDA), so the
-    copy to the GPU overlaps compute. JPEG draft decoding (`data.jpeg_draft`) applies to training loaders, at the
-    image transform's `size`.
+    pair is two rows); indexed data is packed into global batches of batch_size × world_size rows, the same at every
+    world size, and dealt to the ranks (data.sampling): whole units (`whole_units`, exact accumulation) or rows
+    r·batch_size … (r + 1)·batch_size − 1 (per_micro_batch). `data.augment` (random resized crop, colour jitter)
+    applies to training only. webdataset shards stream (data.stream: `StreamLoader`). pin_memory: batches in
+    page-locked memory (training on CUDA), so the copy to the GPU overlaps compute. JPEG draft decoding
+    (`data.jpeg_draft`) applies to training loaders, at the image transform's `size`.
     """
     train = split == cfg.train_split if train is None else train
     transform, tokenize = preprocessing
@@ -170,6 +173,7 @@ def build_loader(
         seed=seed,
         rank=rank,
         world_size=world_size,
+        whole_units=whole_units,
     )
     with_short = any(getattr(s, "short_caption", None) for s in dataset.samples)
     return SampleLoader(

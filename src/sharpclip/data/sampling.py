@@ -1,23 +1,34 @@
-"""Group-aware batch sampling: which rows share a contrastive batch, identically on every rank, per seed and epoch.
+"""Group-aware batch sampling: which rows share a contrastive batch, the same global batches at every world size.
 
 Rows come in units: the two halves of an edit pair (CLIP-IN's hard negatives need both in the batch), the members of a
 group (a SynthDense family) when grouping is on, or single rows. Each epoch the units are shuffled with a generator
-seeded by (seed, epoch), then spread over the epoch's batches largest first, each into the emptiest batch where it
-fits (so groups spread evenly and single rows fill the gaps); the batch order is shuffled too.
-Without shuffling (evaluation) units are packed in order. With `distinct_captions`, a unit
+seeded by (seed, epoch), then spread over the epoch's global batches (`batch_size` × `world_size` rows) largest first,
+each into the emptiest batch where it fits (so groups spread evenly and single rows fill the gaps); the batch order
+is shuffled too. Without shuffling (evaluation) units are packed in order. With `distinct_captions`, a unit
 does not go into a batch that already holds one of its captions (an exact duplicate would be a false negative of
-InfoNCE and a zero-margin pair of HN-CLIP). Batch k goes to rank k mod world_size, so ranks see disjoint rows and the
-same number of batches; every rank computes the same packing, so no communication is needed.
+InfoNCE and a zero-margin pair of HN-CLIP). Packing, grouping and `distinct_captions` act on the global batch, which
+depends on the seed, the epoch and the global batch size only, never on the world size.
 
-The guarantee: every batch holds at most `batch_size` rows, and whole units only. Units need not add up to
-`batch_size` (families of 6 never fill a batch of 16), so a batch counts as complete when it holds more than
-`batch_size - largest unit` rows: no unit of the largest size could still join it. Under `drop_last` only
-batches short of that are dropped (the leftover tail of the packing), plus the fewest rows that leave every rank the
-same number of batches; the epoch's dropped rows are logged on the `sharpclip.data` logger. Batch sizes therefore
-vary by less than the largest unit, which the trainer and the losses accept (the contrastive matrix is whatever rows
-the ranks gather). Without `drop_last` every row is used exactly once.
+Each global batch is then dealt to the ranks, every rank computing the same packing (no communication):
+- `whole_units=False` (per_micro_batch accumulation, where each micro-batch is its own contrastive matrix): rank r
+  takes rows r·b … r·b + b − 1 (b = `batch_size`), i.e. with k micro-batches a rank it takes micro-batches
+  r·k … r·k + k − 1 of the global batch, the very micro-batches one process cuts from it;
+- `whole_units=True` (default; exact accumulation, where the step's matrix is the whole global batch): consecutive
+  whole units, cut at the unit boundary nearest to r·n/W for n rows, so an edit pair never straddles two ranks (its
+  edit indices are per rank); a rank's share then differs from b by less than the largest unit.
+Either way the ranks' shares, in rank order, are the global batch, so a W-rank run's step t trains the rows of a
+1-process run's step t (tests/train/test_train_same_rows.py).
 
-The sampler is resumable: `state_dict()` records (epoch, batches already yielded on this rank).
+The guarantee: every global batch holds at most `batch_size` × `world_size` rows, and whole units only. Units need not
+add up to the batch (families of 6 never fill a batch of 16), so a batch counts as complete when it holds more
+than its size minus the largest unit: no unit of the largest size could still join it. Under `drop_last` only
+batches short of that are dropped (the leftover tail of the packing); the epoch's dropped rows are logged on the
+`sharpclip.data` logger. Batch sizes therefore vary by less than the largest unit, which the trainer and the losses
+accept (the contrastive matrix is whatever rows the ranks gather); as a unit holds at most `batch_size` rows, no
+rank's share of a complete batch is empty. Without `drop_last` (evaluation) every row is used exactly once, and a
+rank whose share of the last, short batch is empty skips it.
+
+The sampler is resumable: `state_dict()` records (epoch, global batches already dealt, seed), the same on every rank.
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ import logging
 import numbers
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import torch
 
@@ -42,11 +54,13 @@ class _Open:
 
 
 class GroupBatchSampler:
-    """Yields lists of row indices (this rank's batches) for `DataLoader(batch_sampler=...)`.
+    """Yields lists of row indices (this rank's share of each global batch) for `DataLoader(batch_sampler=...)`.
 
     units: (N,) unit id per row; rows with equal ids always share a batch.
     captions: (N,) caption per row, needed only for `distinct_captions`.
-    batch_size: rows per batch on this rank; a unit larger than it is an error.
+    batch_size: rows per rank (b); the global batch is b × world_size rows; a unit larger than b is an error.
+    whole_units: deal each rank whole units (exact accumulation) rather than rows r·b … r·b + b − 1
+    (per_micro_batch: the micro-batches of one process); see the module docstring.
     """
 
     def __init__(
@@ -61,6 +75,7 @@ class GroupBatchSampler:
         seed: int = 0,
         rank: int = 0,
         world_size: int = 1,
+        whole_units: bool = True,
     ):
         if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r} must be a whole number >= 1")
@@ -68,13 +83,13 @@ class GroupBatchSampler:
             raise ValueError(f"rank {rank} is outside 0..{world_size - 1}")
         if distinct_captions and captions is None:
             raise ValueError("distinct_captions needs the caption of every row")
-        self.members = _members(units)
+        self.units, self.members = list(units), _members(units)
         largest = max((len(m) for m in self.members), default=0)
         if largest > batch_size:
             raise ValueError(f"a group has {largest} rows but a batch holds {batch_size}; raise the batch size")
         self.batch_size, self.captions, self.distinct = batch_size, captions, distinct_captions
         self.shuffle, self.drop_last, self.seed = shuffle, drop_last, seed
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.whole_units = rank, world_size, whole_units
         self.epoch, self.start = 0, 0
         self._cache: tuple[int, list[list[int]]] | None = None
 
@@ -84,7 +99,7 @@ class GroupBatchSampler:
             self.epoch, self.start = epoch, 0
 
     def state_dict(self) -> dict[str, int]:
-        """Epoch, batches already yielded on this rank and seed: enough to resume."""
+        """Epoch, batches already yielded on this rank (the global batches dealt, under drop_last) and seed."""
         return {"epoch": self.epoch, "batches_done": self.start, "seed": self.seed}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
@@ -108,19 +123,31 @@ class GroupBatchSampler:
 
     def _rank_batches(self) -> list[list[int]]:
         if self._cache is None or self._cache[0] != self.epoch:
-            batches = _equal_per_rank(self._epoch_batches(), self.world_size, self.drop_last)
+            batches = self._epoch_batches()
             self._log_dropped(batches)
-            self._cache = (self.epoch, batches[self.rank :: self.world_size])
+            shares = [self._deal(b)[self.rank] for b in batches]
+            self._cache = (self.epoch, [s for s in shares if s])  # empty only in the short last batch of evaluation
         return self._cache[1]
 
+    def _deal(self, batch: list[int]) -> list[list[int]]:
+        """Each rank's share of a global batch: consecutive rows, in rank order (see the module docstring)."""
+        if self.world_size == 1:
+            return [batch]
+        if not self.whole_units:
+            b = self.batch_size
+            return [batch[r * b : (r + 1) * b] for r in range(self.world_size)]
+        starts = [k for k in range(len(batch)) if k == 0 or self.units[batch[k]] != self.units[batch[k - 1]]]
+        cuts = _balanced_cuts([*starts, len(batch)], self.world_size)
+        return [batch[a:z] for a, z in pairwise(cuts)]
+
     def _epoch_batches(self) -> list[list[int]]:
-        """All ranks' batches of the current epoch, in the order they are dealt out."""
-        captions = self._unit_captions()
+        """The current epoch's global batches, in order (the same at every world size)."""
+        captions, size = self._unit_captions(), self.batch_size * self.world_size
         if not self.shuffle:
             order = list(range(len(self.members)))
-            return _pack(order, self.members, self.batch_size, captions, self.drop_last)
+            return _pack(order, self.members, size, captions, self.drop_last)
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        batches = _spread(self._order(g), self.members, self.batch_size, captions, self.drop_last)
+        batches = _spread(self._order(g), self.members, size, captions, self.drop_last)
         return [batches[k] for k in torch.randperm(len(batches), generator=g).tolist()]
 
     def _log_dropped(self, batches: list[list[int]]) -> None:
@@ -218,13 +245,13 @@ def _pack(
     return kept if drop_last else kept + [b for b in done if len(b) <= complete]
 
 
-def _equal_per_rank(batches: list[list[int]], world: int, drop_last: bool) -> list[list[int]]:
-    """A batch count divisible by `world` (batch k goes to rank k mod world): drop the smallest batches under
-    `drop_last` (the latest of equal ones), else wrap around to the first ones."""
-    extra = len(batches) % world
-    if world == 1 or not extra:
-        return batches
-    if drop_last:
-        smallest = set(sorted(range(len(batches)), key=lambda k: (len(batches[k]), -k))[:extra])
-        return [b for k, b in enumerate(batches) if k not in smallest]
-    return batches + batches[: world - extra]
+def _balanced_cuts(bounds: list[int], world: int) -> list[int]:
+    """`world` + 1 cut positions among the unit boundaries `bounds` (0 … n rows, ascending), cut r the boundary
+    nearest to r·n/world, strictly after cut r − 1 and leaving a unit for each later rank while units last."""
+    n, units = bounds[-1], len(bounds) - 1
+    cuts = [0]
+    for r in range(1, world):
+        low, high = cuts[-1] + 1, max(cuts[-1] + 1, units - (world - r))  # indices into bounds
+        allowed = range(min(low, units), min(high, units) + 1)
+        cuts.append(min(allowed, key=lambda k: (abs(bounds[k] * world - r * n), k)))
+    return [bounds[k] for k in cuts] + [n]

@@ -197,6 +197,7 @@ def build_trainer(cfg: Config, evaluate: Evaluate | None = None) -> Trainer:
     loader = build_loader(
         data, data.train_split, preprocessing, batch_size=cfg.train.batch_size // world, rank=rank,
         world_size=world, seed=cfg.train.seed, pin_memory=device.type == "cuda",
+        whole_units=cfg.train.accumulation == "exact",  # per_micro_batch: each rank its share of micro-batches
     )  # fmt: skip
     draft = getattr(preprocessing.image, "size", None) if data.jpeg_draft else None  # every format decodes alike
     decoding = f"to sides >= {draft} px" if draft else "off"

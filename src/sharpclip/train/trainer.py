@@ -37,14 +37,14 @@ from typing import Any
 import torch
 
 from sharpclip import devices
-from sharpclip.config import ConfigError, TrainConfig
+from sharpclip.config import AUTO, ConfigError, TrainConfig
 from sharpclip.data.schema import Batch, Loader
 from sharpclip.eval.evaluator import Evaluate
 from sharpclip.eval.guards import GUARDS_HOLD
 from sharpclip.losses import Objective
 from sharpclip.losses.monitors import MATRICES_MONITOR, SATURATED_MONITOR
 from sharpclip.models.base import DualEncoder
-from sharpclip.train import checkpoint, distributed
+from sharpclip.train import checkpoint, distributed, micro_batch
 from sharpclip.train.diagnostics import gradient_diagnostics
 from sharpclip.train.features import FeatureEncoder
 from sharpclip.train.logging import RunLogger, log, progress
@@ -109,7 +109,7 @@ class Trainer:
         if self.encoder.model is not model:
             raise ValueError("the feature encoder must encode the model being trained")
         self.encoder.to(self.device)
-        self.micro = cfg.micro_batch_size
+        self.micro = cfg.micro_batch_size  # auto: sized on the first batch (train.micro_batch)
         check_batch_split(cfg.batch_size, cfg.micro_batch_size, cfg.accumulation, distributed.world_size())
         self.optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, cfg.module_lr)
         if len(loader) == 0:
@@ -149,7 +149,7 @@ class Trainer:
                  ", towers compiled" if self.cfg.compile else "")  # fmt: skip
         world = distributed.world_size()
         log.info(
-            "training %s, objective %r, accumulation %s: %d-row contrastive matrix from micro-batches of %d%s%s",
+            "training %s, objective %r, accumulation %s: %d-row contrastive matrix from micro-batches of %s%s%s",
             self._plan(), self.objective, self.cfg.accumulation, self._matrix_rows(), self.micro,
             f", encoded {self.cfg.encode_batch_size} rows a pass" if self.cfg.encode_batch_size else "",
             f" (local loss: each of {world} processes computes its {self.cfg.batch_size // world} rows against all "
@@ -308,6 +308,9 @@ class Trainer:
         """One optimiser step. The host reads two things, each in one read: the loss terms, monitor and gradient
         norm once the backward is queued (the skip decision needs them), and max |w| with the logit scale after the
         update; nothing in between waits for the device. `waited`: seconds spent waiting for this batch."""
+        if micro_batch.is_auto(self.cfg):  # before anything of the first step, as if the size had been given
+            self.cfg = micro_batch.fit_to_memory(self.encoder, self.objective, batch, self.cfg)
+            self.micro = self.cfg.micro_batch_size
         every = self.cfg.diagnostics_every
         if every and self.state.step % every == 0:
             self._diagnose(batch)
@@ -367,7 +370,8 @@ class Trainer:
         """Exact accumulation replays each micro-batch's forward with its recorded RNG state; a compiled no-grad
         graph and a compiled training graph need not draw the same dropout masks from it, so the replayed gradient
         would no longer be exact. Refuse that combination rather than train on a silently different objective."""
-        cached = self.cfg.accumulation == "exact" and self.cfg.batch_size // distributed.world_size() > self.micro
+        share = self.cfg.batch_size // distributed.world_size()
+        cached = self.cfg.accumulation == "exact" and (self.micro == AUTO or share > self.micro)
         rate = dropout_rate(self.model)
         if cached and rate > 0:
             raise ConfigError(
