@@ -203,3 +203,16 @@ def test_train_prints_one_line_naming_a_shard_that_is_not_a_tar(tmp_path, capsys
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and "Traceback" not in "\n".join(err)
     assert err[-1].startswith("sharpclip train: ") and f"{shards[1]}: record ?: unreadable shard: not a tar" in err[-1]
+
+
+def test_a_fifo_or_folder_named_like_a_shard_is_refused_naming_it_without_waiting(tmp_path):
+    from sharpclip.data.formats.webdataset import shard_urls
+
+    shardwriter(tmp_path / "w" / "train", samples=16)
+    os.mkfifo(tmp_path / "w" / "train" / "shard-000009.tar")
+    with no_hang(), pytest.raises(NotRegularFileError, match=r"shard-000009.tar is a named pipe"):
+        shard_urls(_stream_cfg(tmp_path / "w"), "train")
+    (tmp_path / "w" / "train" / "shard-000009.tar").unlink()
+    (tmp_path / "w" / "train" / "shard-000009.tar").mkdir()
+    with no_hang():
+        assert shard_problem(str(tmp_path / "w" / "train" / "shard-000009.tar")).endswith("is a directory")
