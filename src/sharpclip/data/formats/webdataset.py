@@ -243,19 +243,21 @@ def _scan(url: str) -> tuple[int, str | None]:
             return len(keys), f"truncated shard: unreadable after member {last or '?'} ({err}); copy or write it again"
         detail = str(err).splitlines()[-1].strip(" -")  # tarfile lists every codec it tried: the plain tar's reason
         return 0, f"unreadable shard: not a tar ({detail}); check data.shards and data.root"
-    if compressed:
-        return len(keys), None
+    return len(keys), None if compressed or not last else _cut_short(url, size, end, last)
+
+
+def _cut_short(url: str, size: int, end: int, last: str) -> str | None:
+    """The reason an uncompressed tar whose last member `last` ends at byte `end` is incomplete, or None: its data
+    runs past the file's `size`, or no zero block follows it (a cut inside the end blocks loses nothing)."""
     if end > size:
-        return len(keys), (f"truncated shard: member {last} runs to byte {end:,} but the file ends at {size:,}; "
-                           "copy or write it again")  # fmt: skip
-    tail = -(-end // BLOCK) * BLOCK
-    with open(url, "rb") as f:  # a regular file (checked above)
-        f.seek(tail)
+        return f"truncated shard: member {last} runs to byte {end:,}, the file ends at {size:,}; copy or write it again"
+    with open(url, "rb") as f:  # a regular file (checked by the caller)
+        f.seek(-(-end // BLOCK) * BLOCK)
         eoa = f.read(END_OF_ARCHIVE)
-    if last and (len(eoa) < BLOCK or eoa.strip(b"\0")):  # a cut inside the end blocks loses nothing: accepted
-        return len(keys), (f"truncated shard: the file ends at byte {size:,}, after member {last}, without a tar's "
-                           "end-of-archive blocks (an interrupted copy or writer); copy or write it again")  # fmt: skip
-    return len(keys), None
+    if len(eoa) < BLOCK or eoa.strip(b"\0"):
+        return (f"truncated shard: the file ends at byte {size:,}, after member {last}, without a tar's "
+                "end-of-archive blocks (an interrupted copy or writer); copy or write it again")  # fmt: skip
+    return None
 
 
 def shard_problem(url: str) -> str | None:
