@@ -123,12 +123,13 @@ FIRST_SAMPLES = 8  # a shard's samples looked at together before any is judged: 
 
 
 def _caption_keys(raw: dict[str, Any], cfg: DataConfig) -> list[str] | None:
-    """None when the sample has no image, has a `.txt`, or its json holds `data.caption_field` (or is unreadable: a
-    per-sample error); else the json's keys (empty without a json): where its caption may be instead."""
-    if _image(raw) is None or "txt" in raw:
+    """None when the sample has no image, has a `.txt`, has no json (a sample without any caption: a bad sample), or
+    its json holds `data.caption_field` (or is unreadable: a per-sample error); else the json's keys: where its
+    caption may be instead."""
+    if _image(raw) is None or "txt" in raw or "json" not in raw:
         return None
     try:
-        meta = json.loads(raw["json"]) if "json" in raw else {}
+        meta = json.loads(raw["json"])
     except (UnicodeDecodeError, json.JSONDecodeError):
         return None
     return list(meta) if isinstance(meta, dict) and cfg.caption_field not in meta else None
@@ -136,9 +137,9 @@ def _caption_keys(raw: dict[str, Any], cfg: DataConfig) -> list[str] | None:
 
 def check_fields(raws: Iterator[dict[str, Any]], cfg: DataConfig, url: str) -> Iterator[dict[str, Any]]:
     """`raws` unchanged, after one setup error when every one of the shard's first `FIRST_SAMPLES` samples has its
-    image but no caption where `data.caption_field` says (no `.txt`, no such json key): the caption sits under
-    another key (ShardWriter json `{"text": ...}`), so every sample would fail alike; the error names the shard, the
-    json's keys and the key to set, instead of one line per sample (or advice to skip them all)."""
+    image and a json but no caption where `data.caption_field` says (no `.txt`, no such json key): the caption sits
+    under another key (ShardWriter json `{"text": ...}`), so every sample would fail alike; the error names the
+    shard, the json's keys and the key to set, instead of one line per sample (or advice to skip them all)."""
     first = list(itertools.islice(raws, FIRST_SAMPLES))
     keys = [_caption_keys(raw, cfg) for raw in first]
     if first and all(k is not None for k in keys):
