@@ -9,7 +9,10 @@ open_clip_train's `main` with every other argument untouched. ClipLoss becomes `
         --train-data 'pairs/{00000..00099}.tar' --dataset-type webdataset --batch-size 128 --epochs 5 --lr 1e-5
     torchrun --nproc_per_node 8 examples/open_clip_train_hn.py --local-loss --gather-with-grad ...
 
-open_clip is not a dependency of sharpclip: install it (`pip install open_clip_torch`) where you run this. Its
+open_clip is not a dependency of sharpclip: install it (`pip install 'open_clip_torch[training]'`) where you run
+this; without it the script stops with one line saying so. pip resolves open_clip's own torch and torchvision
+requirements and may replace the torch you installed (a CPU wheel, say): install torch and torchvision from the same
+index first, and check `pip install --dry-run` before. Its
 open_clip_train 3.x builds the loss with `create_loss(args)` in its main module; the later task-based trainer
 builds `open_clip.loss.ClipLoss` / `SigLipLoss` when it makes its task. Both are swapped, whichever exists.
 """
@@ -63,11 +66,23 @@ def install(gamma: float):
     return entry
 
 
+MISSING = (
+    "open_clip_train_hn.py: open_clip's training package is not installed ({name}): pip install "
+    "'open_clip_torch[training]' (it brings its own torch and torchvision builds; see docs/own-code.md)"
+)
+
+
 def main(argv: list[str] | None = None) -> None:
     ours = argparse.ArgumentParser(add_help=False)
     ours.add_argument("--hn-gamma", type=float, default=0.5, help="γ of HN-CLIP's margin (0: open_clip's loss)")
     args, rest = ours.parse_known_args(sys.argv[1:] if argv is None else argv)
-    install(args.hn_gamma).main(rest)
+    try:
+        entry = install(args.hn_gamma)
+    except ModuleNotFoundError as err:  # open_clip (or what it imports first) missing: one line, not a traceback
+        if (err.name or "").split(".")[0] not in ("open_clip_train", "open_clip", "torchvision", "timm"):
+            raise
+        raise SystemExit(MISSING.format(name=f"no module named {err.name!r}")) from None
+    entry.main(rest)
 
 
 if __name__ == "__main__":

@@ -41,8 +41,15 @@ def _load(args: argparse.Namespace, extra: list[str] | None = None):
 def _add_config(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("config", help="print the resolved, validated config (YAML + dotted overrides)")
     _config_args(p)
+    p.add_argument("--explain", metavar="KEY", help="print what KEY does, its type and default (a prefix such as "
+                   "`train` lists its keys) instead of the config; docs/config.md lists them all")  # fmt: skip
 
     def run(args: argparse.Namespace) -> int:
+        if args.explain:  # the schema's own text: nothing heavy imported
+            from sharpclip.config_reference import explain
+
+            print(explain(args.explain), end="")
+            return 0
         from sharpclip.config import to_yaml
         from sharpclip.train.run import check_config
 

@@ -194,9 +194,9 @@ class AdapterConfig:
     method: str = "none"  # none | lora | dora
     towers: str = "both"  # text | vision | both
     modules: str = "attention_mlp"  # attention (q, k, v, out) | mlp (fc1, fc2) | attention_mlp
-    rank: int = 8
-    alpha: float = 16.0
-    dropout: float = 0.0
+    rank: int = 8  # the adapters' rank r (low-rank update B·A with A of r rows)
+    alpha: float = 16.0  # the scaling α: each update is multiplied by α / rank (peft's lora_alpha)
+    dropout: float = 0.0  # dropout on the adapters' input (peft's lora_dropout)
 
     def __post_init__(self) -> None:
         _check_choice("model.adapter.method", self.method, ("none", "lora", "dora"))
@@ -209,10 +209,10 @@ class AdapterConfig:
 class FreezeConfig:
     """Lock a tower, optionally leaving its last N layers (and the norm + projection after them) trainable."""
 
-    vision: bool = False
-    text: bool = False
-    vision_unlocked_layers: int = 0
-    text_unlocked_layers: int = 0
+    vision: bool = False  # lock the image tower (no gradient, no optimiser state)
+    text: bool = False  # lock the text tower
+    vision_unlocked_layers: int = 0  # with vision locked: its last N layers (and the norm + projection) still train
+    text_unlocked_layers: int = 0  # with text locked: its last N layers (and the norm + projection) still train
 
     def __post_init__(self) -> None:
         check_declared(self, "model.freeze")
@@ -225,10 +225,10 @@ class TinyConfig:
 
     width: int = 32  # hidden size of both towers and the projection
     layers: int = 2  # per tower
-    heads: int = 4
+    heads: int = 4  # attention heads per layer; width must be a multiple
     mlp_ratio: int = 2  # intermediate size = mlp_ratio * width
-    patch_size: int = 8
-    image_size: int = 32
+    patch_size: int = 8  # vision patch side in pixels
+    image_size: int = 32  # input side in pixels, a multiple of patch_size
     context_length: int = 0  # text positions; 0 keeps the real tower's (77 CLIP, 64 SigLIP)
 
     def __post_init__(self) -> None:
@@ -254,9 +254,9 @@ class ModelConfig:
     context_length: int | None = None  # stretch text positions to this length (Long-CLIP rule) when set
     keep_positions: int = 20  # Long-CLIP: rows kept verbatim and frozen when stretching
     text_encoder: str = "absolute"  # absolute | rope (CLIP-IN §3.3: rotary text tower, from `sharpclip distill`)
-    rope_theta: float = 10000.0
+    rope_theta: float = 10000.0  # the rotary text tower's base frequency θ (text_encoder: rope)
     rope_ntk_factor: float = 0.0  # > 0: NTK-scale theta for context_length beyond the distilled length (TULIP: 8)
-    logit_scale_learnable: bool = True
+    logit_scale_learnable: bool = True  # train the logit scale (and SigLIP's bias); false keeps them fixed
     logit_scale_init: float | None = None  # log space; None keeps the checkpoint's value
     adapter: AdapterConfig = field(default_factory=AdapterConfig)
     freeze: FreezeConfig = field(default_factory=FreezeConfig)
@@ -273,16 +273,16 @@ class ModelConfig:
 class SynthDenseConfig:
     """Sizes of the generated SynthDense corpus (data.synthdense); the corpus is a pure function of these values."""
 
-    seed: int = 0
+    seed: int = 0  # the seed every scene, caption and split is drawn from
     resolution: int = 64  # rendered image side in pixels
-    min_objects: int = 3
-    max_objects: int = 5
+    min_objects: int = 3  # objects per scene, at least
+    max_objects: int = 5  # objects per scene, at most
     train_families: int = 9000  # independent scenes (train_family_size 1) train as well as families
-    train_family_size: int = 1
+    train_family_size: int = 1  # scenes per training family (1: independent scenes)
     # more training families of two: a scene and a near-duplicate differing only in the size or texture of one
     # object (natural near-duplicates, as photographs of one set-up); the sampler keeps both in one batch
     train_detail_pairs: int = 0
-    test_families: int = 150
+    test_families: int = 150  # test scenes, each with its near-duplicates (test_family_size in all)
     test_family_size: int = 6  # a base scene and 5 near-duplicates, each 1 or 2 attributes of one object apart
     test_variants: str = "any"  # what the near-duplicates change: any attribute | details (size, texture only)
     # how many distinct objects each test near-duplicate changes (all of them when a scene has fewer), each in one
@@ -322,12 +322,12 @@ class AugmentConfig:
     with probability `gray_scale_prob` greyscale.
     """
 
-    enabled: bool = False
+    enabled: bool = False  # turn the augmentation on (training only)
     scale: list[float] = field(default_factory=lambda: [0.9, 1.0])  # open_clip's default crop area range
-    ratio: list[float] = field(default_factory=lambda: [0.75, 4 / 3])
+    ratio: list[float] = field(default_factory=lambda: [0.75, 4 / 3])  # the crop's aspect-ratio range
     color_jitter: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])  # brightness, contrast, sat., hue
-    color_jitter_prob: float = 0.8
-    gray_scale_prob: float = 0.0
+    color_jitter_prob: float = 0.8  # probability of the colour jitter, per image
+    gray_scale_prob: float = 0.0  # probability of greyscale, per image
 
     def __post_init__(self) -> None:
         check_declared(self, "data.augment")
@@ -347,12 +347,12 @@ class DataConfig:
 
     format: str = "synthdense"  # see data.formats.FORMATS: synthdense | generic | docci | dci | long_dci | ...
     root: str = ""  # the release folder, laid out as docs/data.md shows
-    train_split: str = "train"
-    eval_split: str = "test"
+    train_split: str = "train"  # the split training reads
+    eval_split: str = "test"  # the split validated on during training (train.eval_every) and `eval`'s retrieval
     # loader processes: auto = the cores available to this rank (affinity / ranks on the node), at most 8; 0 decodes
     # in the training process. Pinned memory on CUDA, workers kept across epochs, each `prefetch_factor` batches ahead
     num_workers: int | str = "auto"
-    prefetch_factor: int = 2
+    prefetch_factor: int = 2  # batches each loader worker prepares ahead (>= 1)
     # decode and preprocess every training image once, before step 1, and keep it in memory (3·H·W float32 a row at
     # the model's size: small datasets trained for many epochs), and each caption's tokens once seen: later epochs
     # open no file and tokenise nothing twice; auto workers become 0. Not with data.augment (its crops are drawn per
@@ -383,10 +383,10 @@ class DataConfig:
     annotation_file: str = ""  # overrides the format's default annotation file name (ShareGPT4V, Karpathy)
     sharegpt4v_test_size: int = 1000  # Long-CLIP: the first 1,000 records are the test set
     image_field: str = "image"  # generic JSONL/CSV column names
-    caption_field: str = "caption"
-    short_caption_field: str = "short_caption"
-    id_field: str = "id"
-    group_field: str = "group"
+    caption_field: str = "caption"  # the caption column / JSON key (generic, hf; webdataset: a key of the .json)
+    short_caption_field: str = "short_caption"  # an optional short caption's column (CLIP-IN's short + long)
+    id_field: str = "id"  # an optional sample-id column (default: the row number; webdataset: the key)
+    group_field: str = "group"  # an optional group column: rows of one group share a batch (data.group_batches)
     synthdense: SynthDenseConfig = field(default_factory=SynthDenseConfig)
     # streamed formats (webdataset): shards of the train split, epoch length, shuffle buffer (data.stream)
     shards: list[str] = field(default_factory=list)  # brace patterns relative to data.root; empty: found by split
@@ -396,8 +396,8 @@ class DataConfig:
     # a second source of instruction-edit pairs joined to the training split (CLIP-IN stage 2: UltraEdit beside
     # long-caption pairs); empty: none. Its rows go through the same sampler, edit halves kept in one batch.
     edits_format: str = ""  # e.g. ultraedit
-    edits_root: str = ""
-    edits_split: str = "train"
+    edits_root: str = ""  # the folder of the edit-pair source (data.edits_format)
+    edits_split: str = "train"  # the split of the edit-pair source joined to training
 
     def __post_init__(self) -> None:
         _check_choice("data.on_bad_sample", self.on_bad_sample, ("error", "skip"))
@@ -424,7 +424,7 @@ class TermConfig:
     """One weighted term of the objective: a registered loss, its hyperparameters and where its inputs come from."""
 
     loss: str = "infonce"  # a name in losses.registry
-    weight: float = 1.0
+    weight: float = 1.0  # the term's weight in the sum; 0 disables it
     params: dict[str, Any] = field(default_factory=dict)  # keyword hyperparameters of the loss (gamma, ...)
     inputs: dict[str, str] = field(default_factory=dict)  # loss argument -> feature (text -> text_short)
 
@@ -435,7 +435,7 @@ class LossConfig:
 
     # Empty in the schema so that a recipe's terms replace the default instead of merging into it (OmegaConf merges
     # dict keys); `load_config` fills in DEFAULT_TERMS when no layer names any. A weight of 0 disables a term.
-    terms: dict[str, TermConfig] = field(default_factory=dict)
+    terms: dict[str, TermConfig] = field(default_factory=dict)  # named terms, summed; none given: one infonce term
 
 
 DEFAULT_TERMS = {"contrastive": TermConfig("infonce")}
@@ -447,8 +447,8 @@ class GuardConfig:
     (e.g. `zeroshot/top1`, `coco/mean_R@1`), evaluated at every validation as its change from the initial model;
     with `max_drop`, a checkpoint that lost more points than that cannot become the best one."""
 
-    metric: str = ""
-    max_drop: float | None = None
+    metric: str = ""  # suite/key of an evaluation number, e.g. zeroshot/top1 or coco/mean_R@1
+    max_drop: float | None = None  # points it may lose from the initial model before a checkpoint cannot be best
 
     def __post_init__(self) -> None:
         if "/" not in self.metric:
@@ -462,8 +462,8 @@ class TrainConfig:
     """The optimisation loop (train.Trainer)."""
 
     output_dir: str = "runs/default"  # the run directory: config, metrics, checkpoints, reports, figures
-    seed: int = 0
-    epochs: int = 1
+    seed: int = 0  # seeds the initial weights, dropout, augmentation and the data order
+    epochs: int = 1  # passes over the training data (train.max_steps, when set, stops sooner)
     max_steps: int = 0  # > 0 stops after this many optimiser steps (and sets the schedule's length)
     batch_size: int = 128  # effective (global) batch: the size of the contrastive matrix under `exact`
     # rows per forward pass (under per_micro_batch: rows per contrastive matrix); auto: the largest that fits the
@@ -475,10 +475,10 @@ class TrainConfig:
     # micro-batches of one pass keep their own matrices, so only speed and memory change (faster when memory
     # allows); auto: the largest that fits the device's memory, found by trial steps before step 1
     encode_batch_size: Any = 0
-    lr: float = 1e-5
+    lr: float = 1e-5  # AdamW's peak learning rate, after the warmup and before the cosine decay
     module_lr: dict[str, float] = field(default_factory=dict)  # parameter-name prefix -> lr (longest prefix wins)
     weight_decay: float = 0.1  # not applied to gains, biases, logit scale/bias
-    warmup_steps: int = 0
+    warmup_steps: int = 0  # optimiser steps of linear warmup to train.lr
     min_lr_ratio: float = 0.0  # the cosine schedule ends at lr * min_lr_ratio
     grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
     device: str = "auto"  # auto (cuda:<LOCAL_RANK> when CUDA is available, else cpu) | cpu | cuda | cuda:N
@@ -495,10 +495,10 @@ class TrainConfig:
     best_metric: str = "mean_R@1"  # the evaluation number that picks the best checkpoint (higher is better)
     diagnostics_every: int = 0  # optimiser steps between gradient diagnostics (0: off)
     nan_patience: int = 5  # consecutive non-finite steps (skipped) before the run stops
-    progress: bool = True
-    tensorboard: bool = False
-    wandb: bool = False
-    wandb_project: str = "sharpclip"
+    progress: bool = True  # a progress bar on stderr (ETA, loss, samples/s); the log lines are written either way
+    tensorboard: bool = False  # also write TensorBoard scalars to RUN/tensorboard (extra [tensorboard])
+    wandb: bool = False  # also log to Weights & Biases, the run stored under RUN/wandb (extra [wandb])
+    wandb_project: str = "sharpclip"  # the W&B project name
     wandb_name: str = ""  # the W&B run name; default: the run directory's name
     # forgetting guards, evaluated with the validation (eval.* settings; the initial model once, before step 0)
     guards: list[GuardConfig] = field(default_factory=list)
@@ -560,22 +560,22 @@ class EvalConfig:
 
     suites: list[str] = field(default_factory=lambda: ["retrieval"])  # "retrieval" = data.format on data.eval_split
     data_root: str = ""  # a suite's root is roots[name], else data_root/<name> if it exists, else data_root
-    roots: dict[str, str] = field(default_factory=dict)
+    roots: dict[str, str] = field(default_factory=dict)  # suite name -> its own data folder, e.g. {docci: /data/docci}
     # per-suite data options merged into that suite's DataConfig, e.g. {dci: {list_file: DCI_test.json}} for GOAL's
     # DCI protocol, {docci: {docci_test: goal}}; keys are DataConfig fields other than format and root
     data_options: dict[str, dict[str, Any]] = field(default_factory=dict)
-    split: str = "test"
-    recall_k: list[int] = field(default_factory=lambda: [1, 5, 10, 25, 50])
+    split: str = "test"  # the split of the `retrieval` suite (the run's own data)
+    recall_k: list[int] = field(default_factory=lambda: [1, 5, 10, 25, 50])  # the K of the reported Recall@K
     chunk_size: int = 1024  # query rows scored at once: memory O(chunk_size × gallery)
     batch_size: int = 64  # images / captions per forward pass
     prompts: str = "photo"  # zero-shot prompt set: a name in eval.zeroshot.PROMPT_SETS or a file, one template a line
-    zeroshot_k: list[int] = field(default_factory=lambda: [1, 5])
+    zeroshot_k: list[int] = field(default_factory=lambda: [1, 5])  # the K of zero-shot top-K accuracy
     hash_images: bool = False  # sha256 every image in the manifest (slow on large benchmarks)
     image_alpha: str = "drop"  # transparency: drop (PIL convert("RGB"), every reference evaluator) | white
     output_dir: str = ""  # reports go here; default <train.output_dir>/eval
     device: str = "auto"  # auto | cpu | cuda | cuda:N, as train.device
     jpeg_draft: bool = False  # JPEG draft decoding (see data.jpeg_draft); off: scores from the exact full decode
-    progress: bool = True
+    progress: bool = True  # a progress bar on stderr while embedding
     precision: str = "fp32"  # fp32 | bf16 (autocast on the towers; in-training validation uses train.precision)
     num_workers: int | str = "auto"  # image decoding processes: auto (as data.num_workers) or a number
 
@@ -604,6 +604,8 @@ class EvalConfig:
 
 @dataclass
 class Config:
+    """The whole configuration: one section per part."""
+
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     loss: LossConfig = field(default_factory=LossConfig)

@@ -10,9 +10,13 @@ A fenced ```bash / ```shell block is checked line by line (backslash continuatio
   before it and is dropped.
 - `python benchmarks/X.py`: the script exists. Any `configs/X.yaml`: the file exists.
 
+- `torchrun ...` (also after `srun`): its own options parsed by torchrun's parser (torch.distributed.run), so a
+  misspelt launcher flag fails too.
+
 A block holding paths the user supplies (`/models/...`, `/data/...`, `recipe.yaml`, `$VARIABLES`) starts with a
 `# template: ...` comment: its commands are parsed (argparse and override syntax) but not resolved. An unmarked block
-with such a path fails, so a template is never skipped silently. Fenced ```yaml blocks must load as configs.
+with such a path fails, so a template is never skipped silently. A batch script (`#!` then `#SBATCH` directives, which
+must come first) carries the comment right after its directives. Fenced ```yaml blocks must load as configs.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 SHELL = ("bash", "shell", "sh")
 TEMPLATE = "# template:"
 ELISION = "..."
+SCRIPT_HEADER = ("#!", "#SBATCH")  # a batch script's first lines, before its template comment
 USER_PATH = re.compile(r"(^|=)(/|~|\$)|\$|^recipe\.ya?ml$")  # absolute, home or variable paths; a generic recipe
 CONFIG_PATH = re.compile(r"(?:^|[=\s])(configs/[\w./-]+\.ya?ml)")
 OVERRIDE_KEY = re.compile(r"^[A-Za-z_]\w*(\.[\w-]+)*$")
@@ -51,7 +56,7 @@ class Block:
 
     @property
     def template(self) -> bool:
-        first = next((line for line in self.lines if line.strip()), "")
+        first = next((line for line in self.lines if line.strip() and not line.startswith(SCRIPT_HEADER)), "")
         return first.strip().startswith(TEMPLATE)
 
 
@@ -122,6 +127,16 @@ def config_words(args) -> list[str]:
     return words + list(getattr(args, "overrides", []) or [])
 
 
+def torchrun_parser():
+    """torchrun's own argument parser (what `torchrun ARGS` parses its options with), without abbreviations: the docs
+    spell every flag out."""
+    from torch.distributed.run import get_args_parser
+
+    parser = get_args_parser()
+    parser.allow_abbrev = False
+    return parser
+
+
 def check(command: Command) -> None:
     """Fail with the command's page:line when it would not run (see the module docstring)."""
     words, where = command.words, f"{command.where}: {' '.join(command.words)}"
@@ -129,6 +144,12 @@ def check(command: Command) -> None:
         assert (ROOT / path).is_file(), f"{where}: {path} does not exist"
     if words[0].startswith("python") and len(words) > 1 and words[1].startswith("benchmarks/"):
         assert (ROOT / words[1]).is_file(), f"{where}: no such benchmark script"
+    if "torchrun" in words:
+        launcher = words[words.index("torchrun") + 1 :]
+        try:
+            torchrun_parser().parse_args([w for w in launcher if w != ELISION])
+        except SystemExit:
+            pytest.fail(f"{where}: torchrun's parser refuses it")
     args = sharpclip_args(words)
     if args is None:
         return
@@ -184,6 +205,8 @@ def _one(line: str, template: bool = False) -> Command:
         "sharpclip train configs/tiny_synthdense.yaml model.name=/models/clip",  # a user path, unmarked
         "sharpclip train configs/tiny_synthdense.yaml loss.terms.x.loss=no_such_loss",  # the objective is built
         "python benchmarks/no_such_script.py",
+        "srun torchrun --nproc-per-nod 8 -m sharpclip train configs/tiny_synthdense.yaml",  # a cut launcher flag
+        "torchrun --nprocs 8 -m sharpclip train configs/tiny_synthdense.yaml",  # not a torchrun flag
     ],
 )
 def test_the_check_fails_a_wrong_command(line: str) -> None:
@@ -208,3 +231,24 @@ def test_continuations_comments_elisions_and_torchrun_are_read_as_the_shell_does
         "sharpclip",
         "echo",
     ]
+
+
+def test_the_gpu_page_holds_a_checked_sbatch_script_for_one_node_of_eight_gpus() -> None:
+    """The SLURM script: directives first, then its template comment, then torchrun inside srun with a rendezvous;
+    its commands are among those checked above (torchrun's options and sharpclip's words both parsed)."""
+    (script,) = [b for b in blocks(ROOT / "docs" / "gpus.md") if b.lines and b.lines[0].startswith("#!")]
+    directives = {line.split()[1] for line in script.lines if line.startswith("#SBATCH")}
+    assert {"--nodes=1", "--ntasks-per-node=1", "--gpus-per-node=8"} <= directives
+    assert script.template
+    (launch,) = [c for c in commands(script) if "torchrun" in c.words]
+    assert launch.words[0] == "srun" and launch in ALL_COMMANDS
+    launcher = torchrun_parser().parse_args(list(launch.words[2:]))
+    assert (launcher.nproc_per_node, launcher.rdzv_backend, launcher.module) == ("8", "c10d", True)
+    assert sharpclip_args(launch.words)[0] == "train"
+    check(launch)
+
+
+def test_a_batch_script_is_a_template_only_with_the_comment_after_its_directives() -> None:
+    lines = ("#!/bin/bash", "#SBATCH --nodes=1", "# template: yours", "srun torchrun -m sharpclip train recipe.yaml")
+    assert Block("p:1", "bash", lines).template
+    assert not Block("p:1", "bash", (lines[0], lines[1], lines[3])).template

@@ -36,6 +36,7 @@ def test_public_functions_of_data_eval_models_have_docstrings():
 # and any part of a lower layer, never a part of its own layer or above. Parts in one layer are independent.
 LAYERS = (
     ("config",),  # typed settings, read by everything
+    ("config_reference",),  # every key's description, from config.py's comments (docs/config.md, config --explain)
     ("devices", "collectives"),  # the machine: devices, precision, worker counts; collectives across processes
     ("data",),  # samples, preprocessing operations, batches
     ("models", "losses"),  # dual encoders (and what they decide about their inputs); pure loss math

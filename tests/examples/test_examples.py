@@ -89,6 +89,24 @@ def test_open_clip_example_swaps_the_loss_factory_and_passes_every_other_argumen
     assert isinstance(seen["loss"], SigLipMarginLoss) and seen["loss"].gamma == 0.5
 
 
+@pytest.mark.parametrize("missing", ["open_clip_train", "torchvision"])
+def test_open_clip_example_without_open_clip_stops_with_one_line(monkeypatch, missing):
+    """What a sharpclip-only environment meets: open_clip_train absent, or present without torchvision."""
+    real = importlib.import_module
+
+    def absent(name, *args):
+        if name.split(".")[0] == "open_clip_train":
+            raise ModuleNotFoundError(f"No module named {missing!r}", name=missing)
+        return real(name, *args)
+
+    monkeypatch.setattr(importlib, "import_module", absent)
+    with pytest.raises(SystemExit) as stop:
+        _example("open_clip_train_hn").main(["--model", "ViT-B-32"])
+    message = str(stop.value.code)
+    assert "\n" not in message and f"no module named {missing!r}" in message
+    assert "pip install 'open_clip_torch[training]'" in message and "torch and torchvision" in message
+
+
 def test_open_clip_example_refuses_distillation_in_one_line():
     example = _example("open_clip_train_hn")
     with pytest.raises(ValueError, match="keep open_clip's"):

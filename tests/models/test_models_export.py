@@ -109,3 +109,29 @@ def test_export_of_a_model_that_cannot_load_is_a_one_line_error(tmp_path, capsys
     assert err.startswith("sharpclip export: ") and err.count("\n") == 1 and "Traceback" not in err
     assert main(["export", str(tmp_path / "nothing"), "--to", str(tmp_path / "out")]) == 1
     assert "neither a sharpclip checkpoint" in capsys.readouterr().err
+
+
+def test_the_exported_tokenizer_knows_the_stretched_context_and_pads_without_a_warning(tmp_path) -> None:
+    """A long-context model whose tokenizer was last called as training calls it (truncated and padded to 77, which
+    a fast tokenizer keeps in tokenizer.json): the export reloads with model_max_length 248, no fixed max_length, and
+    `processor(text, padding=True)` pads to the longest caption without transformers' warning."""
+    import warnings
+
+    from PIL import Image
+    from transformers import AutoProcessor
+
+    model = create_model(ModelConfig(context_length=248))
+    model.tokenizer(["a photo"], padding="max_length", truncation=True, max_length=77)  # what a batch leaves behind
+    save_checkpoint(model, tmp_path / "ckpt", ModelConfig(context_length=248))
+    export_model(tmp_path / "ckpt", tmp_path / "out")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "out", local_files_only=True)
+    assert tokenizer.model_max_length == 248 and "max_length" not in tokenizer.init_kwargs
+    processor = AutoProcessor.from_pretrained(tmp_path / "out", local_files_only=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        batch = processor(text=["a photo", "a photo of a photo"], images=[Image.new("RGB", (32, 32))] * 2,
+                          padding=True, return_tensors="pt")  # fmt: skip
+    assert not [str(w.message) for w in caught if "max_length" in str(w.message)]
+    assert batch["input_ids"].shape[1] < 77  # padded to the longest caption, not to a fixed length
+    long = processor(text=["photo " * 300], truncation=True, return_tensors="pt")
+    assert long["input_ids"].shape[1] == 248  # truncation stops at the model's own context

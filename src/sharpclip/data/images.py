@@ -1,7 +1,8 @@
 """Decoding images from every `ImageSource` the loaders produce (paths, bytes, PIL images, parquet cells).
 
-A failure raises `ImageLoadError` whose reason starts with "missing file", "unreadable image" or "image too large";
-the dataset turns it into a `BadSample` naming the record.
+A failure raises `ImageLoadError` whose reason starts with "missing file", "not a regular file" (a FIFO, a directory
+or a device: refused before it is opened, never waited on; data.files), "unreadable image" or "image too large"; the
+dataset turns it into a `BadSample` naming the record.
 
 High-bit-depth modes are scaled to 8 bits before the RGB conversion (PIL's own conversion clips them, so a 16-bit PNG
 would become near-white): 16-bit (`I;16*`, and `I` holding values up to 65535, the mode PIL gives some 16-bit
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from sharpclip.data.files import NotRegularFileError, open_regular, read_regular
 from sharpclip.data.schema import ArrowCell, ImageSource, ParquetCell
 
 
@@ -142,7 +144,7 @@ def image_bytes(source: ImageSource) -> bytes | None:
     if isinstance(source, bytes):
         return source
     if isinstance(source, (str, Path)):
-        return Path(source).read_bytes()
+        return read_regular(source)
     return None
 
 
@@ -218,13 +220,18 @@ def _decode(
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the size is checked just below
-            with Image.open(io.BytesIO(data) if isinstance(data, bytes) else data) as img:
+            with (
+                io.BytesIO(data) if isinstance(data, bytes) else open_regular(data) as stream,
+                Image.open(stream) as img,
+            ):
                 check_size(img, name, max_pixels)  # from the header: nothing decoded yet
                 if draft_size:
                     request_draft(img, draft_size)
                 return to_rgb(img, "keep")  # converting forces the full decode, so truncated files fail here
     except FileNotFoundError:
         raise ImageLoadError(f"missing file: {name} does not exist") from None
+    except NotRegularFileError as err:
+        raise ImageLoadError(f"not a regular file: {name} is {err.kind}; point the record at an image file") from None
     except Image.DecompressionBombError as err:  # above twice PIL's own limit: refused by PIL before our check
         raise ImageLoadError(f"image too large: {name}: {err}") from None
     except (OSError, ValueError) as err:

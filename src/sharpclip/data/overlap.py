@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sharpclip.data.files import read_regular
 from sharpclip.data.schema import EditSample, log
 
 
@@ -44,7 +45,7 @@ def sample_images(samples: Iterable[Any]) -> list[Path]:
 def _digest(path: Path, cache: dict[Path, str | None]) -> str | None:
     if path not in cache:
         try:
-            cache[path] = hashlib.sha1(path.read_bytes()).hexdigest()
+            cache[path] = hashlib.sha1(read_regular(path)).hexdigest()  # a FIFO: None, never a wait
         except OSError:
             cache[path] = None
     return cache[path]

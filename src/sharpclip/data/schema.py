@@ -15,6 +15,7 @@ encoding anything twice. `Loader` is what the trainer needs of whatever yields t
 from __future__ import annotations
 
 import logging
+import os
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from PIL import Image
 from torch import Tensor
+
+from sharpclip.data.files import check_regular
 
 log = logging.getLogger("sharpclip.data")
 
@@ -115,8 +118,11 @@ class BadSampleReport:
     _seen: set[Path] = field(default_factory=set, init=False, repr=False, compare=False)
 
     def read_file(self, path: Path) -> Path:
-        """Record that annotation file `path` is being read (once, however often it is opened); returns `path`."""
+        """Record that annotation file `path` is being read (once, however often it is opened); returns `path`.
+        A path that exists but is not a regular file (a FIFO, a directory) raises NotRegularFileError: never read."""
         if path not in self._seen:
+            if os.path.lexists(path):
+                check_regular(path)
             self._seen.add(path)
             self.files.append(path)
         return path

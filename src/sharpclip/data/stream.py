@@ -297,7 +297,11 @@ def build_stream_loader(
     workers = max(num_workers, 1)
     if len(urls) < world_size * workers:
         log.warning("data: %d shards for %d ranks × %d workers: some readers get none", len(urls), world_size, workers)
-    counts = [wds_format.count_samples(u) for u in urls]
+    checked = BadSampleReport(cfg.on_bad_sample)  # a shard that is not a complete tar: raised here under `error`
+    counts = [wds_format.count_samples(u, checked) for u in urls]
+    if checked.items and rank == 0:  # under `skip`: read as empty, counted once in the loader's report
+        log.warning("data: %d of %d shards skipped (data.on_bad_sample=skip): %s", len(checked.items), len(urls),
+                    "; ".join(f"{b.where}: {b.reason}" for b in checked.items[:3]))  # fmt: skip
     length = epoch_length(cfg, counts, batch_size, world_size, workers) if train else _eval_length(counts, batch_size)
     unused = sum(counts) - length * batch_size * world_size
     if train and unused > 0 and rank == 0:  # every rank computes the same numbers: rank 0 speaks for all
@@ -309,7 +313,9 @@ def build_stream_loader(
     with_short = _has_short(urls[0], cfg)
     settings = StreamSettings(batch_size, rank, world_size, seed, train, draft_size)
     stream = ShardStream(urls, cfg, image_transform, Collator(tokenize, with_short), settings)
-    return StreamLoader(stream, length, num_workers, pin_memory)
+    loader = StreamLoader(stream, length, num_workers, pin_memory)
+    loader._record(checked.items)  # counted from the start: the epoch may end before the stream reaches them
+    return loader
 
 
 def _eval_length(counts: list[int], batch_size: int) -> int:
@@ -317,9 +323,10 @@ def _eval_length(counts: list[int], batch_size: int) -> int:
 
 
 def _has_short(url: str, cfg: DataConfig) -> bool:
-    """Whether the first sample of the first shard has a short caption (then batches carry short tokens)."""
+    """Whether the first sample of the first shard has a short caption (then batches carry short tokens); its first
+    samples' caption key is checked here, before training (`check_fields`)."""
     report = BadSampleReport("skip")
-    for raw in wds_format.iter_raw(url, report):
+    for raw in wds_format.check_fields(wds_format.iter_raw(url, report), cfg, url):  # a caption key mismatch: here
         sample = wds_format.to_sample(raw, cfg, report, url)
         return sample is not None and sample.short_caption is not None
     return False

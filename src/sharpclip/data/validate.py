@@ -249,7 +249,7 @@ def _stream_shards(cfg: DataConfig, split: str, rep: ValidationReport, report: B
     bar = tqdm(urls, desc="read shards", unit="shard", disable=not progress, dynamic_ncols=True)
     for url in bar:
         count = 0
-        for raw in webdataset.iter_raw(url, report):
+        for raw in webdataset.check_fields(webdataset.iter_raw(url, report), cfg, url):
             sample = webdataset.to_sample(raw, cfg, report, url)
             if sample is None:
                 continue

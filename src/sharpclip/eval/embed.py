@@ -25,6 +25,7 @@ from PIL import Image
 from torch import Tensor
 from tqdm import tqdm
 
+from sharpclip.data.files import open_regular
 from sharpclip.data.images import load_image as load_source
 from sharpclip.data.images import request_draft, to_rgb
 
@@ -44,10 +45,11 @@ class ImageRef:
 
 
 def _open(ref: ImageRef) -> Any:
-    if ref.member is None:
-        return Image.open(ref.path)
-    with zipfile.ZipFile(ref.path) as archive:
-        return Image.open(io.BytesIO(archive.read(ref.member)))
+    with open_regular(ref.path) as f:  # a FIFO, folder or device is refused before it is read, never waited on
+        if ref.member is None:
+            return Image.open(io.BytesIO(f.read()))
+        with zipfile.ZipFile(f) as archive:
+            return Image.open(io.BytesIO(archive.read(ref.member)))
 
 
 def load_image(ref: ImageRef | str | Path, draft_size: int | None = None) -> Any:

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from sharpclip.data.files import open_regular
 from sharpclip.data.images import image_bytes
 from sharpclip.data.schema import ArrowCell, ParquetCell
 from sharpclip.eval.metrics import METRIC_DEFINITIONS, TIE_POLICY
@@ -29,7 +30,7 @@ from sharpclip.eval.metrics import METRIC_DEFINITIONS, TIE_POLICY
 def sha256_file(path: str | Path, block: int = 1 << 20) -> str:
     """Hex sha256 of a file's bytes, read in `block`-sized chunks."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_regular(path) as f:  # a FIFO or device is refused, never waited on
         while chunk := f.read(block):
             h.update(chunk)
     return h.hexdigest()

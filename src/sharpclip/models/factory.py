@@ -353,8 +353,18 @@ def read_weights(directory: str | Path) -> dict[str, torch.Tensor]:
 
 
 def save_processors(model: HFDualEncoder, directory: Path) -> None:
-    """Save the tokenizer and image processor, where present, beside the weights."""
+    """Save the tokenizer and image processor, where present, beside the weights.
+
+    The tokenizer is saved with `model_max_length` = the text tower's context (248 after a stretch) and without the
+    truncation and padding of its last call: a fast tokenizer keeps those in tokenizer.json, transformers reloads
+    them as a fixed `max_length` (77), and `processor(text, padding=True)` then warns that it is ignored."""
     if model.tokenizer is not None:
+        backend = getattr(model.tokenizer, "backend_tokenizer", None)
+        if backend is not None:  # transformers sets both again on every call: nothing else depends on them
+            backend.no_truncation()
+            backend.no_padding()
+        model.tokenizer.init_kwargs.pop("max_length", None)
+        model.tokenizer.model_max_length = model.context_length
         model.tokenizer.save_pretrained(directory)
     if model.image_processor is not None:
         model.image_processor.save_pretrained(directory)

@@ -13,12 +13,16 @@ import json
 from pathlib import Path
 from typing import Any
 
+from sharpclip.data.files import check_regular
 from sharpclip.data.schema import BadSample, BadSampleReport, log
 from sharpclip.data.text import is_blank
 
 
 def require_file(path: Path, what: str) -> Path:
-    """`path` if it is a file; otherwise a FileNotFoundError that says what was expected there."""
+    """`path` if it is a file; otherwise a FileNotFoundError that says what was expected there (NotRegularFileError
+    when something else, a FIFO or a folder, stands there)."""
+    if path.exists() and not path.is_file():
+        check_regular(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: {what} not found; check data.root (docs/data.md shows the layout)")
     return path
@@ -104,6 +108,38 @@ def fields(record: Any, keys: tuple[str, ...], where: str, rid: str, report: Bad
         report.add(BadSample(where, rid, f"malformed record: missing field(s) {', '.join(missing)}"))
         return None
     return tuple(record[k] for k in keys)
+
+
+# Names other tools give the image and caption columns (open_clip's CSV: filepath, title; webdataset / img2dataset:
+# txt, url; HF datasets: text, file_name), most likely first: the guess a mismatch message offers as the fix.
+IMAGE_NAMES = ("image", "filepath", "file_path", "image_path", "img_path", "file_name", "filename", "path", "file",
+               "img", "jpg", "png", "image_file", "url", "image_url")  # fmt: skip
+CAPTION_NAMES = ("caption", "title", "text", "txt", "captions", "sentence", "sentences", "prompt", "description",
+                 "alt_text", "alt", "label")  # fmt: skip
+FIELD_NAMES = {"image_field": IMAGE_NAMES, "caption_field": CAPTION_NAMES}
+
+
+def field_fix(names: list[str], cfg: Any, keys: tuple[str, ...]) -> str:
+    """'set data.image_field=filepath data.caption_field=title': the `data.*` keys of `keys` to set, each with the
+    most likely of `names` (`FIELD_NAMES`), or 'to one of them' when none is a common name."""
+    fixes = []
+    for key in keys:
+        guess = next((n for common in FIELD_NAMES[key] for n in names if n.lower() == common), None)
+        fixes.append(f"data.{key}={guess}" if guess else f"data.{key} to one of them")
+    return "set " + " ".join(fixes)
+
+
+def field_mismatch(where: str, noun: str, names: list[str], cfg: Any, keys: tuple[str, ...] = tuple(FIELD_NAMES)):
+    """None when every configured field of `keys` (DataConfig attributes) is among `names`; else the one-line
+    setup error for a whole file whose fields are not the configured ones, before any record is judged: it names
+    the file (`where`), the fields it has (`noun`s: columns, JSON keys) and the `data.*` keys to set, with a guess
+    from the common names (open_clip's `filepath,title` → data.image_field=filepath data.caption_field=title)."""
+    missing = tuple(k for k in keys if getattr(cfg, k) not in names)
+    if not missing:
+        return None
+    wanted = ", ".join(f"{getattr(cfg, k)!r} (data.{k})" for k in missing)
+    found = ", ".join(names) or "none"
+    return f"{where}: no {noun} {wanted}; its {noun}s are {found}: {field_fix(names, cfg, missing)}"
 
 
 def caption_ok(text: Any, where: str, rid: str, report: BadSampleReport, blank_ok: bool = False) -> bool:

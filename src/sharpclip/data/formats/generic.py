@@ -18,7 +18,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from sharpclip.config import DataConfig
-from sharpclip.data.formats._common import caption_ok, fields, iter_jsonl, line_of, not_utf8, require_dir
+from sharpclip.data.formats._common import (
+    FIELD_NAMES,
+    caption_ok,
+    field_mismatch,
+    fields,
+    iter_jsonl,
+    line_of,
+    not_utf8,
+    require_dir,
+)
 from sharpclip.data.schema import BadSample, BadSampleReport, EditSample, PairSample, Sample
 from sharpclip.data.text import is_blank
 
@@ -36,15 +45,25 @@ def _table_file(root: Path, split: str) -> Path | None:
     return None
 
 
-def _records(path: Path, report: BadSampleReport, keep: tuple[str, ...] = ()) -> Iterator[tuple[str, dict]]:
-    """(where, record) of each row; an empty CSV cell is left out unless its column is in `keep` (the caption's:
-    an empty caption is reported as such, not as a missing column)."""
+def _is_edit(names) -> bool:
+    return "source_image" in names and "edited_image" in names
+
+
+def _records(path: Path, report: BadSampleReport, cfg: DataConfig) -> Iterator[tuple[str, dict]]:
+    """(where, record) of each row; an empty CSV cell is left out unless it is the caption's (an empty caption is
+    reported as such, not as a missing column). A CSV/TSV header without the configured image and caption columns
+    is one setup error (`field_mismatch`) before any row is read."""
     if path.suffix in (".jsonl", ".json"):
         yield from iter_jsonl(path, report)
         return
     # undecodable bytes become surrogates, so one latin-1 row is a bad sample (file:line) and the rest still parse
     with open(report.read_file(path), encoding="utf-8", errors="surrogateescape", newline="") as f:
         reader = csv.DictReader(f, delimiter="\t" if path.suffix == ".tsv" else ",")
+        names = [n for n in reader.fieldnames or [] if n]
+        problem = None if not names or _is_edit(names) else field_mismatch(str(path), "column", names, cfg)
+        if problem is not None:
+            raise ValueError(problem)
+        keep = (cfg.caption_field,)
         for i, row in enumerate(reader):
             values = {k: v for k, v in row.items() if v is not None and (v != "" or k in keep)}
             bad = next((v for v in values.values() if isinstance(v, str) and _SURROGATE.search(v)), None)
@@ -95,14 +114,28 @@ def _pair(record: dict, where: str, rid: str, base: Path, cfg: DataConfig, repor
     )
 
 
+KEYS_SHOWN = 12  # JSON keys named in a mismatch message
+
+
+def _check_keys(path: Path, records: list[tuple[str, dict]], cfg: DataConfig) -> None:
+    """One setup error when no pair record of a JSON Lines file has the configured image (or caption) key: every
+    record would fail the same way, so no record is judged (and skipping would skip them all)."""
+    pairs = [r for _, r in records if not _is_edit(r)]
+    names = list(dict.fromkeys(k for r in pairs for k in r))  # every key seen, in first-seen order
+    missing = tuple(k for k in FIELD_NAMES if not any(getattr(cfg, k) in r for r in pairs))
+    if pairs and missing:
+        raise ValueError(field_mismatch(str(path), "JSON key", names[:KEYS_SHOWN], cfg, missing))
+
+
 def _read_table(path: Path, cfg: DataConfig, report: BadSampleReport) -> list[Sample]:
     samples = []
-    for n, (where, record) in enumerate(_records(path, report, keep=(cfg.caption_field,))):
+    records = list(_records(path, report, cfg))
+    _check_keys(path, records, cfg)
+    for n, (where, record) in enumerate(records):
         rid = str(record.get(cfg.id_field, n))
-        is_edit = "source_image" in record and "edited_image" in record
         sample = (
             _edit(record, where, rid, path.parent, report)
-            if is_edit
+            if _is_edit(record)
             else _pair(record, where, rid, path.parent, cfg, report)
         )
         if sample is not None:

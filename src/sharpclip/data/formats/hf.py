@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from sharpclip.config import DataConfig
-from sharpclip.data.formats._common import caption_ok
+from sharpclip.data.formats._common import caption_ok, field_mismatch
 from sharpclip.data.schema import ArrowCell, BadSample, BadSampleReport, ImageSource, PairSample, ParquetCell
 from sharpclip.data.text import is_blank
 
@@ -111,12 +111,9 @@ def _arrow_files(root: Path, split: str) -> list[Path]:
 
 
 def _columns(names: list[str], cfg: DataConfig, where: Path) -> list[str]:
-    missing = [c for c in (cfg.image_field, cfg.caption_field) if c not in names]
-    if missing:
-        raise ValueError(
-            f"{where}: no column {', '.join(map(repr, missing))} (columns: {', '.join(names)}); set "
-            "data.image_field / data.caption_field to the dataset's image and caption columns"
-        )
+    problem = field_mismatch(str(where), "column", names, cfg)
+    if problem is not None:
+        raise ValueError(problem)
     optional = (cfg.short_caption_field, cfg.id_field, cfg.group_field)
     return [cfg.caption_field, *(c for c in optional if c in names)]
 
