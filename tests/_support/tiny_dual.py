@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from _support.tiny_towers import TinyTowers, make_batch
+from sharpclip import collectives
 from sharpclip.config import LossConfig, TermConfig
 from sharpclip.data.sampling import GroupBatchSampler
 from sharpclip.data.schema import Batch
@@ -118,7 +119,7 @@ def run_case(name: str, mode: str, batch: Batch, device: str = "cpu"):
     if mode == "gathered":  # every rank the whole matrix (no local loss): the path of the gradient diagnostics
         micro = split_rows(encoder.to_device(batch), MICRO[mode])
         terms = cached_gradient_step(encoder, micro, lambda f: objective({**f, **encoder.model_inputs()}),
-                                     gather=distributed.gather_features)  # fmt: skip
+                                     gather=collectives.gather_features)  # fmt: skip
         result = StepResult({k: v.detach() for k, v in terms.items()}, {}, 0).read()
     else:
         accumulation = "per_micro_batch" if mode == "per_micro_batch" else "exact"

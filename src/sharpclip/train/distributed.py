@@ -1,4 +1,4 @@
-"""Everything that talks to torch.distributed; the only module that imports it.
+"""The trainer's side of torch.distributed: the process group, gradient sync, the step's flags, object collectives.
 
 What is gathered (train.step): under exact accumulation every rank gathers every rank's features (with gradient)
 and computes the loss rows of its own samples against all of them (local loss), its share of the global loss;
@@ -8,10 +8,9 @@ share sent them; each rank backpropagates W times its share and DDP's gradient a
 parameters end with exactly ∂L/∂θ of the global loss, as on one process with the whole batch. Anything built from
 the batch, such as HN-CLIP's Ḡ, is built over the gathered texts and matches the global logits by construction.
 
-One code path on every backend: `all_gather_single` forward and `reduce_scatter_single` backward (gloo has both,
-so the CPU tests run what NCCL runs). Ranks may hold different rows and token lengths: every feature's shape
-travels in one small all-gather per step (`exchange_shapes`, read back to the host once), then each feature is
-padded to the largest shape, gathered and cut back.
+The autograd all-gather itself (all-gather forward, reduce-scatter backward, uneven rows, one shape exchange)
+is `sharpclip.collectives.gather`, shared with the drop-in losses; this module keeps the process group, the
+gradient sync and the step's flags.
 
 Gradient averaging is DDP's all-reduce, called once per optimiser step (`average_gradients`) rather than through the
 DDP wrapper: the cached-gradient step runs one no-grad pass, a loss backward that reaches parameters outside the
@@ -32,29 +31,22 @@ tensors' own device. Several nodes need nothing here: torchrun's rendezvous (`--
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import TypeVar
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import Tensor
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from sharpclip import collectives
 
 T = TypeVar("T")
 
 
-def is_distributed() -> bool:
-    return dist.is_available() and dist.is_initialized()
-
-
-def rank() -> int:
-    return dist.get_rank() if is_distributed() else 0
-
-
-def world_size() -> int:
-    return dist.get_world_size() if is_distributed() else 1
+is_distributed = collectives.is_initialized
+rank, world_size = collectives.rank, collectives.world_size
 
 
 def init_from_env(device: torch.device | None = None, timeout_min: float | None = None) -> bool:
@@ -128,85 +120,6 @@ def all_ranks_lists(values: list) -> list:
 def shutdown() -> None:
     if is_distributed():
         dist.destroy_process_group()
-
-
-def _pad_to(tensor: Tensor, shape: tuple[int, ...]) -> Tensor:
-    pad: list[int] = []
-    for have, want in zip(reversed(tensor.shape), reversed(shape), strict=True):
-        pad += [0, want - have]
-    return F.pad(tensor, pad) if any(pad) else tensor
-
-
-class _AllGather(torch.autograd.Function):
-    """All-gather with gradient: forward stacks every rank's (N, ...) tensor into (W·N, ...) in rank order; backward
-    hands each rank the sum over ranks of the gradient of its own block (a reduce-scatter), the semantics of the
-    deprecated `torch.distributed.nn.functional.all_gather`. Every rank's tensor must have the same shape."""
-
-    @staticmethod
-    def forward(ctx, tensor: Tensor) -> Tensor:
-        ctx.rows = tensor.shape[0]
-        return _all_gather(tensor)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:
-        out = grad.new_empty((ctx.rows, *grad.shape[1:]))
-        dist.reduce_scatter_single(out, grad.contiguous(), op=dist.ReduceOp.SUM)
-        return out
-
-
-def _all_gather(tensor: Tensor) -> Tensor:
-    """(W·N, ...) from every rank's (N, ...) tensor, in rank order, without gradient."""
-    tensor = tensor.contiguous()
-    out = tensor.new_empty((world_size() * tensor.shape[0], *tensor.shape[1:]))
-    dist.all_gather_single(out, tensor)
-    return out
-
-
-def exchange_shapes(features: Mapping[str, Tensor]) -> Tensor:
-    """Every rank's shape of every feature, (W, K, R) int64 on the host (K keys in order, R the largest ndim,
-    missing dims 0): one small all-gather for all keys, read back once."""
-    values = list(features.values())
-    ndim = max(v.ndim for v in values)
-    local = torch.zeros(len(values), ndim, dtype=torch.int64)
-    for k, v in enumerate(values):
-        local[k, : v.ndim] = torch.tensor(v.shape, dtype=torch.int64)
-    return _all_gather(local.to(values[0].device)[None]).cpu()  # NCCL gathers on the features' GPU
-
-
-def _gather_one(tensor: Tensor, shapes: Tensor) -> tuple[Tensor, slice]:
-    """Every rank's `tensor` concatenated along dim 0 (padded to the largest shape to travel, cut back after) and
-    this rank's rows in the result. shapes: (W, R) every rank's shape of this tensor (`exchange_shapes`)."""
-    rows = shapes[:, 0].tolist()
-    largest = tuple(int(n) for n in shapes[:, : tensor.ndim].max(dim=0).values.tolist())
-    is_mask = tensor.dtype == torch.bool  # gloo cannot gather bool; masks carry no gradient
-    padded = _pad_to(tensor.to(torch.uint8) if is_mask else tensor, largest)
-    full = _AllGather.apply(padded) if tensor.requires_grad else _all_gather(padded)
-    parts = [block[:n] for block, n in zip(full.chunk(world_size()), rows, strict=True)]
-    out = torch.cat(parts)
-    start = sum(rows[: rank()])
-    return (out.bool() if is_mask else out), slice(start, start + rows[rank()])
-
-
-def gather(features: Mapping[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, slice]]:
-    """Every rank's per-sample features, concatenated in rank order along dim 0, differentiable, and the slice of
-    each key's result that holds this rank's own rows (the rows a local loss computes).
-
-    Ranks may differ in rows and token length: token tensors are zero-padded (masks with False) to the longest.
-    Shapes travel once for all keys (`exchange_shapes`), then one all-gather per key. On one process this returns
-    the features unchanged and slices over all their rows.
-    """
-    if world_size() == 1 or not features:
-        return dict(features), {k: slice(0, len(v)) for k, v in features.items()}
-    shapes = exchange_shapes(features)
-    gathered, local = {}, {}
-    for k, (key, value) in enumerate(features.items()):
-        gathered[key], local[key] = _gather_one(value, shapes[:, k])
-    return gathered, local
-
-
-def gather_features(features: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """`gather` without the slices: every rank's features in rank order; the features themselves on one process."""
-    return gather(features)[0]
 
 
 def all_reduce_sum(tensor: Tensor) -> Tensor:

@@ -20,7 +20,7 @@
 
 What W processes compute, with global batch B = W·b:
 
-- exact: every rank gathers every rank's features (train.distributed.gather) and computes the loss rows of its
+- exact: every rank gathers every rank's features (sharpclip.collectives.gather) and computes the loss rows of its
   own b samples against all B columns (local loss: the losses' `rows` input, train.features). Its term values
   are its additive share of the global loss, so their sum over ranks is the loss of the B × B matrix. The
   gather's backward sums over ranks what every share sent to a rank's features, and `average_gradients`
@@ -41,6 +41,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
+from sharpclip import collectives
 from sharpclip.config import ConfigError
 from sharpclip.data.schema import Batch
 from sharpclip.losses import Objective
@@ -127,7 +128,7 @@ def objective_inputs(
     features are this rank's and no slice is added (the losses compute every row)."""
     features = encoder.with_edits(rows, batch)
     if gather and distributed.world_size() > 1:
-        features, mine = distributed.gather(features)
+        features, mine, _ = collectives.gather(features)
         for name, kind in ((ROWS, encoder.rows), (EDIT_ROWS, encoder.edits)):
             if kind:
                 features[name] = mine[kind[0].name]  # type: ignore[assignment]
