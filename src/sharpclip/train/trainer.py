@@ -45,6 +45,7 @@ from sharpclip.losses import Objective
 from sharpclip.losses.monitors import MATRICES_MONITOR, SATURATED_MONITOR
 from sharpclip.models.base import DualEncoder
 from sharpclip.train import checkpoint, distributed
+from sharpclip.train.compile import compile_towers, dropout_rate, is_compile_error
 from sharpclip.train.diagnostics import gradient_diagnostics
 from sharpclip.train.features import FeatureEncoder
 from sharpclip.train.logging import RunLogger, log, progress
@@ -144,7 +145,8 @@ class Trainer:
 
     # -- the loop ---------------------------------------------------------------------------------------------
     def fit(self) -> TrainerState:
-        log.info("device %s, precision %s%s%s", devices.describe(self.device), self.cfg.precision,
+        log.info("device %s, torch %s, precision %s%s%s", devices.describe(self.device), torch.__version__,
+                 self.cfg.precision,
                  ", TF32 matmuls" if self.device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32 else "",
                  ", towers compiled" if self.cfg.compile else "")  # fmt: skip
         world = distributed.world_size()
@@ -546,48 +548,3 @@ class Trainer:
             kept = [line for line in lines if json.loads(line).get("step", 0) <= self.state.step]
             if len(kept) != len(lines):
                 writer.path.write_text("".join(kept))
-
-
-COMPILE_RECOMPILE_LIMIT = 32  # Dynamo cache entries per frame; both towers run through one transformers frame
-COMPILE_GRAPH_BUDGET = 8  # graphs over a run's shape mix: (vision, text) × (no-grad, grad) × (train, eval)
-
-
-def compile_towers(model: DualEncoder, backend: str = "inductor") -> None:
-    """`torch.compile` the vision and text towers in place (parameter names, hence checkpoints, unchanged).
-
-    Only the towers: the losses and the cached-gradient bookkeeping around them change shape with every batch
-    layout, and their cost is small. Compilation itself happens at the first step (see `Trainer._run_step`).
-    The towers are compiled with dynamic shapes, so new caption widths, a short last micro-batch, a batch of one
-    micro-batch, `encode_batch_size` passes and evaluation batches reuse the same graphs (at most
-    COMPILE_GRAPH_BUDGET over the trainer's shape mix, tested with backend="eager"); Dynamo's per-frame recompile
-    limit is raised to COMPILE_RECOMPILE_LIMIT, as the two towers share transformers' wrapper frame and its default
-    of 8 would leave later variants running eagerly.
-    """
-    import torch._dynamo  # torch imports Dynamo lazily
-
-    limit = torch._dynamo.config.recompile_limit
-    torch._dynamo.config.recompile_limit = max(limit, COMPILE_RECOMPILE_LIMIT)
-    for tower in (model.vision_model, model.text_model):
-        tower.compile(backend=backend, dynamic=True)
-
-
-def is_compile_error(err: BaseException) -> bool:
-    """Whether `err` (or an exception it was raised from) comes from Dynamo or Inductor."""
-    seen: set[int] = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        if any(c.__module__.startswith(("torch._dynamo", "torch._inductor")) for c in type(err).__mro__):
-            return True
-        err = err.__cause__ or err.__context__
-    return False
-
-
-def dropout_rate(model: torch.nn.Module) -> float:
-    """The largest dropout rate in `model`: `nn.Dropout` modules and transformers' float `dropout` attributes."""
-    rates = [0.0]
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            rates.append(module.p)
-        elif isinstance(getattr(module, "dropout", None), float):
-            rates.append(module.dropout)
-    return max(rates)
