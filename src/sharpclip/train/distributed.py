@@ -30,8 +30,9 @@ tensors' own device. Several nodes need nothing here: torchrun's rendezvous (`--
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import timedelta
 from typing import TypeVar
 
@@ -158,6 +159,120 @@ def average_gradients(params: Iterable[torch.nn.Parameter]) -> None:
             g.copy_(synced)
 
 
+BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb: fewer, larger all-reduces against earlier overlap
+
+
+class _Bucket:
+    """Parameters whose gradients travel in one all-reduce, through one persistent flat buffer (one dtype)."""
+
+    def __init__(self, params: list[torch.nn.Parameter]):
+        self.params = params
+        self.flat = torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
+        self.views = list(torch.split(self.flat, [p.numel() for p in params]))
+        self.views = [v.view(p.shape) for v, p in zip(self.views, params, strict=True)]
+        self.handle = None
+
+    def launch(self) -> None:
+        """Copy the gradients in (a parameter no backward reached counts as zero, as DDP does) and start the sum."""
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        torch._foreach_copy_(self.views, [p.grad for p in self.params])
+        self.handle = dist.all_reduce(self.flat, async_op=True)
+
+    def land(self, world: int) -> None:
+        """Wait for the sum and write the mean back into the gradients."""
+        self.handle.wait()
+        self.handle = None
+        self.flat /= world
+        torch._foreach_copy_([p.grad for p in self.params], self.views)
+
+
+def _buckets(params: list[torch.nn.Parameter], order: list[int], cap: int) -> list[_Bucket]:
+    """`params` in `order`, cut into buckets of at most `cap` bytes (one dtype and device each)."""
+    buckets: list[list[torch.nn.Parameter]] = []
+    size = 0
+    for i in order:
+        p = params[i]
+        last = buckets[-1][-1] if buckets else None
+        if last is None or (last.dtype, last.device) != (p.dtype, p.device) or size + p.nbytes > cap:
+            buckets.append([])
+            size = 0
+        buckets[-1].append(p)
+        size += p.nbytes
+    return [_Bucket(b) for b in buckets]
+
+
+class GradSync:
+    """Gradient averaging over ranks, overlapped with the backward pass: DDP's bucketed all-reduce, driven by
+    per-parameter post-accumulate-grad hooks instead of a wrapper around the model.
+
+        sync.start()                      the step begins: nothing reduced yet
+        with sync.no_sync(): backward()   every backward of the step but the last (earlier micro-batches, the
+                                          exact step's loss backward and its replays but the last)
+        backward()                        the last: each bucket's all-reduce starts as soon as its gradients are in,
+                                          while the backward still runs through earlier layers
+        sync.finish()                     the buckets no hook completed (the logit scale, whose gradient came from
+                                          an earlier backward; parameters no loss reached) are reduced; all waited
+                                          for and divided by W
+
+    Buckets hold about BUCKET_BYTES each and start in bucket order on every rank (as DDP's reducer: collectives must
+    match across ranks). The first step reduces in reverse registration order and records the order in which
+    gradients became ready; rank 0's order becomes the bucket layout from the second step on (DDP's rebuild).
+    The hooks act only between `start` and `finish`, so other backward passes (the gradient diagnostics) are not
+    reduced here. The result equals one all-reduce-mean of every gradient after the backward.
+    """
+
+    def __init__(self, params: list[torch.nn.Parameter], bucket_bytes: int = BUCKET_BYTES):
+        self.params, self.cap = [p for p in params if p.requires_grad], bucket_bytes
+        self._index = {id(p): i for i, p in enumerate(self.params)}
+        self._layout(list(reversed(range(len(self.params)))))
+        self._seen: list[int] | None = []  # the ready order of the first synced backward (None once rebuilt)
+        self._active = self._paused = False
+        for p in self.params:
+            p.register_post_accumulate_grad_hook(self._ready)
+
+    def _layout(self, order: list[int]) -> None:
+        self.buckets = _buckets(self.params, order, self.cap)
+        self._bucket_of = {id(p): b for b, bucket in enumerate(self.buckets) for p in bucket.params}
+
+    def start(self) -> None:
+        self._active, self._paused, self._next = True, False, 0
+        self._pending = [len(b.params) for b in self.buckets]
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside accumulate gradients locally (forward and backward: the hooks fire in backward)."""
+        self._paused = True
+        try:
+            yield
+        finally:
+            self._paused = False
+
+    def _ready(self, param: torch.nn.Parameter) -> None:
+        if not self._active or self._paused:
+            return
+        if self._seen is not None:
+            self._seen.append(self._index[id(param)])
+        self._pending[self._bucket_of[id(param)]] -= 1
+        while self._next < len(self.buckets) and self._pending[self._next] == 0:  # in bucket order, as every rank
+            self.buckets[self._next].launch()
+            self._next += 1
+
+    def finish(self) -> None:
+        for bucket in self.buckets[self._next :]:
+            bucket.launch()
+        for bucket in self.buckets:
+            bucket.land(world_size())
+        self._active = False
+        if self._seen is not None:  # the first step: buckets follow the order the gradients arrived in (rank 0's)
+            seen = list(dict.fromkeys(self._seen))
+            rest = set(range(len(self.params))) - set(seen)
+            order = seen + sorted(rest, reverse=True)
+            self._layout(from_rank0(order))
+            self._seen = None
+
+
 def broadcast_parameters(module: torch.nn.Module) -> None:
     """Make every rank start from rank 0's parameters and buffers."""
     if world_size() == 1:
@@ -183,6 +298,47 @@ def all_true(flag: bool) -> bool:
     value = torch.tensor([float(flag)], device=_flag_device())
     dist.all_reduce(value, op=dist.ReduceOp.MIN)
     return bool(value.item() == 1.0)
+
+
+def batch_shapes(batch: object) -> tuple:
+    """The shapes of every tensor field of `batch` (host metadata, no device read): equal shapes on a rank from one
+    step to the next mean equal feature shapes, so the gather may reuse the shapes it exchanged before."""
+    return tuple((k, tuple(v.shape)) for k, v in vars(batch).items() if isinstance(v, Tensor))
+
+
+class StepFlags:
+    """The step's flags, agreed in one all-reduce of 3·W numbers before each step (none on one process): whether
+    every rank holds a batch, whether any rank's batch shapes changed since the last step, and every rank's rows.
+    While no shape changed, `gather` reuses the shapes it exchanged (no per-step shape exchange); `equal_rows`
+    tells the exact step that every rank runs the same backward (see train.step.exact_step)."""
+
+    def __init__(self) -> None:
+        self._last: tuple | None = None  # this rank's batch shapes at the last step
+        self._shapes: collectives.Shapes | None = None  # every rank's feature shapes at the last gather
+        self._reuse = False  # the last agreement found no rank's shapes changed: the next gather may reuse them
+        self.equal_rows = False  # every rank holds as many rows as every other at this step
+
+    def agree(self, batch: object | None) -> list[bool]:
+        """Every rank's "I hold a batch", in rank order (the trainer's one host read before a step)."""
+        if world_size() == 1:
+            return [batch is not None]
+        shapes = batch_shapes(batch) if batch is not None else None
+        w, r = world_size(), rank()
+        value = torch.zeros(3 * w, device=_flag_device())
+        value[r] = float(batch is not None)
+        value[w + r] = float(shapes != self._last)
+        value[2 * w + r] = float(len(batch) if batch is not None else 0)  # type: ignore[arg-type]
+        dist.all_reduce(value)
+        flags = value.tolist()
+        self._reuse, self._last = not any(flags[w : 2 * w]), shapes
+        self.equal_rows = len(set(flags[2 * w :])) == 1
+        return [v == 1.0 for v in flags[:w]]
+
+    def gather(self, features: Mapping[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, slice]]:
+        """`collectives.gather`, exchanging shapes only when some rank's batch shapes changed since the last."""
+        known, self._reuse = (self._shapes if self._reuse else None), False
+        gathered, local, self._shapes = collectives.gather(features, known)
+        return gathered, local
 
 
 def all_flags(flag: bool) -> list[bool]:

@@ -59,12 +59,20 @@ class TrainingDiverged(RuntimeError):
     """Too many consecutive steps had a non-finite loss or gradient, or an update made the weights non-finite."""
 
 
-def max_abs(params: list[torch.Tensor]) -> torch.Tensor:
-    """max |w| over `params` as a 0-dim tensor (inf or nan when any weight is), without a host read. aminmax, one
-    pass per tensor, was the fastest exact reduction measured (benchmarks/finite_check.py; an inf-norm was 70×
-    slower on CPU)."""
-    extremes = [torch.stack(torch.aminmax(p.detach())) for p in params if p.numel()]
-    return torch.stack(extremes).abs().max() if extremes else torch.zeros(())
+def max_abs(params: list[torch.Tensor], fused: bool | None = None) -> torch.Tensor:
+    """max |w| over `params` as a 0-dim tensor (inf or nan when any weight is), without a host read.
+
+    On a GPU one fused multi-tensor inf-norm (`torch._foreach_norm`: a handful of kernel launches, however many
+    parameter tensors; per-tensor reductions would launch ~2 per tensor, ~1,200 for ViT-L/14); on the CPU, where
+    nothing is launched, aminmax per tensor, the fastest exact reduction measured there (benchmarks/finite_check.py).
+    fused: force either form (None: by device).
+    """
+    params = [p.detach() for p in params if p.numel()]
+    if not params:
+        return torch.zeros(())
+    if not (params[0].device.type != "cpu" if fused is None else fused):
+        return torch.stack([torch.stack(torch.aminmax(p)) for p in params]).abs().max()
+    return torch.stack(torch._foreach_norm(params, float("inf"))).max()
 
 
 def largest_weight(params: list[torch.Tensor]) -> float:
@@ -118,6 +126,9 @@ class Trainer:
         self.total_steps = cfg.max_steps or cfg.epochs * len(loader)
         self.scheduler = build_scheduler(self.optimizer, cfg.warmup_steps, self.total_steps, cfg.min_lr_ratio)
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self.flags = distributed.StepFlags()  # each step's agreement: every rank holds a batch; shapes unchanged
+        # gradients averaged over ranks while the last backward runs (None on one process)
+        self.grad_sync = distributed.GradSync(self.params) if distributed.world_size() > 1 else None
         self._scale_ceiling = logit_scale_ceiling(model.logit_scale)  # from the model as built, before any resume
         self.state = TrainerState()
         self._resume_rng: dict | None = None  # RNG states to restore once the resumed epoch's iterator exists
@@ -229,7 +240,7 @@ class Trainer:
             start = time.perf_counter()
             batch = next(batches, None)
             self._data_wait = time.perf_counter() - start
-            ready = distributed.all_flags(batch is not None)
+            ready = self.flags.agree(batch)
             if not all(ready):
                 self._ran_out = [r for r, has in enumerate(ready) if not has]
                 return
@@ -306,7 +317,6 @@ class Trainer:
         start = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         step = self._run_step(batch)
-        distributed.average_gradients(self.params)
         max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
         result = step.read(grad_norm=torch.nn.utils.clip_grad_norm_(self.params, max_norm))
         loss, grad_norm = result.terms["loss"], result.extra["grad_norm"]
@@ -340,10 +350,11 @@ class Trainer:
     def _run_step(self, batch: Batch):
         cfg = self.cfg
         args = (self.encoder, self.objective, batch, self.micro, cfg.accumulation, cfg.encode_batch_size)
+        syncs = {"flags": self.flags, "grads": self.grad_sync}
         if not self._compiling:
-            return run_step(*args)
+            return run_step(*args, **syncs)
         try:  # torch.compile fails lazily, at the first call of a compiled tower: say what to do
-            result = run_step(*args)
+            result = run_step(*args, **syncs)
         except Exception as err:
             if not is_compile_error(err):  # an OOM, an NCCL or a data error keeps its own message
                 raise
