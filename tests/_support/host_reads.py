@@ -70,8 +70,6 @@ class HostReads(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-
-
 def sync_trainer(out: Path, terms: dict, rank: int = 0, world: int = 1, **overrides) -> Trainer:
     """A trainer of the toy model over `ToyLoader` (this rank's rows of global batches of 16), 3 steps."""
     model = toy_model()
