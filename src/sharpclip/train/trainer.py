@@ -156,6 +156,12 @@ class Trainer:
 
     # -- the loop ---------------------------------------------------------------------------------------------
     def fit(self) -> TrainerState:
+        """Train to the budget; on several ranks a failure on any rank ends every rank at once, with one line naming
+        the failing rank and its error (train.distributed.failures_end_every_rank)."""
+        with distributed.failures_end_every_rank():
+            return self._fit()
+
+    def _fit(self) -> TrainerState:
         log.info("device %s, torch %s, precision %s%s%s", devices.describe(self.device), torch.__version__,
                  self.cfg.precision,
                  ", TF32 matmuls" if self.device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32 else "",
@@ -277,6 +283,7 @@ class Trainer:
             share = sum(s for s, _ in saturated) / sum(n for _, n in saturated)
             log.info("epoch %d: %.1f%% of contrastive batches had InfoNCE < 1e-3", self.state.epoch, 100 * share)
             self.logger.step({"step": self.state.step, "epoch": self.state.epoch, "saturated_batches": share})
+        checkpoint.fault_point("validation", self.state.epoch)
         metrics = self._evaluate()  # recorded under this epoch's index, as its steps are
         self.state.epoch += 1
         self._epoch_open = False
