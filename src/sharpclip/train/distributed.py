@@ -4,7 +4,7 @@ What is gathered (train.step): under exact accumulation every rank gathers every
 and computes the loss rows of its own samples against all of them (local loss), its share of the global loss;
 under per_micro_batch nothing is gathered, each matrix is one rank's micro-batch. The autograd all-gather's backward
 sums the incoming gradients over ranks (a reduce-scatter), so each rank's local features receive what every rank's
-share sent them; each rank backpropagates W times its share and DDP's gradient averaging divides by W again, so the
+share sent them; each rank backpropagates W times its share and the gradient averaging divides by W again, so the
 parameters end with exactly ∂L/∂θ of the global loss, as on one process with the whole batch. Anything built from
 the batch, such as HN-CLIP's Ḡ, is built over the gathered texts and matches the global logits by construction.
 
@@ -12,15 +12,17 @@ The autograd all-gather itself (all-gather forward, reduce-scatter backward, une
 is `sharpclip.collectives.gather`, shared with the drop-in losses; this module keeps the process group, the
 gradient sync and the step's flags.
 
-Gradient averaging is DDP's all-reduce, called once per optimiser step (`average_gradients`) rather than through the
-DDP wrapper: the cached-gradient step runs one no-grad pass, a loss backward that reaches parameters outside the
-towers (the logit scale) and k replays per step, a pattern DDP's one-forward-one-backward pairing does not express.
-Averaging after the last replay is exactly what DDP with `no_sync` on the first k − 1 replays computes. (A DDP
-wrapper would average a second time: it must replace `average_gradients`, not be added to it.)
+Gradient averaging is DDP's bucketed all-reduce, overlapped with the step's last backward (`GradSync`), driven by
+hooks on the parameters rather than by the DDP wrapper: the cached-gradient step runs one no-grad pass, a loss
+backward that reaches parameters outside the towers (the logit scale) and k replays per step, and the feature
+encoder calls the towers through `encode_image` / `encode_text`, none of which DDP's one-forward-one-backward
+pairing sees. Syncing during the last replay only is exactly what DDP with `no_sync` on the first k − 1 computes.
 
-Every rank must enter every collective: the trainer asks `all_flags` once a step whether every rank holds a batch
-and ends the epoch on all ranks together when one does not, and `check_shared_dir` (train.run) refuses ranks that
-see different run directories. `train.dist_timeout_min` bounds how long a collective waits for the slowest rank.
+Every rank must enter every collective: before each step the trainer agrees the step's flags (`StepFlags`: does
+every rank hold a batch, did any rank's batch shapes change, every rank's rows) in one small all-reduce, and ends
+the epoch on all ranks together when one holds no batch; `check_shared_dir` (train.run) refuses ranks that see
+different run directories. A failure on one rank ends every rank at once (`failures_end_every_rank`);
+`train.dist_timeout_min` bounds how long a collective waits for the slowest rank.
 
 Devices: the backend follows the training device (NCCL for CUDA, gloo for the CPU), each rank binds its GPU
 (`torch.cuda.set_device(LOCAL_RANK)`) before the process group allocates anything, and every collective runs on the
@@ -408,8 +410,8 @@ class StepFlags:
 
 
 def all_flags(flag: bool) -> list[bool]:
-    """Every rank's `flag` in rank order, from one all-reduce of W numbers (the trainer asks it once a step: does
-    every rank hold a batch?); [flag] on one process, with no collective."""
+    """Every rank's `flag` in rank order, from one all-reduce of W numbers; [flag] on one process, with no
+    collective."""
     if world_size() == 1:
         return [flag]
     value = torch.zeros(world_size(), device=_flag_device())

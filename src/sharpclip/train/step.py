@@ -23,10 +23,10 @@ What W processes compute, with global batch B = W·b:
 - exact: every rank gathers every rank's features (sharpclip.collectives.gather) and computes the loss rows of its
   own b samples against all B columns (local loss: the losses' `rows` input, train.features). Its term values
   are its additive share of the global loss, so their sum over ranks is the loss of the B × B matrix. The
-  gather's backward sums over ranks what every share sent to a rank's features, and `average_gradients`
-  divides by W, so each rank backpropagates W times its share: the parameters then receive exactly ∂L/∂θ of the
-  global matrix, as on one process. Each rank's matrix is b × B instead of B × B. On one process nothing is
-  gathered and the losses compute the whole matrix.
+  gather's backward sums over ranks what every share sent to a rank's features, and the gradient sync
+  (train.distributed.GradSync) divides by W, so each rank backpropagates W times its share: the parameters then
+  receive exactly ∂L/∂θ of the global matrix, as on one process. Each rank's matrix is b × B instead of B × B.
+  On one process nothing is gathered and the losses compute the whole matrix.
 - per_micro_batch: rank r's micro-batches are its own; with the W·k micro-batches of a step split over the
   ranks, each matrix is `micro_batch_size` rows at every world size and the step's gradient is their mean, the
   gradient one process computes over the same micro-batches (`check_batch_split` refuses a global batch that does

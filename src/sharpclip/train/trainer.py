@@ -9,8 +9,8 @@ Before the loop the trainer puts everything that computes on `train.device`: the
 frozen towers (batches follow in train.features, the one place that moves them); it compiles the towers under
 `train.compile` and turns on activation checkpointing under `train.grad_checkpointing`.
 
-Ranks stay in step: before each step every rank says whether it holds a batch (one all-reduce of W flags; none on
-one process), and when one has run out every rank ends the epoch there, with a warning. The budget is
+Ranks stay in step: before each step every rank says whether it holds a batch (one all-reduce of the step's flags;
+none on one process), and when one has run out every rank ends the epoch there, with a warning. The budget is
 `train.epochs` passes (or `train.max_steps` steps), however many batches skipped samples removed; an epoch with no
 batch at all stops the run. Checkpoints hold every rank's loader position and random streams and the world size; a
 resume on another number of ranks continues at the next epoch boundary (`Trainer.resume`). With several ranks, each
@@ -45,6 +45,7 @@ from sharpclip.losses import Objective
 from sharpclip.losses.monitors import MATRICES_MONITOR, SATURATED_MONITOR
 from sharpclip.models.base import DualEncoder
 from sharpclip.train import checkpoint, distributed
+from sharpclip.train import resume as resume_policy
 from sharpclip.train.compile import compile_towers, dropout_rate, is_compile_error
 from sharpclip.train.diagnostics import gradient_diagnostics
 from sharpclip.train.features import FeatureEncoder
@@ -206,7 +207,7 @@ class Trainer:
             checkpoint.set_rng_state(self._resume_rng, self.device)
             self._resume_rng = None
         taken, budget = 0, self.state.step < self.total_steps
-        if self._end_at_once:  # resumed on another world size part-way through this epoch (see _change_world)
+        if self._end_at_once:  # resumed on another world size part-way through this epoch (resume.change_world)
             self._end_at_once, batches = False, iter(())
         for batch in self._steps(batches):
             taken += 1
@@ -235,7 +236,8 @@ class Trainer:
     def _steps(self, batches: Iterator[Batch]) -> Iterator[Batch]:
         """The epoch's batches while the step budget lasts and every rank holds one.
 
-        Each rank asks the others before every step (one all-reduce of W flags; no collective on one process): when
+        Each rank asks the others before every step (one all-reduce of the step's flags, train.distributed.StepFlags;
+        no collective on one process): when
         any rank's loader is exhausted early (a batch of only bad samples skipped, uneven shards, a shard count that
         overstates the data), every rank ends the epoch here together, rather than pairing one rank's gather with
         another's barrier and waiting forever. The wait for each batch is timed for the progress bar (open_clip's
@@ -484,7 +486,7 @@ class Trainer:
 
     def resume(self, path: Path, loaded: tuple | None = None) -> None:
         """Continue exactly from checkpoint `path`: weights, optimiser, schedule, each rank's loader position and RNG
-        (on another number of ranks: from the next clean boundary, see `_change_world`).
+        (on another number of ranks: from the next clean boundary, see `train.resume.change_world`).
 
         `loaded`: `checkpoint.load(path)` already read (and checked). The learning rate then follows this trainer's
         config at the restored step (train.resume documents what may change); the JSONL logs are cut back to what
@@ -494,7 +496,7 @@ class Trainer:
         self.model.load_state_dict(weights)
         self.optimizer.load_state_dict(training["optimizer"])
         self.scheduler.load_state_dict(training["scheduler"])
-        ranks, saved_world, first = self._rank_states(trainer_state, training)
+        ranks, saved_world, first = resume_policy.rank_states(trainer_state, training)
         logs = trainer_state.pop("logs", None)
         self._epoch_open = bool(trainer_state.pop("epoch_open", False))  # then fit() owes that epoch its end
         self._saturated = [tuple(pair) for pair in trainer_state.pop("saturated", [])]
@@ -504,45 +506,13 @@ class Trainer:
             self.loader.load_state_dict(ranks[0])
             self._resume_rng = ranks[1]
         else:
-            self._change_world(saved_world, first)
+            self._end_at_once = resume_policy.change_world(self.state, self.cfg, saved_world, first)
         self._reschedule()
         self._weights = largest_weight(self.params)
         if self.is_main:
             self._cut_logs(logs)
             self.logger.resume_at(self.state.step)
         log.info("resumed from %s at step %d (epoch %d)", path, self.state.step, self.state.epoch)
-
-    def _rank_states(self, trainer_state: dict, training: dict) -> tuple[tuple[dict, dict] | None, int, dict]:
-        """(this rank's (loader state, RNG state), or None when the world size changed; the saved world size; rank
-        0's loader state), taken out of `trainer_state`. A checkpoint that predates per-rank states holds rank 0's,
-        which every rank then takes."""
-        world, rank = distributed.world_size(), distributed.rank()
-        first = trainer_state.pop("loader")
-        saved = int(trainer_state.pop("world_size", world))
-        loaders = trainer_state.pop("loaders", None) or [first] * world
-        trainer_state.pop("rank_batch", None)
-        rngs = training.get("rank_rng") or [training["rng"]] * world
-        return ((loaders[rank], rngs[rank]) if saved == world else None), saved, first
-
-    def _change_world(self, ranks_saved: int, saved: dict) -> None:
-        """Resume on another number of ranks at the next clean boundary: the saved epoch's start when the checkpoint
-        is there, else the end of the saved epoch (validated and saved at once), then the next epoch from its start.
-        Each rank's batches differ in size and content on another world size, so the saved epoch cannot continue
-        part-way; the global batch and the step count are unchanged. Random streams restart from (seed, rank, step)."""
-        world, rank = distributed.world_size(), distributed.rank()
-        done = int(saved.get("batches_done", saved.get("start", 0)))
-        if done:
-            self._end_at_once = True
-        if self.is_main:
-            rest = (f"the rest of epoch {self.state.epoch} after its {done} batches done is skipped (that epoch is "
-                    f"validated and saved now), training continues at the start of epoch {self.state.epoch + 1}"
-                    if done else f"training continues at the start of epoch {self.state.epoch}")  # fmt: skip
-            log.warning(
-                "resumed on %d ranks, saved on %d (per-rank batch %d, was %d): %s, with the same global batch of %d",
-                world, ranks_saved, self.cfg.batch_size // world, self.cfg.batch_size // ranks_saved, rest,
-                self.cfg.batch_size,
-            )  # fmt: skip
-        checkpoint.seed_rngs(self.cfg.seed + rank + 1_000_003 * self.state.step)
 
     def _reschedule(self) -> None:
         """Each group's base rate from this config, times this config's schedule at the restored step."""
