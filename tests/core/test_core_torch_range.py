@@ -9,13 +9,13 @@ and each fallback is exercised here by hiding the newer name.
 
 from __future__ import annotations
 
-import socket
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.distributed as dist
 
+from _support.process_group import one_rank_group
 from sharpclip import collectives
 from sharpclip.train.compile import raise_recompile_limit
 
@@ -24,13 +24,8 @@ NEW_NAMES = {"all_gather_single": "all_gather_into_tensor", "reduce_scatter_sing
 
 @pytest.fixture
 def one_process_group():
-    """A gloo process group of one rank, torn down afterwards."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
+    with one_rank_group():
+        yield
 
 
 def _spy(monkeypatch, name: str, called: list[str]) -> None:

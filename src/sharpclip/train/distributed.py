@@ -137,17 +137,9 @@ def all_reduce_sum(tensor: Tensor) -> Tensor:
     return out
 
 
-def all_reduce_mean(tensor: Tensor) -> Tensor:
-    """Mean over ranks (in place on a copy); the identity on one process."""
-    if world_size() == 1:
-        return tensor
-    out = tensor.detach().clone()
-    dist.all_reduce(out)
-    return out / world_size()
-
-
 def average_gradients(params: Iterable[torch.nn.Parameter]) -> None:
-    """All-reduce-mean every `.grad` in place, flattened into one buffer per dtype (as DDP's buckets do)."""
+    """All-reduce-mean every `.grad` in place, flattened into one buffer per dtype, after the backward: for the
+    gradient diagnostics' occasional passes (a training step overlaps the sync with its backward: `GradSync`)."""
     if world_size() == 1:
         return
     by_dtype: dict[torch.dtype, list[Tensor]] = {}
@@ -301,7 +293,9 @@ def _watch(store, stop: threading.Event) -> None:
                 continue
             message = store.get(FAILED_KEY).decode()
             store.add(SEEN_KEY, 1)
-        except Exception as err:  # the store is unreachable: its host ended
+        except Exception as err:  # the store is unreachable: its host ended (a rank that finished first, too)
+            if stop.wait(FAILURE_WAIT_S):  # this rank is finishing as well
+                return
             message = f"the process group's store is gone ({_one_line(err)}): rank 0 or the launcher ended"
         if stop.is_set():  # this rank failed itself meanwhile and reports on its own
             return
