@@ -163,8 +163,7 @@ class Trainer:
             return self._fit()
 
     def _fit(self) -> TrainerState:
-        log.info("device %s, torch %s, precision %s%s%s", devices.describe(self.device), torch.__version__,
-                 self.cfg.precision,
+        log.info("device %s, precision %s%s%s", devices.describe(self.device), self.cfg.precision,
                  ", TF32 matmuls" if self.device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32 else "",
                  ", towers compiled" if self.cfg.compile else "")  # fmt: skip
         world = distributed.world_size()
@@ -237,11 +236,10 @@ class Trainer:
         """The epoch's batches while the step budget lasts and every rank holds one.
 
         Each rank asks the others before every step (one all-reduce of the step's flags, train.distributed.StepFlags;
-        no collective on one process): when
-        any rank's loader is exhausted early (a batch of only bad samples skipped, uneven shards, a shard count that
-        overstates the data), every rank ends the epoch here together, rather than pairing one rank's gather with
-        another's barrier and waiting forever. The wait for each batch is timed for the progress bar (open_clip's
-        "Data (t)").
+        no collective on one process): when any rank's loader is exhausted early (a batch of only bad samples
+        skipped, uneven shards, a shard count that overstates the data), every rank ends the epoch here together,
+        rather than pairing one rank's gather with another's barrier and waiting forever. The wait for each batch is
+        timed for the progress bar (open_clip's "Data (t)").
         """
         self._ran_out = []
         while self.state.step < self.total_steps:
