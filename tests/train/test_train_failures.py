@@ -2,7 +2,8 @@
 
 `sharpclip train` on 2 gloo ranks with an injected exception (SHARPCLIP_RAISE=<where>:<step>:<rank>, a
 RuntimeError at that point of that rank): in rank 0's checkpoint save while rank 1 waits at the barrier after it,
-and in rank 1 after a step while rank 0 goes on to the next step's collectives. The process group's timeout is
+in rank 1 after a step while rank 0 goes on to the next step's collectives, and in rank 0 at its epoch-end
+validation. The process group's timeout is
 10 minutes and each launch has far less (LIMIT), so a rank left waiting in a collective fails the test. Launched by
 torchrun, and as a cluster scheduler launches ranks: two plain processes with RANK, WORLD_SIZE, LOCAL_RANK,
 MASTER_ADDR and MASTER_PORT in their environment, no agent.
@@ -61,7 +62,8 @@ def test_an_exception_in_rank_0s_checkpoint_ends_both_torchrun_ranks_with_one_li
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("fault", "failing", "where"), [("step:1:1", 1, "step 1"), ("checkpoint:2:0", 0, "checkpoint 2")]
+    ("fault", "failing", "where"),
+    [("step:1:1", 1, "step 1"), ("checkpoint:2:0", 0, "checkpoint 2"), ("validation:0:0", 0, "validation 0")],
 )
 def test_ranks_a_scheduler_launched_without_an_agent_end_together(tmp_path, fault, failing, where):
     data = write_generic(tmp_path / "data")
