@@ -3,10 +3,9 @@
 `sharpclip train` on 2 gloo ranks with an injected exception (SHARPCLIP_RAISE=<where>:<step>:<rank>, a
 RuntimeError at that point of that rank): in rank 0's checkpoint save while rank 1 waits at the barrier after it,
 in rank 1 after a step while rank 0 goes on to the next step's collectives, and in rank 0 at its epoch-end
-validation. The process group's timeout is
-10 minutes and each launch has far less (LIMIT), so a rank left waiting in a collective fails the test. Launched by
-torchrun, and as a cluster scheduler launches ranks: two plain processes with RANK, WORLD_SIZE, LOCAL_RANK,
-MASTER_ADDR and MASTER_PORT in their environment, no agent.
+validation. The process group's timeout is 10 minutes and each launch has far less (LIMIT), so a rank left waiting
+in a collective fails the test. Launched by torchrun, and as a cluster scheduler launches ranks: two plain
+processes with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT in their environment, no agent.
 """
 
 from __future__ import annotations
