@@ -456,10 +456,12 @@ def own_errors() -> tuple[type[BaseException], ...]:
     from sharpclip.data.schema import BadSampleError
     from sharpclip.models.export import ExportError
     from sharpclip.train.checkpoint import CheckpointError
+    from sharpclip.train.distributed import RankFailed
     from sharpclip.train.run_dir import RunDirError
     from sharpclip.train.trainer import TrainingDiverged
 
-    return (ValueError, OSError, BadSampleError, CheckpointError, RunDirError, TrainingDiverged, ExportError)
+    return (ValueError, OSError, BadSampleError, CheckpointError, RunDirError, TrainingDiverged, ExportError,
+            RankFailed)  # fmt: skip
 
 
 def _quiet_rank(err: BaseException) -> bool:

@@ -56,6 +56,7 @@ def resolve_device(spec: str, key: str, rank_on_node: int | None = None) -> torc
         spec = "cuda" if torch.cuda.is_available() else "cpu"
     if spec == "cpu":
         return torch.device("cpu")
+    check_one_gpu_per_rank(spec, key)
     if not torch.cuda.is_available():
         raise ConfigError(f"{key}: {spec!r} but this machine has no usable CUDA; available: {available_devices()}")
     visible = torch.cuda.device_count()
@@ -67,6 +68,18 @@ def resolve_device(spec: str, key: str, rank_on_node: int | None = None) -> torc
             f"{key}: cuda:{index} does not exist (local rank {rank_on_node}); available: {available_devices()}"
         )
     return torch.device("cuda", index)
+
+
+def check_one_gpu_per_rank(spec: str, key: str) -> None:
+    """Refuse `cuda:N` under several processes (torchrun or a scheduler's WORLD_SIZE): every rank would take GPU N
+    (NCCL then fails at its first collective). One GPU per process that sees only its own (`cuda:0` with one
+    visible device) is what a per-task CUDA_VISIBLE_DEVICES gives, and is allowed."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if ":" in spec and world > 1 and torch.cuda.device_count() != 1:
+        raise ConfigError(
+            f"{key}: {spec!r} puts all {world} processes on one GPU; use {key}=cuda (each process takes the GPU of "
+            "its LOCAL_RANK) or auto"
+        )
 
 
 def check_precision(precision: str, device: torch.device, key: str) -> None:

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from _support.tiny_towers import TinyTowers, make_batch
+from sharpclip import collectives
 from sharpclip.config import LossConfig, TermConfig
 from sharpclip.data.sampling import GroupBatchSampler
 from sharpclip.data.schema import Batch
@@ -76,11 +77,13 @@ TERMS: dict[str, dict[str, TermConfig]] = {
     "clipin": {"c": TermConfig("infonce"), "e": TermConfig("edit_negatives", weight=0.1)},
 }
 MICRO = {"exact": 4, "exact_one": 16, "per_micro_batch": 4, "gathered": 4}  # rows per micro-batch, by mode
+VARIANTS = (("hn_clip", "lora"), ("infonce", "frozen_image"))  # (objective, what the recipe changes: `_variant`)
 # the (objective, mode) pairs; per_micro_batch cannot keep edit pairs together, so it runs without edits
 CASES = (
     [(n, m) for m in ("exact", "exact_one") for n in TERMS]
     + [(n, "per_micro_batch") for n in ("infonce", "hn_clip", "filip", "sigmoid", "hnclip_eq3")]
     + [("infonce", "gathered"), ("hnclip_eq3", "gathered")]
+    + [(f"{n}@{v}", m) for n, v in VARIANTS for m in ("exact", "per_micro_batch")]
 )
 # rows per rank of one global batch of 16 under exact: uneven (edit pairs stay whole)
 SIZES = {2: [10, 6], 4: [6, 4, 2, 4]}
@@ -109,22 +112,46 @@ class SpiedObjective(Objective):
         return super().__call__(features)
 
 
+def _variant(model: TinyDual, variant: str) -> TinyDual:
+    """The model as a recipe changes it: LoRA on both projections (peft; everything else frozen) or a frozen image
+    tower; "" leaves it whole (its `logit_bias` is then a parameter no CLIP loss reaches)."""
+    if variant == "lora":
+        from peft import LoraConfig, inject_adapter_in_model
+
+        model.requires_grad_(False)
+        config = LoraConfig(r=2, lora_alpha=4, target_modules=["image_proj", "text_proj"], init_lora_weights=False)
+        model = inject_adapter_in_model(config, model).double()
+        model.logit_scale.requires_grad_(True)
+    elif variant == "frozen_image":
+        for module in (model.patch, model.image_proj):
+            module.requires_grad_(False)
+    return model
+
+
 def run_case(name: str, mode: str, batch: Batch, device: str = "cpu"):
-    """One training step of objective `name` in `mode` on this rank's `batch`, gradients averaged over ranks.
-    Returns (step result, {parameter: gradient} on the CPU, the objective's calls)."""
-    model = TinyDual(dropout=0.0).to(device)
-    objective = SpiedObjective(build_objective(LossConfig(terms=TERMS[name])))
+    """A training step of objective `name` (`terms@variant`, see `_variant`) in `mode` on this rank's `batch`,
+    gradients averaged over ranks. On several ranks the gradients are synced as the trainer syncs them
+    (train.distributed.GradSync, overlapped with the backward) and the step runs twice, as bucket layouts change
+    after the first: the second step's result. Returns (step result, {parameter: gradient} on the CPU, the
+    objective's calls)."""
+    terms, _, variant = name.partition("@")
+    model = _variant(TinyDual(dropout=0.0), variant).to(device)
+    objective = SpiedObjective(build_objective(LossConfig(terms=TERMS[terms])))
     encoder = Float64Encoder(model, objective.feature_keys)
+    params = [p for p in model.parameters() if p.requires_grad]
     if mode == "gathered":  # every rank the whole matrix (no local loss): the path of the gradient diagnostics
         micro = split_rows(encoder.to_device(batch), MICRO[mode])
         terms = cached_gradient_step(encoder, micro, lambda f: objective({**f, **encoder.model_inputs()}),
-                                     gather=distributed.gather_features)  # fmt: skip
+                                     gather=collectives.gather_features)  # fmt: skip
         result = StepResult({k: v.detach() for k, v in terms.items()}, {}, 0).read()
+        distributed.average_gradients(params)
     else:
         accumulation = "per_micro_batch" if mode == "per_micro_batch" else "exact"
-        result = run_step(encoder, objective, batch, MICRO[mode], accumulation).read()  # the host values
-    params = [p for p in model.parameters() if p.requires_grad]
-    distributed.average_gradients(params)
+        sync = distributed.GradSync(params) if distributed.world_size() > 1 else None
+        for _ in range(2 if sync is not None else 1):
+            model.zero_grad(set_to_none=True)
+            objective.calls.clear()
+            result = run_step(encoder, objective, batch, MICRO[mode], accumulation, grads=sync).read()
     # every rank zero-fills a gradient its loss did not reach (to take part in the all-reduce): count none as zero
     grads = {n: (torch.zeros_like(p) if p.grad is None else p.grad).detach().cpu()
              for n, p in model.named_parameters() if p.requires_grad}  # fmt: skip

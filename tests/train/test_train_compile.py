@@ -18,9 +18,10 @@ from torch._dynamo.utils import counters
 from _support.tiny_run import ToyLoader, toy_model, train_config
 from sharpclip.config import ConfigError, LossConfig, TermConfig
 from sharpclip.train import trainer as trainer_module
+from sharpclip.train.compile import COMPILE_GRAPH_BUDGET, compile_towers
 from sharpclip.train.features import FeatureEncoder, build_objective
 from sharpclip.train.step import run_step, split_rows
-from sharpclip.train.trainer import COMPILE_GRAPH_BUDGET, Trainer, compile_towers
+from sharpclip.train.trainer import Trainer
 
 TERMS = {"hn": TermConfig("hn_clip"), "tok": TermConfig("filip", weight=0.5)}
 

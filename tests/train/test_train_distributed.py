@@ -25,8 +25,8 @@ import torch
 from safetensors.torch import load_file
 
 from _support.tiny_dual import CASES, MICRO, rows_for, run_case, run_diagnostics, tiny_batch
+from sharpclip.collectives import gather, gather_features
 from sharpclip.config import ConfigError
-from sharpclip.train.distributed import gather, gather_features
 from sharpclip.train.step import check_batch_split
 
 WORKER = Path(__file__).with_name("dist_worker.py")

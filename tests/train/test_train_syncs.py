@@ -7,72 +7,24 @@ allow-list: the trainer's two end-of-step reads, plus AdamW's step counters, whi
 
 from __future__ import annotations
 
-import collections
-import traceback
+import json
+import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from _support.tiny_run import ToyLoader, toy_model, train_config
-from sharpclip.config import LossConfig, TermConfig
-from sharpclip.train.features import build_objective
-from sharpclip.train.trainer import Trainer
+from _support.host_reads import ALLOWED, OBJECTIVES, OPTIMISER, HostReads, sync_trainer
+from sharpclip.train.trainer import Trainer, max_abs
 
-# (file, function) of the reads a step may make: terms, monitor and grad norm together; max |w| and logit scale
-ALLOWED = {("step.py", "read"), ("trainer.py", "_check_weights")}  # StepResult.read, called by _train_step
-OPTIMISER = "torch/optim/"  # AdamW's `step` counters are CPU tensors unless capturable/fused: no device sync
-OBJECTIVES = {
-    "hn_clip+filip": {"hn": TermConfig("hn_clip"), "tok": TermConfig("filip", weight=0.5)},
-    "hn_clip, frozen reference": {"hn": TermConfig("hn_clip", inputs={"reference_text": "text_frozen"})},
-}
-
-
-def _site() -> tuple[str, str]:
-    for frame in reversed(traceback.extract_stack()[:-2]):
-        name = frame.filename.replace("\\", "/")
-        if OPTIMISER in name:
-            return (OPTIMISER, "")
-        if "/sharpclip/" in name or "/transformers/" in name:
-            return (f"{Path(name).name}:{frame.lineno}" if "/transformers/" in name else Path(name).name, frame.name)
-    return ("?", "")
-
-
-class HostReads(TorchDispatchMode):
-    """Counts host reads by call site while active (dispatched scalar reads and `Tensor.tolist`)."""
-
-    def __init__(self):
-        super().__init__()
-        self.sites: collections.Counter = collections.Counter()
-        self._tolist = torch.Tensor.tolist
-
-    def __enter__(self):
-        counter, original = self, self._tolist
-
-        def tolist(t):
-            counter.sites[_site()] += 1
-            return original(t)
-
-        torch.Tensor.tolist = tolist
-        return super().__enter__()
-
-    def __exit__(self, *exc):
-        torch.Tensor.tolist = self._tolist
-        return super().__exit__(*exc)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._local_scalar_dense.default:
-            self.sites[_site()] += 1
-        return func(*args, **(kwargs or {}))
+WORKER = Path(__file__).with_name("sync_worker.py")
 
 
 def _trainer(tmp_path, terms, **overrides) -> Trainer:
-    model = toy_model()
-    cfg = train_config(str(tmp_path / "run"), max_steps=3, **overrides)
-    objective = build_objective(LossConfig(terms=terms))
-    loader = ToyLoader(model.tokenizer, batch_size=cfg.batch_size)
-    return Trainer(model, objective, loader, cfg, tmp_path / "run", write_model=lambda d: None)
+    return sync_trainer(tmp_path / "run", terms, **overrides)
 
 
 @pytest.mark.parametrize(
@@ -125,3 +77,42 @@ def test_a_cuda_step_synchronises_only_at_its_end(tmp_path):
             torch.cuda.set_sync_debug_mode("default")
     syncs = [w for w in caught if "synchroniz" in str(w.message)]
     assert len(syncs) <= len(ALLOWED), [str(w.message) for w in syncs]
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_read_the_device_only_at_the_end_of_each_step(tmp_path):
+    """The same count on 2 gloo ranks (launched by torchrun), on every rank, both accumulation modes, steps 2 and 3:
+    the two end-of-step reads and nothing else (no shape exchange while no rank's batch shapes changed, no
+    `torch.tensor(device=...)` copy). The rank flags agreed before each step (`Trainer._steps`) are the loop's one
+    read per step, outside the step."""
+    out = tmp_path / "reads.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(WORKER), str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ranks = json.loads(out.read_text())
+    assert len(ranks) == 2
+    expected = {f"{f}:{fn}": 1 for f, fn in ALLOWED}
+    for results in ranks:
+        for mode, steps in results.items():
+            assert len(steps) == 2, mode
+            for step in steps:
+                assert step["copies"] == {}, (mode, step)
+                exchange = {"collectives.py:exchange_shapes": 1} if step["shapes_changed"] and mode == "exact" else {}
+                assert step["sites"] == {**expected, **exchange}, (mode, step)
+
+
+@pytest.mark.parametrize("bad", [None, float("inf"), float("-inf"), float("nan")])
+def test_the_fused_weight_check_equals_the_per_tensor_one(bad):
+    """`max_abs` on a GPU is one fused multi-tensor inf-norm; on the CPU, aminmax per tensor. Both forms (the fused
+    one forced on the CPU) give the same max |w|, and both see an inf or a nan anywhere."""
+    g = torch.Generator().manual_seed(0)
+    params = [torch.randn(5, 3, generator=g), torch.randn(7, generator=g), torch.zeros(0), torch.tensor(-9.5)]
+    if bad is not None:
+        params[1][4] = bad
+    fused, per_tensor = max_abs(params, fused=True), max_abs(params, fused=False)
+    expected = max(float(p.abs().max()) for p in params if p.numel())
+    if bad is None:
+        assert float(fused) == float(per_tensor) == expected == 9.5
+    else:
+        assert not math.isfinite(float(fused)) and not math.isfinite(float(per_tensor))
+        assert math.isnan(float(fused)) == math.isnan(float(per_tensor)) == math.isnan(bad)

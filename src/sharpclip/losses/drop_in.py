@@ -22,9 +22,11 @@ a run that swaps ClipLoss for HNClipLoss changes nothing but the margin.
 
 Placement. The losses layer is pure math, and train.distributed is the trainer's link to torch.distributed; but
 code that calls this module has no sharpclip trainer to gather for it, and the losses layer may not import train.
-The few collectives it needs (a gather with gradient, the neighbour exchange) live in `sharpclip.collectives`, a
-part below the losses; the math (Ḡ, the fused boost, the sigmoid and edit-pair terms) is margins.py's, sigmoid.py's
-and edit_negatives.py's, called here on local rows and gathered columns.
+It gathers through `sharpclip.collectives`, the same autograd all-gather (reduce-scatter backward) the trainer's
+exact accumulation uses, and computes through the registered losses: `HNClipLoss` is `hn_clip` on the gathered
+batch (its `rows` form under local_loss, rescaled to open_clip's per-rank mean); only open_clip's local loss
+without gathered gradients, where the columns carry no gradient, goes through `get_logits`. The sigmoid blocks and
+the edit-pair term are sigmoid.py's `pairwise_sigmoid` and edit_negatives.py's `neg_cl_symmetric`.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from torch import Tensor, nn
 from sharpclip import collectives
 from sharpclip.losses._common import check_hyperparameters, scale_from_log
 from sharpclip.losses.edit_negatives import neg_cl_symmetric
-from sharpclip.losses.margins import boosted_similarity, margin_block
+from sharpclip.losses.margins import boosted_similarity, hn_clip, margin_block
 from sharpclip.losses.sigmoid import pairwise_sigmoid
 
 Reference = Tensor | Callable[[Tensor], Tensor] | None
@@ -182,10 +184,35 @@ class HNClipLoss(nn.Module):
         reference_text: (B, D) reference rows for this call only (overrides `reference`), e.g. from a model wrapper
         whose output dict carries them.
         """
-        per_image, per_text = self.get_logits(image_features, text_features, logit_scale, logit_bias, reference_text)
-        labels = self.get_ground_truth(image_features.device, per_image.shape[0])
-        loss = (F.cross_entropy(per_image, labels) + F.cross_entropy(per_text, labels)) / 2
+        if self.world_size > 1 and self.local_loss and not self.gather_with_grad:
+            # open_clip's local loss without gathered gradients: only this rank's rows carry a gradient, which the
+            # loss's rows form (one tensor serves as rows and columns) cannot express; it goes through the logits
+            logits = self.get_logits(image_features, text_features, logit_scale, logit_bias, reference_text)
+            per_image, per_text = logits
+            labels = self.get_ground_truth(image_features.device, per_image.shape[0])
+            loss = (F.cross_entropy(per_image, labels) + F.cross_entropy(per_text, labels)) / 2
+        else:  # the rows form builds its targets itself; open_clip's label cache is kept as it would be
+            logits = len(image_features) * (1 if self.local_loss else self.world_size)
+            self.get_ground_truth(image_features.device, logits)
+            loss = self._rows_loss(image_features, text_features, logit_scale, logit_bias, reference_text)
         return {"contrastive_loss": loss} if output_dict else loss
+
+    def _rows_loss(
+        self, image: Tensor, text: Tensor, scale: Tensor | float, bias: Tensor | None, reference: Tensor | None
+    ) -> Tensor:
+        """sharpclip's `hn_clip` over the (gathered) batch: every row without local_loss; under local_loss this
+        rank's rows (its `rows` form, a share of the global mean), rescaled to open_clip's per-rank mean."""
+        ref = _reference_rows(self.reference, text, reference)
+        rows = None
+        if self.world_size > 1:
+            _check_world(self.world_size, self.rank)
+            own = len(image)
+            image, text = self._gather(image), self._gather(text)
+            ref = None if ref is None else torch.cat(collectives.gather_parts(ref, with_grad=False))
+            rows = slice(self.rank * own, (self.rank + 1) * own) if self.local_loss else None
+        log_scale = torch.log(torch.as_tensor(scale))  # open_clip passes s itself; the loss takes log s
+        loss = hn_clip(image, text, log_scale, bias, ref, rows, gamma=self.gamma)
+        return loss if rows is None else loss * (len(image) / (rows.stop - rows.start))
 
 
 class SigLipMarginLoss(nn.Module):

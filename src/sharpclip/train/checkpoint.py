@@ -285,9 +285,13 @@ def _remove(path: Path) -> None:
 
 
 def fault_point(where: str, step: int) -> None:
-    """Fault injection for crash tests: SHARPCLIP_FAULT=<where>:<step> kills the process here with SIGKILL."""
+    """Fault injection for crash tests: SHARPCLIP_FAULT=<where>:<step> kills the process here with SIGKILL;
+    SHARPCLIP_RAISE=<where>:<step>[:<rank>] raises a RuntimeError here (on that rank only, when one is given)."""
     if os.environ.get("SHARPCLIP_FAULT") == f"{where}:{step}":
         os.kill(os.getpid(), 9)
+    raised = os.environ.get("SHARPCLIP_RAISE", "").split(":")
+    if raised[:2] == [where, str(step)] and raised[2:] in ([], [os.environ.get("RANK", "0")]):
+        raise RuntimeError(f"injected fault at {where} {step}")
 
 
 def resolve_source(source: str | Path, best: bool = False) -> Path:

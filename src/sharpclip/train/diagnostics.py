@@ -31,6 +31,7 @@ import math
 import torch
 from torch import Tensor
 
+from sharpclip import collectives
 from sharpclip.data.schema import Batch
 from sharpclip.losses import hn_clip, infonce, margin_matrix
 from sharpclip.train import distributed
@@ -113,7 +114,7 @@ def _per_micro_batch(encoder: FeatureEncoder, micro: list[Batch], fn, params: li
 def _whole_batch(encoder: FeatureEncoder, micro: list[Batch], fn, params: list) -> tuple[float, Grads, dict]:
     """The loss over the whole batch (cached gradients, as training), its gradient and the batch's Ḡ statistics."""
     cache = CachedFeatures(encoder, micro, encoder.device)
-    feats = distributed.gather_features(cache.leaves)
+    feats = collectives.gather_features(cache.leaves)
     loss = fn(feats["image"], feats["text"], encoder.model.logit_scale)
     loss.backward()
     cache.backward()

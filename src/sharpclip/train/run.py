@@ -256,10 +256,12 @@ def run_train(cfg: Config, resume: str | Path | None = None, overwrite: bool = F
 
 
 def describe_placement(device: torch.device) -> str:
-    """'world size 2, backend nccl, devices: rank 0 cuda:0 (...), rank 1 cuda:1 (...)' (every rank must call it)."""
+    """'world size 2, backend nccl, devices: rank 0 cuda:0 (...), rank 1 cuda:1 (...), torch 2.x' (every rank must
+    call it)."""
     ranks = distributed.all_ranks(devices.describe(device))
     listed = ", ".join(f"rank {r} {d}" for r, d in enumerate(ranks))
-    return f"world size {distributed.world_size()}, backend {distributed.backend()}, devices: {listed}"
+    world, backend = distributed.world_size(), distributed.backend()
+    return f"world size {world}, backend {backend}, devices: {listed}, torch {torch.__version__}"
 
 
 def _open(cfg: Config, directory: Path, mode: str, named: Path | None = None) -> tuple[dict, run_dir.RunLock | None]:

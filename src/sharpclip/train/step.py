@@ -20,13 +20,13 @@
 
 What W processes compute, with global batch B = W·b:
 
-- exact: every rank gathers every rank's features (train.distributed.gather) and computes the loss rows of its
+- exact: every rank gathers every rank's features (sharpclip.collectives.gather) and computes the loss rows of its
   own b samples against all B columns (local loss: the losses' `rows` input, train.features). Its term values
   are its additive share of the global loss, so their sum over ranks is the loss of the B × B matrix. The
-  gather's backward sums over ranks what every share sent to a rank's features, and `average_gradients`
-  divides by W, so each rank backpropagates W times its share: the parameters then receive exactly ∂L/∂θ of the
-  global matrix, as on one process. Each rank's matrix is b × B instead of B × B. On one process nothing is
-  gathered and the losses compute the whole matrix.
+  gather's backward sums over ranks what every share sent to a rank's features, and the gradient sync
+  (train.distributed.GradSync) divides by W, so each rank backpropagates W times its share: the parameters then
+  receive exactly ∂L/∂θ of the global matrix, as on one process. Each rank's matrix is b × B instead of B × B.
+  On one process nothing is gathered and the losses compute the whole matrix.
 - per_micro_batch: rank r's micro-batches are its own; with the W·k micro-batches of a step split over the
   ranks, each matrix is `micro_batch_size` rows at every world size and the step's gradient is their mean, the
   gradient one process computes over the same micro-batches (`check_batch_split` refuses a global batch that does
@@ -35,12 +35,14 @@ What W processes compute, with global batch B = W·b:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
 
+from sharpclip import collectives
 from sharpclip.config import ConfigError
 from sharpclip.data.schema import Batch
 from sharpclip.losses import Objective
@@ -54,6 +56,8 @@ from sharpclip.losses.monitors import (
 from sharpclip.train import distributed
 from sharpclip.train.accumulate import CachedFeatures
 from sharpclip.train.features import EDIT_ROWS, ROWS, FeatureEncoder
+
+NoSync = Callable[[], contextlib.AbstractContextManager]  # suspends the gradient sync (train.distributed.GradSync)
 
 
 def split_rows(batch: Batch, size: int) -> list[Batch]:
@@ -119,15 +123,20 @@ class StepResult:
 
 
 def objective_inputs(
-    encoder: FeatureEncoder, rows: Mapping[str, Tensor], batch: Batch, gather: bool = False
+    encoder: FeatureEncoder,
+    rows: Mapping[str, Tensor],
+    batch: Batch,
+    gather: bool = False,
+    flags: distributed.StepFlags | None = None,
 ) -> dict[str, Tensor]:
     """What the objective reads: the row features of this rank's `batch` with its edit rows picked, plus the model
     features (logit scale and bias). gather: every rank's features, in rank order, and the slices of this rank's
     own rows and edit rows in them (`rows`, `edit_rows`: the losses compute those rows only); on one process the
-    features are this rank's and no slice is added (the losses compute every row)."""
+    features are this rank's and no slice is added (the losses compute every row). flags: the trainer's step flags,
+    through which the gather skips the shape exchange while no rank's batch shapes changed."""
     features = encoder.with_edits(rows, batch)
     if gather and distributed.world_size() > 1:
-        features, mine = distributed.gather(features)
+        features, mine = flags.gather(features) if flags is not None else collectives.gather(features)[:2]
         for name, kind in ((ROWS, encoder.rows), (EDIT_ROWS, encoder.edits)):
             if kind:
                 features[name] = mine[kind[0].name]  # type: ignore[assignment]
@@ -139,20 +148,44 @@ def _evaluated(objective: Objective, features: Mapping[str, Tensor], terms: dict
     return Matrix({k: v.detach() for k, v in terms.items()}, objective.diagnose(features), rows)
 
 
-def exact_step(encoder: FeatureEncoder, objective: Objective, batch: Batch, micro: list[Batch]) -> Matrix:
+def _like_leaves(rows: dict[str, Tensor], constant: frozenset[str]) -> dict[str, Tensor]:
+    """`rows` with every floating feature requiring grad that a cache's leaves would (train.accumulate): a frozen
+    tower's features then take part in the gather's backward on every rank, whether it cached or not (ranks with
+    different row counts may differ in that; their collectives must not)."""
+    for key, value in rows.items():
+        if value.is_floating_point() and not value.requires_grad and key not in constant:
+            value.requires_grad_()
+    return rows
+
+
+def exact_step(
+    encoder: FeatureEncoder,
+    objective: Objective,
+    batch: Batch,
+    micro: list[Batch],
+    flags: distributed.StepFlags | None = None,
+    no_sync: NoSync = contextlib.nullcontext,
+) -> Matrix:
     """The objective over the global batch at the memory of one micro-batch (cached gradients, train.accumulate);
     on several ranks, this rank's loss rows against every rank's columns (see the module docstring). A batch of one
-    micro-batch has nothing to cache: one forward and one backward."""
+    micro-batch has nothing to cache: one forward and one backward. no_sync: around every backward but the last
+    (the loss backward and every replay but the last; train.distributed.GradSync)."""
     cache = (
         CachedFeatures(encoder, micro, encoder.device, constant=encoder.constant, replay=encoder)
         if len(micro) > 1
         else None
     )
-    features = objective_inputs(encoder, cache.leaves if cache else encoder(batch), batch, gather=True)
+    rows = cache.leaves if cache is not None else _like_leaves(encoder(batch), encoder.constant)
+    features = objective_inputs(encoder, rows, batch, gather=True, flags=flags)
     terms = objective(features)
-    (terms["loss"] * distributed.world_size()).backward()
+    # The loss backward runs the gather's reduce-scatters. Bucket all-reduces may start inside it only when it is the
+    # step's last backward (nothing cached) on every rank, which equal rows guarantee: collectives must be issued
+    # in one order on all ranks, and a rank that caches would issue its reduce-scatters before any all-reduce.
+    overlap = cache is None and (distributed.world_size() == 1 or (flags is not None and flags.equal_rows))
+    with contextlib.nullcontext() if overlap else no_sync():
+        (terms["loss"] * distributed.world_size()).backward()
     if cache is not None:
-        cache.backward()
+        cache.backward(no_sync)
     return _evaluated(objective, features, terms)
 
 
@@ -176,10 +209,16 @@ def micro_batch_pass(
 
 
 def per_micro_batch_step(
-    encoder: FeatureEncoder, objective: Objective, batch: Batch, micro_batch_size: int, encode_batch_size: int = 0
+    encoder: FeatureEncoder,
+    objective: Objective,
+    batch: Batch,
+    micro_batch_size: int,
+    encode_batch_size: int = 0,
+    no_sync: NoSync = contextlib.nullcontext,
 ) -> list[Matrix]:
     """This rank's micro-batches, each its own matrix; the gradient is the mean over every rank's matrices once
-    `average_gradients` has divided by W (each rank scales its losses by W / matrices over all ranks)."""
+    the gradient sync has divided by W (each rank scales its losses by W / matrices over all ranks). no_sync:
+    around every pass but the last."""
     count = len(split_rows(batch, micro_batch_size))
     if len(batch.edit_source) and count > 1:
         raise ValueError("per_micro_batch accumulation cannot keep edit pairs together; use accumulation: exact")
@@ -187,10 +226,12 @@ def per_micro_batch_step(
     if world == 1:
         scale: Tensor | float = 1.0 / count
     else:  # ranks may hold different numbers of micro-batches (a short batch): count them all, on the device
-        scale = world / distributed.all_reduce_sum(torch.tensor(float(count), device=encoder.device))
+        scale = world / distributed.all_reduce_sum(torch.full((), float(count), device=encoder.device))
+    parts = split_rows(batch, max(encode_batch_size, micro_batch_size))
     matrices = []
-    for part in split_rows(batch, max(encode_batch_size, micro_batch_size)):
-        matrices += micro_batch_pass(encoder, objective, part, micro_batch_size, scale)
+    for j, part in enumerate(parts):
+        with no_sync() if j < len(parts) - 1 else contextlib.nullcontext():
+            matrices += micro_batch_pass(encoder, objective, part, micro_batch_size, scale)
     return matrices
 
 
@@ -249,7 +290,8 @@ def _exact_summary(objective: Objective, matrix: Matrix, device: torch.device) -
 def _per_micro_summary(objective: Objective, matrices: list[Matrix], device: torch.device) -> StepResult:
     """Every rank's matrices: terms averaged over all of them, monitor and rows summed (one all-reduce, one read)."""
     names, sums = _summed_terms(objective, matrices, device)
-    counts = torch.tensor([len(matrices), sum(m.rows for m in matrices)], dtype=sums.dtype, device=device)
+    counts = torch.stack([torch.full((), float(n), dtype=sums.dtype, device=device)
+                          for n in (len(matrices), sum(m.rows for m in matrices))])  # fmt: skip
     values = distributed.all_reduce_sum(torch.cat([sums, counts, _monitor_sums(matrices, device)]))
     count, rows = values[len(names)], values[len(names) + 1]
     terms = {n: v / count for n, v in zip(names, values[: len(names)].unbind(), strict=True)}
@@ -264,13 +306,25 @@ def run_step(
     micro_batch_size: int,
     accumulation: str = "exact",
     encode_batch_size: int = 0,
+    *,
+    flags: distributed.StepFlags | None = None,
+    grads: distributed.GradSync | None = None,
 ) -> StepResult:
     """Forward and backward over this rank's `batch` (gradients accumulate into `.grad`; no optimiser step); every
     rank calls it once per step. encode_batch_size: under per_micro_batch, rows per forward pass (a multiple of
-    `micro_batch_size`; 0: one micro-batch a pass)."""
+    `micro_batch_size`; 0: one micro-batch a pass). flags: the trainer's step flags (the gather's shapes).
+    grads: on several ranks, the gradient sync, overlapped with the step's last backward and finished before the
+    step's summary (so every rank issues the same collectives in the same order); None: gradients stay local."""
     batch = encoder.to_device(batch)  # once for the whole step, before the micro-batches are cut
+    no_sync = grads.no_sync if grads is not None else contextlib.nullcontext
+    if grads is not None:
+        grads.start()
     if accumulation == "exact":
-        matrix = exact_step(encoder, objective, batch, split_rows(batch, micro_batch_size))
+        matrix = exact_step(encoder, objective, batch, split_rows(batch, micro_batch_size), flags, no_sync)
+    else:
+        matrices = per_micro_batch_step(encoder, objective, batch, micro_batch_size, encode_batch_size, no_sync)
+    if grads is not None:
+        grads.finish()
+    if accumulation == "exact":
         return _exact_summary(objective, matrix, encoder.device)
-    matrices = per_micro_batch_step(encoder, objective, batch, micro_batch_size, encode_batch_size)
     return _per_micro_summary(objective, matrices, encoder.device)

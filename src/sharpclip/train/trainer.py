@@ -9,8 +9,8 @@ Before the loop the trainer puts everything that computes on `train.device`: the
 frozen towers (batches follow in train.features, the one place that moves them); it compiles the towers under
 `train.compile` and turns on activation checkpointing under `train.grad_checkpointing`.
 
-Ranks stay in step: before each step every rank says whether it holds a batch (one all-reduce of W flags; none on
-one process), and when one has run out every rank ends the epoch there, with a warning. The budget is
+Ranks stay in step: before each step every rank says whether it holds a batch (one all-reduce of the step's flags;
+none on one process), and when one has run out every rank ends the epoch there, with a warning. The budget is
 `train.epochs` passes (or `train.max_steps` steps), however many batches skipped samples removed; an epoch with no
 batch at all stops the run. Checkpoints hold every rank's loader position and random streams and the world size; a
 resume on another number of ranks continues at the next epoch boundary (`Trainer.resume`). With several ranks, each
@@ -45,6 +45,8 @@ from sharpclip.losses import Objective
 from sharpclip.losses.monitors import MATRICES_MONITOR, SATURATED_MONITOR
 from sharpclip.models.base import DualEncoder
 from sharpclip.train import checkpoint, distributed, micro_batch
+from sharpclip.train import resume as resume_policy
+from sharpclip.train.compile import compile_towers, dropout_rate, is_compile_error
 from sharpclip.train.diagnostics import gradient_diagnostics
 from sharpclip.train.features import FeatureEncoder
 from sharpclip.train.logging import RunLogger, log, progress
@@ -58,12 +60,20 @@ class TrainingDiverged(RuntimeError):
     """Too many consecutive steps had a non-finite loss or gradient, or an update made the weights non-finite."""
 
 
-def max_abs(params: list[torch.Tensor]) -> torch.Tensor:
-    """max |w| over `params` as a 0-dim tensor (inf or nan when any weight is), without a host read. aminmax, one
-    pass per tensor, was the fastest exact reduction measured (benchmarks/finite_check.py; an inf-norm was 70×
-    slower on CPU)."""
-    extremes = [torch.stack(torch.aminmax(p.detach())) for p in params if p.numel()]
-    return torch.stack(extremes).abs().max() if extremes else torch.zeros(())
+def max_abs(params: list[torch.Tensor], fused: bool | None = None) -> torch.Tensor:
+    """max |w| over `params` as a 0-dim tensor (inf or nan when any weight is), without a host read.
+
+    On a GPU one fused multi-tensor inf-norm (`torch._foreach_norm`: a handful of kernel launches, however many
+    parameter tensors; per-tensor reductions would launch ~2 per tensor, ~1,200 for ViT-L/14); on the CPU, where
+    nothing is launched, aminmax per tensor, the fastest exact reduction measured there (benchmarks/finite_check.py).
+    fused: force either form (None: by device).
+    """
+    params = [p.detach() for p in params if p.numel()]
+    if not params:
+        return torch.zeros(())
+    if not (params[0].device.type != "cpu" if fused is None else fused):
+        return torch.stack([torch.stack(torch.aminmax(p)) for p in params]).abs().max()
+    return torch.stack(torch._foreach_norm(params, float("inf"))).max()
 
 
 def largest_weight(params: list[torch.Tensor]) -> float:
@@ -117,6 +127,9 @@ class Trainer:
         self.total_steps = cfg.max_steps or cfg.epochs * len(loader)
         self.scheduler = build_scheduler(self.optimizer, cfg.warmup_steps, self.total_steps, cfg.min_lr_ratio)
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self.flags = distributed.StepFlags()  # each step's agreement: every rank holds a batch; shapes unchanged
+        # gradients averaged over ranks while the last backward runs (None on one process)
+        self.grad_sync = distributed.GradSync(self.params) if distributed.world_size() > 1 else None
         self._scale_ceiling = logit_scale_ceiling(model.logit_scale)  # from the model as built, before any resume
         self.state = TrainerState()
         self._resume_rng: dict | None = None  # RNG states to restore once the resumed epoch's iterator exists
@@ -144,6 +157,12 @@ class Trainer:
 
     # -- the loop ---------------------------------------------------------------------------------------------
     def fit(self) -> TrainerState:
+        """Train to the budget; on several ranks a failure on any rank ends every rank at once, with one line naming
+        the failing rank and its error (train.distributed.failures_end_every_rank)."""
+        with distributed.failures_end_every_rank():
+            return self._fit()
+
+    def _fit(self) -> TrainerState:
         log.info("device %s, precision %s%s%s", devices.describe(self.device), self.cfg.precision,
                  ", TF32 matmuls" if self.device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32 else "",
                  ", towers compiled" if self.cfg.compile else "")  # fmt: skip
@@ -197,7 +216,7 @@ class Trainer:
             checkpoint.set_rng_state(self._resume_rng, self.device)
             self._resume_rng = None
         taken, budget = 0, self.state.step < self.total_steps
-        if self._end_at_once:  # resumed on another world size part-way through this epoch (see _change_world)
+        if self._end_at_once:  # resumed on another world size part-way through this epoch (resume.change_world)
             self._end_at_once, batches = False, iter(())
         for batch in self._steps(batches):
             taken += 1
@@ -226,18 +245,18 @@ class Trainer:
     def _steps(self, batches: Iterator[Batch]) -> Iterator[Batch]:
         """The epoch's batches while the step budget lasts and every rank holds one.
 
-        Each rank asks the others before every step (one all-reduce of W flags; no collective on one process): when
-        any rank's loader is exhausted early (a batch of only bad samples skipped, uneven shards, a shard count that
-        overstates the data), every rank ends the epoch here together, rather than pairing one rank's gather with
-        another's barrier and waiting forever. The wait for each batch is timed for the progress bar (open_clip's
-        "Data (t)").
+        Each rank asks the others before every step (one all-reduce of the step's flags, train.distributed.StepFlags;
+        no collective on one process): when any rank's loader is exhausted early (a batch of only bad samples
+        skipped, uneven shards, a shard count that overstates the data), every rank ends the epoch here together,
+        rather than pairing one rank's gather with another's barrier and waiting forever. The wait for each batch is
+        timed for the progress bar (open_clip's "Data (t)").
         """
         self._ran_out = []
         while self.state.step < self.total_steps:
             start = time.perf_counter()
             batch = next(batches, None)
             self._data_wait = time.perf_counter() - start
-            ready = distributed.all_flags(batch is not None)
+            ready = self.flags.agree(batch)
             if not all(ready):
                 self._ran_out = [r for r, has in enumerate(ready) if not has]
                 return
@@ -274,6 +293,7 @@ class Trainer:
             share = sum(s for s, _ in saturated) / sum(n for _, n in saturated)
             log.info("epoch %d: %.1f%% of contrastive batches had InfoNCE < 1e-3", self.state.epoch, 100 * share)
             self.logger.step({"step": self.state.step, "epoch": self.state.epoch, "saturated_batches": share})
+        checkpoint.fault_point("validation", self.state.epoch)
         metrics = self._evaluate()  # recorded under this epoch's index, as its steps are
         self.state.epoch += 1
         self._epoch_open = False
@@ -317,7 +337,6 @@ class Trainer:
         start = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         step = self._run_step(batch)
-        distributed.average_gradients(self.params)
         max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
         result = step.read(grad_norm=torch.nn.utils.clip_grad_norm_(self.params, max_norm))
         loss, grad_norm = result.terms["loss"], result.extra["grad_norm"]
@@ -351,10 +370,11 @@ class Trainer:
     def _run_step(self, batch: Batch):
         cfg = self.cfg
         args = (self.encoder, self.objective, batch, self.micro, cfg.accumulation, cfg.encode_batch_size)
+        syncs = {"flags": self.flags, "grads": self.grad_sync}
         if not self._compiling:
-            return run_step(*args)
+            return run_step(*args, **syncs)
         try:  # torch.compile fails lazily, at the first call of a compiled tower: say what to do
-            result = run_step(*args)
+            result = run_step(*args, **syncs)
         except Exception as err:
             if not is_compile_error(err):  # an OOM, an NCCL or a data error keeps its own message
                 raise
@@ -478,7 +498,7 @@ class Trainer:
 
     def resume(self, path: Path, loaded: tuple | None = None) -> None:
         """Continue exactly from checkpoint `path`: weights, optimiser, schedule, each rank's loader position and RNG
-        (on another number of ranks: from the next clean boundary, see `_change_world`).
+        (on another number of ranks: from the next clean boundary, see `train.resume.change_world`).
 
         `loaded`: `checkpoint.load(path)` already read (and checked). The learning rate then follows this trainer's
         config at the restored step (train.resume documents what may change); the JSONL logs are cut back to what
@@ -488,7 +508,7 @@ class Trainer:
         self.model.load_state_dict(weights)
         self.optimizer.load_state_dict(training["optimizer"])
         self.scheduler.load_state_dict(training["scheduler"])
-        ranks, saved_world, first = self._rank_states(trainer_state, training)
+        ranks, saved_world, first = resume_policy.rank_states(trainer_state, training)
         logs = trainer_state.pop("logs", None)
         self._epoch_open = bool(trainer_state.pop("epoch_open", False))  # then fit() owes that epoch its end
         self._saturated = [tuple(pair) for pair in trainer_state.pop("saturated", [])]
@@ -498,7 +518,7 @@ class Trainer:
             self.loader.load_state_dict(ranks[0])
             self._resume_rng = ranks[1]
         else:
-            self._change_world(saved_world, first)
+            self._end_at_once = resume_policy.change_world(self.state, self.cfg, saved_world, first)
         self._reschedule()
         self._weights = largest_weight(self.params)
         if self.is_main:
@@ -507,38 +527,6 @@ class Trainer:
         log.info("resumed from %s at step %d (epoch %d); learning rate %.3g: the schedule is rebuilt for %d steps "
                  "and read at step %d", path, self.state.step, self.state.epoch, self.optimizer.param_groups[0]["lr"],
                  self.total_steps, self.state.step)  # fmt: skip
-
-    def _rank_states(self, trainer_state: dict, training: dict) -> tuple[tuple[dict, dict] | None, int, dict]:
-        """(this rank's (loader state, RNG state), or None when the world size changed; the saved world size; rank
-        0's loader state), taken out of `trainer_state`. A checkpoint that predates per-rank states holds rank 0's,
-        which every rank then takes."""
-        world, rank = distributed.world_size(), distributed.rank()
-        first = trainer_state.pop("loader")
-        saved = int(trainer_state.pop("world_size", world))
-        loaders = trainer_state.pop("loaders", None) or [first] * world
-        trainer_state.pop("rank_batch", None)
-        rngs = training.get("rank_rng") or [training["rng"]] * world
-        return ((loaders[rank], rngs[rank]) if saved == world else None), saved, first
-
-    def _change_world(self, ranks_saved: int, saved: dict) -> None:
-        """Resume on another number of ranks at the next clean boundary: the saved epoch's start when the checkpoint
-        is there, else the end of the saved epoch (validated and saved at once), then the next epoch from its start.
-        Each rank's batches differ in size and content on another world size, so the saved epoch cannot continue
-        part-way; the global batch and the step count are unchanged. Random streams restart from (seed, rank, step)."""
-        world, rank = distributed.world_size(), distributed.rank()
-        done = int(saved.get("batches_done", saved.get("start", 0)))
-        if done:
-            self._end_at_once = True
-        if self.is_main:
-            rest = (f"the rest of epoch {self.state.epoch} after its {done} batches done is skipped (that epoch is "
-                    f"validated and saved now), training continues at the start of epoch {self.state.epoch + 1}"
-                    if done else f"training continues at the start of epoch {self.state.epoch}")  # fmt: skip
-            log.warning(
-                "resumed on %d ranks, saved on %d (per-rank batch %d, was %d): %s, with the same global batch of %d",
-                world, ranks_saved, self.cfg.batch_size // world, self.cfg.batch_size // ranks_saved, rest,
-                self.cfg.batch_size,
-            )  # fmt: skip
-        checkpoint.seed_rngs(self.cfg.seed + rank + 1_000_003 * self.state.step)
 
     def _reschedule(self) -> None:
         """Each group's base rate from this config, times this config's schedule at the restored step."""
@@ -562,48 +550,3 @@ class Trainer:
             kept = [line for line in lines if json.loads(line).get("step", 0) <= self.state.step]
             if len(kept) != len(lines):
                 writer.path.write_text("".join(kept))
-
-
-COMPILE_RECOMPILE_LIMIT = 32  # Dynamo cache entries per frame; both towers run through one transformers frame
-COMPILE_GRAPH_BUDGET = 8  # graphs over a run's shape mix: (vision, text) × (no-grad, grad) × (train, eval)
-
-
-def compile_towers(model: DualEncoder, backend: str = "inductor") -> None:
-    """`torch.compile` the vision and text towers in place (parameter names, hence checkpoints, unchanged).
-
-    Only the towers: the losses and the cached-gradient bookkeeping around them change shape with every batch
-    layout, and their cost is small. Compilation itself happens at the first step (see `Trainer._run_step`).
-    The towers are compiled with dynamic shapes, so new caption widths, a short last micro-batch, a batch of one
-    micro-batch, `encode_batch_size` passes and evaluation batches reuse the same graphs (at most
-    COMPILE_GRAPH_BUDGET over the trainer's shape mix, tested with backend="eager"); Dynamo's per-frame recompile
-    limit is raised to COMPILE_RECOMPILE_LIMIT, as the two towers share transformers' wrapper frame and its default
-    of 8 would leave later variants running eagerly.
-    """
-    import torch._dynamo  # torch imports Dynamo lazily
-
-    limit = torch._dynamo.config.recompile_limit
-    torch._dynamo.config.recompile_limit = max(limit, COMPILE_RECOMPILE_LIMIT)
-    for tower in (model.vision_model, model.text_model):
-        tower.compile(backend=backend, dynamic=True)
-
-
-def is_compile_error(err: BaseException) -> bool:
-    """Whether `err` (or an exception it was raised from) comes from Dynamo or Inductor."""
-    seen: set[int] = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        if any(c.__module__.startswith(("torch._dynamo", "torch._inductor")) for c in type(err).__mro__):
-            return True
-        err = err.__cause__ or err.__context__
-    return False
-
-
-def dropout_rate(model: torch.nn.Module) -> float:
-    """The largest dropout rate in `model`: `nn.Dropout` modules and transformers' float `dropout` attributes."""
-    rates = [0.0]
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            rates.append(module.p)
-        elif isinstance(getattr(module, "dropout", None), float):
-            rates.append(module.dropout)
-    return max(rates)

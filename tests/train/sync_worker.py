@@ -1,0 +1,50 @@
+"""Worker of the multi-rank host-read count, launched by torchrun on gloo: three trainer steps per case, through the
+trainer's own loop pieces (`Trainer._steps`, which agrees the step's flags, then `Trainer._train_step`); the reads
+and `torch.tensor(device=...)` copies inside each step after the first are counted by call site; rank 0 writes
+every rank's counts (JSON).
+
+python sync_worker.py OUT_FILE
+"""
+
+import json
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch.distributed as dist
+
+from _support.host_reads import OBJECTIVES, HostReads, sync_trainer
+from sharpclip.train import distributed
+
+CASES = {"exact": "hn_clip+filip", "per_micro_batch": "hn_clip+filip"}
+
+
+def count(out: Path, accumulation: str, objective: str) -> list[dict]:
+    rank, world = distributed.rank(), distributed.world_size()
+    trainer = sync_trainer(out, OBJECTIVES[objective], rank=rank, world=world, accumulation=accumulation)
+    trainer.model.train()
+    steps = []
+    for k, batch in enumerate(trainer._steps(iter(trainer.loader))):
+        changed = not trainer.flags._reuse  # some rank's batch shapes changed: the gather exchanges them again
+        with HostReads() as reads:
+            trainer._train_step(batch)
+        if k:  # the first step builds optimiser state and exchanges shapes (its own one-off reads)
+            sites = {f"{f}:{fn}": n for (f, fn), n in reads.sites.items() if not f.startswith("torch/optim")}
+            copies = {f"{f}:{fn}": n for (f, fn), n in reads.copies.items()}
+            steps.append({"sites": sites, "copies": copies, "shapes_changed": changed})
+    return steps
+
+
+def main(out: Path) -> None:
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    results = {mode: count(out.parent / f"run-{mode}", mode, objective) for mode, objective in CASES.items()}
+    every = distributed.all_ranks(results)
+    if distributed.rank() == 0:
+        out.write_text(json.dumps(every))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
