@@ -24,8 +24,9 @@ Placement. The losses layer is pure math, and train.distributed is the trainer's
 code that calls this module has no sharpclip trainer to gather for it, and the losses layer may not import train.
 It gathers through `sharpclip.collectives`, the same autograd all-gather (reduce-scatter backward) the trainer's
 exact accumulation uses, and computes through the registered losses: `HNClipLoss` is `hn_clip` on the gathered
-batch (its `rows` form under local_loss, rescaled to open_clip's per-rank mean); only open_clip's local loss
-without gathered gradients, where the columns carry no gradient, goes through `get_logits`. The sigmoid blocks and
+batch (its `rows` form under local_loss, rescaled to open_clip's per-rank mean; open_clip's local loss without
+gathered gradients is `hn_clip_rows` with `detach_columns`). `get_logits` materialises the logits for callers that
+read them (open_clip's interface); the loss never goes through it. The sigmoid blocks and
 the edit-pair term are sigmoid.py's `pairwise_sigmoid` and edit_negatives.py's `neg_cl_symmetric`.
 """
 
@@ -35,13 +36,12 @@ import itertools
 from collections.abc import Callable, Iterator
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from sharpclip import collectives
 from sharpclip.losses._common import check_hyperparameters, scale_from_log
 from sharpclip.losses.edit_negatives import neg_cl_symmetric
-from sharpclip.losses.margins import boosted_similarity, hn_clip, margin_block
+from sharpclip.losses.margins import boosted_similarity, hn_clip, hn_clip_rows, margin_block
 from sharpclip.losses.sigmoid import pairwise_sigmoid
 
 Reference = Tensor | Callable[[Tensor], Tensor] | None
@@ -112,9 +112,11 @@ class HNClipLoss(nn.Module):
             self.labels[device], self.prev_num_logits = labels, num_logits
         return labels
 
-    def _gather(self, features: Tensor) -> Tensor:
+    def _gather(self, features: Tensor, keep_own: bool = False) -> Tensor:
+        """Every rank's rows, as open_clip gathers them; `keep_own`: the local block is `features` itself (with its
+        gradient) under local_loss too, for the rows form to take this rank's rows from."""
         parts = collectives.gather_parts(features, with_grad=self.gather_with_grad)
-        if not self.gather_with_grad and not self.local_loss:
+        if not self.gather_with_grad and (keep_own or not self.local_loss):
             parts[self.rank] = features  # open_clip: the local block keeps its gradient
         return torch.cat(parts)
 
@@ -184,17 +186,9 @@ class HNClipLoss(nn.Module):
         reference_text: (B, D) reference rows for this call only (overrides `reference`), e.g. from a model wrapper
         whose output dict carries them.
         """
-        if self.world_size > 1 and self.local_loss and not self.gather_with_grad:
-            # open_clip's local loss without gathered gradients: only this rank's rows carry a gradient, which the
-            # loss's rows form (one tensor serves as rows and columns) cannot express; it goes through the logits
-            logits = self.get_logits(image_features, text_features, logit_scale, logit_bias, reference_text)
-            per_image, per_text = logits
-            labels = self.get_ground_truth(image_features.device, per_image.shape[0])
-            loss = (F.cross_entropy(per_image, labels) + F.cross_entropy(per_text, labels)) / 2
-        else:  # the rows form builds its targets itself; open_clip's label cache is kept as it would be
-            logits = len(image_features) * (1 if self.local_loss else self.world_size)
-            self.get_ground_truth(image_features.device, logits)
-            loss = self._rows_loss(image_features, text_features, logit_scale, logit_bias, reference_text)
+        # the rows form builds its targets itself; open_clip's label cache is kept as it would be
+        self.get_ground_truth(image_features.device, len(image_features) * (1 if self.local_loss else self.world_size))
+        loss = self._rows_loss(image_features, text_features, logit_scale, logit_bias, reference_text)
         return {"contrastive_loss": loss} if output_dict else loss
 
     def _rows_loss(
@@ -203,15 +197,21 @@ class HNClipLoss(nn.Module):
         """sharpclip's `hn_clip` over the (gathered) batch: every row without local_loss; under local_loss this
         rank's rows (its `rows` form, a share of the global mean), rescaled to open_clip's per-rank mean."""
         ref = _reference_rows(self.reference, text, reference)
-        rows = None
+        rows, detach_columns = None, False
         if self.world_size > 1:
             _check_world(self.world_size, self.rank)
             own = len(image)
-            image, text = self._gather(image), self._gather(text)
+            # open_clip's local loss without gathered gradients: only this rank's rows carry a gradient, its
+            # columns (own block included) none; the rows are taken from the local features
+            detach_columns = self.local_loss and not self.gather_with_grad
+            image, text = self._gather(image, keep_own=detach_columns), self._gather(text, keep_own=detach_columns)
             ref = None if ref is None else torch.cat(collectives.gather_parts(ref, with_grad=False))
             rows = slice(self.rank * own, (self.rank + 1) * own) if self.local_loss else None
         log_scale = torch.log(torch.as_tensor(scale))  # open_clip passes s itself; the loss takes log s
-        loss = hn_clip(image, text, log_scale, bias, ref, rows, gamma=self.gamma)
+        if rows is None:
+            loss = hn_clip(image, text, log_scale, bias, ref, gamma=self.gamma)
+        else:
+            loss = hn_clip_rows(image, text, log_scale, bias, ref, rows, self.gamma, None, detach_columns)
         return loss if rows is None else loss * (len(image) / (rows.stop - rows.start))
 
 

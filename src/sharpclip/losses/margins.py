@@ -132,7 +132,7 @@ def hn_clip(
     rows: compute these query rows only and return their share of the loss (local loss); None: every row.
     """
     if rows is not None:
-        return _hn_clip_rows(image, text, logit_scale, logit_bias, reference_text, rows, gamma, duplicate_threshold)
+        return hn_clip_rows(image, text, logit_scale, logit_bias, reference_text, rows, gamma, duplicate_threshold)
     if duplicate_threshold is None:
         sim, _ = boosted_similarity(image, text, gamma, reference_text)
         duplicates = None
@@ -149,7 +149,7 @@ def hn_clip(
     return symmetric_cross_entropy(logits)
 
 
-def _hn_clip_rows(
+def hn_clip_rows(
     image: Tensor,
     text: Tensor,
     logit_scale: Tensor,
@@ -158,18 +158,22 @@ def _hn_clip_rows(
     rows: slice,
     gamma: float,
     duplicate_threshold: float | None,
+    detach_columns: bool = False,
 ) -> Tensor:
-    """The share of eq. 2 held by query rows `rows` (see the module docstring): both directions' rows, (b, B)."""
+    """The share of eq. 2 held by query rows `rows` (see the module docstring): both directions' rows, (b, B).
+    `hn_clip(..., rows=rows)` calls it; `detach_columns`: the (B, D) column operands pass no gradient, only the
+    rows do (open_clip's local loss over features gathered without gradient, losses.drop_in)."""
+    image_columns, text_columns = (image.detach(), text.detach()) if detach_columns else (image, text)
     if reference_text is None and duplicate_threshold is None:  # Ḡ_r fused into both products
         mine = text[rows]
-        image_rows = _boosted(image[rows], text, mine, gamma, True, rows, mine)  # (I_r + γT_r) Tᵀ
-        text_rows = _boosted(mine, image, text, gamma, False, rows, mine)  # T_r (I + γT)ᵀ
+        image_rows = _boosted(image[rows], text_columns, mine, gamma, True, rows, mine)  # (I_r + γT_r) Tᵀ
+        text_rows = _boosted(mine, image_columns, text, gamma, False, rows, mine)  # T_r (I + γT)ᵀ
         return symmetric_row_cross_entropy(
             logits_of(image_rows, logit_scale, logit_bias), logits_of(text_rows, logit_scale, logit_bias), rows
         )
     g = margin_matrix(text if reference_text is None else reference_text, rows)
-    image_rows = logits_of(image[rows] @ text.t() + gamma * g, logit_scale, logit_bias)
-    text_rows = logits_of(text[rows] @ image.t() + gamma * g, logit_scale, logit_bias)
+    image_rows = logits_of(image[rows] @ text_columns.t() + gamma * g, logit_scale, logit_bias)
+    text_rows = logits_of(text[rows] @ image_columns.t() + gamma * g, logit_scale, logit_bias)
     if duplicate_threshold is not None:
         duplicates = g >= duplicate_threshold
         duplicates[:, rows].diagonal().fill_(False)
