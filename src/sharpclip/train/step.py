@@ -220,9 +220,11 @@ def per_micro_batch_step(
     the gradient sync has divided by W (each rank scales its losses by W / matrices over all ranks). no_sync:
     around every pass but the last."""
     count = len(split_rows(batch, micro_batch_size))
-    if len(batch.edit_source) and count > 1:
-        raise ValueError("per_micro_batch accumulation cannot keep edit pairs together; use accumulation: exact")
     world = distributed.world_size()
+    # the global batch's micro-batches, as one process sees them: the ranks' shares are dealt row by row
+    # (data.sampling), so on several ranks an edit pair can straddle two of them as it would two micro-batches
+    if len(batch.edit_source) and count * world > 1:
+        raise ValueError("per_micro_batch accumulation cannot keep edit pairs together; use accumulation: exact")
     if world == 1:
         scale: Tensor | float = 1.0 / count
     else:  # ranks may hold different numbers of micro-batches (a short batch): count them all, on the device
