@@ -142,11 +142,11 @@ def test_changed_model_or_files_are_refused_in_one_line(data: Path, tmp_path: Pa
 
 def test_model_digest_follows_the_weights():
     a = torch.nn.Linear(3, 2)
-    d = ix.model_digest(a)
-    assert d == ix.model_digest(a)
+    d = ix.weights_sha256(a)
+    assert d == ix.weights_sha256(a)
     with torch.no_grad():
         a.weight[0, 0] += 1e-6
-    assert ix.model_digest(a) != d
+    assert ix.weights_sha256(a) != d
 
 
 def test_image_folder_reads_images_and_side_captions(tmp_path: Path):

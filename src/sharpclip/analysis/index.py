@@ -37,6 +37,7 @@ from tqdm import tqdm
 from sharpclip.data.images import describe
 from sharpclip.data.schema import ArrowCell, ParquetCell
 from sharpclip.eval.embed import Embedder, ImageRef
+from sharpclip.eval.manifest import sha256_file, weights_sha256
 from sharpclip.eval.retrieval import RetrievalSet
 
 INDEX_VERSION = 1
@@ -50,15 +51,6 @@ class IndexMismatch(ValueError):
 
 
 # -- fingerprints -----------------------------------------------------------------------------------------------------
-def sha256_file(path: str | Path, block: int = 1 << 20) -> str:
-    """Hex sha256 of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(block):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def source_key(source: Any) -> str:
     """A stable name for an image source: its path (zip member, parquet/arrow cell), or the sha256 of raw bytes."""
     if isinstance(source, ImageRef):
@@ -97,16 +89,6 @@ def changed_file(recorded: dict[str, dict[str, Any]]) -> str | None:
         if (st.st_size, st.st_mtime_ns) != (rec["size"], rec["mtime_ns"]) and sha256_file(path) != rec["sha256"]:
             return f"{name} changed (sha256 {rec['sha256'][:12]}… at build time)"
     return None
-
-
-def model_digest(model: torch.nn.Module) -> str:
-    """sha256 over a module's state dict (names, dtypes, shapes, bytes): equal exactly when the weights are."""
-    h = hashlib.sha256()
-    for name, t in sorted(model.state_dict().items()):
-        t = t.detach().cpu().contiguous()
-        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()
 
 
 def preprocessing_record(preprocess: Any, tokenizer: Any) -> dict[str, Any]:
@@ -236,7 +218,7 @@ def build_index(
 
 def model_record(name: str, model: torch.nn.Module, preprocess: Any, tokenizer: Any) -> dict[str, Any]:
     """The manifest's model part: the name given, its class, the weights' sha256 and the preprocessing."""
-    return {"name": name, "class": type(model).__name__, "digest": model_digest(model),
+    return {"name": name, "class": type(model).__name__, "digest": weights_sha256(model),
             "preprocessing": preprocessing_record(preprocess, tokenizer)}  # fmt: skip
 
 
