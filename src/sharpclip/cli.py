@@ -306,10 +306,17 @@ def _add_analyze(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--geometry", metavar="SUITES", help="comma-separated retrieval suites: caption geometry")
     p.add_argument("--model", help="text encoder for --geometry (sets model.name)")
     p.add_argument("--data-root", help="folder holding one sub-folder per suite, for --geometry")
+    p.add_argument("--gamma", type=float, default=0.5, help="--geometry: the γ whose margin is shown in logits")
+    p.add_argument("--scale", type=float, default=0.0, help="--geometry: the logit scale s of the margin in logits "
+                   "(default: the model's own)")  # fmt: skip
+    p.add_argument("--pairs", type=int, default=20, help="--geometry: near-duplicate caption pairs listed per suite")
 
     def run(args: argparse.Namespace) -> int:
         from sharpclip.analysis.run import analyze_geometry, analyze_runs
 
+        if args.pairs < 1 or args.gamma < 0 or args.scale < 0:
+            print("sharpclip analyze: --pairs must be >= 1, --gamma and --scale >= 0", file=sys.stderr)
+            return 2
         written = []
         try:
             if args.runs:
@@ -321,7 +328,10 @@ def _add_analyze(sub: argparse._SubParsersAction) -> None:
                 overrides = [f"eval.suites=[{args.geometry}]"] + [f"model.name={args.model}"] * bool(args.model)
                 overrides += [f"eval.data_root={args.data_root}"] * bool(args.data_root)
                 cfg = load_config(None, overrides)
-                written += analyze_geometry(create_model(cfg.model), cfg.eval, args.out)
+                model = create_model(cfg.model)
+                written += analyze_geometry(
+                    model, cfg.eval, args.out, gamma=args.gamma, scale=args.scale or None, pairs=args.pairs
+                )
         except (OSError, ValueError) as err:
             print(f"sharpclip analyze: {err}", file=sys.stderr)
             return 2
