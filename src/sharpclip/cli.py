@@ -303,6 +303,9 @@ def _add_analyze(sub: argparse._SubParsersAction) -> None:
     p.add_argument("runs", nargs="*", metavar="RUN", help="run directories (diagnostics.jsonl, metrics.jsonl)")
     p.add_argument("--out", default="figures", help="where the PNG, JSON and markdown files go")
     p.add_argument("--metric", default="R@1", help="convergence metrics: keys ending in this (e.g. t2i/R@1)")
+    p.add_argument("--sample-efficiency", action="store_true",
+                   help="the RUNs (trained with data.train_fraction or train_count): best validation mean_R@1 "
+                   "against the training fraction, one line per method")  # fmt: skip
     p.add_argument("--geometry", metavar="SUITES", help="comma-separated retrieval suites: caption geometry")
     p.add_argument("--model", help="text encoder for --geometry (sets model.name)")
     p.add_argument("--data-root", help="folder holding one sub-folder per suite, for --geometry")
@@ -312,14 +315,19 @@ def _add_analyze(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pairs", type=int, default=20, help="--geometry: near-duplicate caption pairs listed per suite")
 
     def run(args: argparse.Namespace) -> int:
-        from sharpclip.analysis.run import analyze_geometry, analyze_runs
+        from sharpclip.analysis.run import analyze_geometry, analyze_runs, analyze_sample_efficiency
 
         if args.pairs < 1 or args.gamma < 0 or args.scale < 0:
             print("sharpclip analyze: --pairs must be >= 1, --gamma and --scale >= 0", file=sys.stderr)
             return 2
         written = []
         try:
-            if args.runs:
+            if args.sample_efficiency:
+                if not args.runs:
+                    raise ValueError("--sample-efficiency needs RUN directories")
+                metric = "mean_R@1" if args.metric == "R@1" else args.metric  # one number per run: the R@1 mean
+                written += analyze_sample_efficiency(args.runs, args.out, metric)
+            elif args.runs:
                 written += analyze_runs(args.runs, args.out, args.metric)
             if args.geometry:
                 from sharpclip.config import load_config

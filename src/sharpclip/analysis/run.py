@@ -1,6 +1,7 @@
 """Entry points of `sharpclip analyze`: the figures of finished runs, and caption geometry of evaluation datasets.
 
 analyze_runs([run_dir, ...], out_dir)        Fig. 4 per run with diagnostics; convergence and training curves
+analyze_sample_efficiency([run_dir, ...], out_dir)  Fig. 6 / Table A9: R@1 against the training fraction per method
 analyze_geometry(model, eval_cfg, out_dir)   Table A1 columns, Fig. 1, Fig. A6, Fig. A5 for eval_cfg.suites; the
                                              margin in logits at γ and the scale (analysis.geometry.margin_report);
                                              near-duplicate caption pairs, words that differ marked (Fig. A1–A4)
@@ -15,7 +16,7 @@ from typing import Any
 
 import torch
 
-from sharpclip.analysis import dynamics, geometry, near_duplicates, plots
+from sharpclip.analysis import dynamics, geometry, near_duplicates, plots, sample_efficiency
 from sharpclip.eval.benchmarks import load_eval_set
 from sharpclip.eval.evaluator import as_embedder
 from sharpclip.eval.retrieval import RetrievalSet
@@ -46,6 +47,17 @@ def analyze_runs(run_dirs: list[str | Path], out_dir: str | Path, metric: str = 
     if not written:
         raise ValueError(f"nothing to analyze in {[str(r) for r in run_dirs]}: no diagnostics.jsonl or metrics.jsonl")
     return written
+
+
+def analyze_sample_efficiency(run_dirs: list[str | Path], out_dir: str | Path, metric: str = "mean_R@1") -> list[Path]:
+    """sample_efficiency.png/.json and .md of the runs (analysis.sample_efficiency); returns the files written."""
+    points = [sample_efficiency.run_point(run, metric) for run in run_dirs]
+    summary = sample_efficiency.summarise(points)
+    summary["points"] = points
+    out = Path(out_dir)
+    written = [*plots.fig_sample_efficiency(summary, metric, out / "sample_efficiency")]
+    (out / "sample_efficiency.md").write_text(sample_efficiency.efficiency_table(summary, metric), encoding="utf-8")
+    return [*written, out / "sample_efficiency.md"]
 
 
 def _captions(name: str, cfg: Any) -> list[str]:
