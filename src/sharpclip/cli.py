@@ -340,6 +340,7 @@ def _add_analyze(sub: argparse._SubParsersAction) -> None:
                 written += analyze_geometry(
                     model, cfg.eval, args.out, gamma=args.gamma, scale=args.scale or None, pairs=args.pairs
                 )
+                print((Path(args.out) / "caption_geometry.md").read_text(encoding="utf-8"))  # margin in logits too
         except (OSError, ValueError) as err:
             print(f"sharpclip analyze: {err}", file=sys.stderr)
             return 2

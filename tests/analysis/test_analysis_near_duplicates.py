@@ -46,10 +46,11 @@ def test_typical_pairs_take_the_captions_nearest_the_quantile_of_hardest_compani
     values, index = nd.hardest_companions(text)
     assert index.tolist() == [1, 0, 3, 2, 5, 4, 7, 6]
     assert float(torch.quantile(values.double(), 0.75)) == pytest.approx(0.9225, abs=1e-6)
-    got = nd.typical_pairs(text, 0.75, 2)
-    assert [(p.i, p.j) for p in got] == [(4, 5), (5, 4)]
-    assert [(p.i, p.j) for p in nd.typical_pairs(text, 1.0, 2)] == [(6, 7), (7, 6)]
-    assert [(p.i, p.j) for p in nd.typical_pairs(text, 0.0, 2)] == [(0, 1), (1, 0)]
+    assert [(p.i, p.j) for p in nd.typical_pairs(text, 0.75, 1)] == [(4, 5)]
+    # each unordered pair once: caption 5's companion is 4, already listed; next nearest is the 0.99 pair
+    assert [(p.i, p.j) for p in nd.typical_pairs(text, 0.75, 2)] == [(6, 7), (4, 5)]
+    assert [(p.i, p.j) for p in nd.typical_pairs(text, 1.0, 1)] == [(6, 7)]
+    assert [(p.i, p.j) for p in nd.typical_pairs(text, 0.0, 2)] == [(2, 3), (0, 1)]
 
 
 def test_the_words_that_differ_are_marked_and_the_rest_written_back_as_it_was():

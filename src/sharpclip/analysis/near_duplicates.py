@@ -91,15 +91,21 @@ def hardest_companions(text: Tensor, ids: Tensor | None = None, chunk_size: int 
 
 def typical_pairs(text: Tensor, quantile: float = 0.9, count: int = 10, ids: Tensor | None = None) -> list[CaptionPair]:
     """The `count` captions whose hardest companion's cosine (of another text: `ids`) is nearest the `quantile` of
-    all hardest cosines, each with that companion (HN-CLIP Fig. A1–A4's selection), in decreasing cosine."""
+    all hardest cosines, each with that companion (HN-CLIP Fig. A1–A4's selection; a pair two captions share is
+    listed once), in decreasing cosine."""
     values, index = hardest_companions(text, ids)
     found = values > float("-inf")
     if not bool(found.any()):
         return []
     target = torch.quantile(values[found].double(), quantile).float()
     gap = torch.where(found, (values - target).abs(), torch.full_like(values, float("inf")))
-    near = gap.argsort(stable=True)[: min(count, int(found.sum()))]
-    pairs = [CaptionPair(int(i), int(index[i]), float(values[i])) for i in near]
+    pairs: list[CaptionPair] = []
+    seen: set[frozenset[int]] = set()
+    for i in gap.argsort(stable=True)[: int(found.sum())].tolist():  # nearest first; each unordered pair once
+        pair = frozenset((i, int(index[i])))
+        if pair not in seen and len(pairs) < count:
+            seen.add(pair)
+            pairs.append(CaptionPair(i, int(index[i]), float(values[i])))
     return sorted(pairs, key=lambda p: (-p.cosine, p.i))
 
 
@@ -142,6 +148,11 @@ def render(runs: list[Run], escape: Callable[[str], str], mark: tuple[str, str])
     return out
 
 
+def cosine_text(value: float) -> str:
+    """A cosine to 4 decimals, or to 6 when it would round to 1.0000 (two different texts are rarely exactly 1)."""
+    return f"{value:.4f}" if value < 0.99995 else f"{value:.6f}"
+
+
 def md_escape(text: str) -> str:
     """`text` safe inside a markdown table cell: markdown's emphasis, link, table and html characters escaped."""
     return _MD_SPECIAL.sub(r"\\\1", " ".join(text.split()))
@@ -170,7 +181,7 @@ def pairs_markdown(sections: dict[str, dict[str, Any]]) -> str:
             for n, r in enumerate(s[key], 1):
                 da, db = word_diff(r["a"], r["b"])
                 cells = [render(side, md_escape, ("**", "**")) for side in (da, db)]
-                lines.append(f"| {n} ({r['i']}, {r['j']}) | {r['cosine']:.4f} | {cells[0]} | {cells[1]} |")
+                lines.append(f"| {n} ({r['i']}, {r['j']}) | {cosine_text(r['cosine'])} | {cells[0]} | {cells[1]} |")
             lines.append("")
     return "\n".join(lines)
 
@@ -203,9 +214,8 @@ def pairs_html(sections: dict[str, dict[str, Any]], title: str = "Near-duplicate
             for n, r in enumerate(s[key], 1):
                 da, db = word_diff(r["a"], r["b"])
                 cells = "".join(f"<td>{render(side, html.escape, ('<mark>', '</mark>'))}</td>" for side in (da, db))
-                body.append(
-                    f"<tr><td class=c>{n} ({r['i']}, {r['j']})</td><td class=c>{r['cosine']:.4f}</td>{cells}</tr>"
-                )
+                where = f"<td class=c>{n} ({r['i']}, {r['j']})</td><td class=c>{cosine_text(r['cosine'])}</td>"
+                body.append(f"<tr>{where}{cells}</tr>")
             body.append("</table>")
     head = f'<meta charset="utf-8"><title>{html.escape(title)}</title><style>{_STYLE}</style>'
     return f"<!DOCTYPE html>\n<html><head>{head}</head><body>\n" + "\n".join(body) + "\n</body></html>\n"
