@@ -315,6 +315,9 @@ def _add_analyze(sub: argparse._SubParsersAction) -> None:
     p.add_argument("runs", nargs="*", metavar="RUN", help="run directories (diagnostics.jsonl, metrics.jsonl)")
     p.add_argument("--out", default="figures", help="where the PNG, JSON and markdown files go")
     p.add_argument("--metric", default="R@1", help="convergence metrics: keys ending in this (e.g. t2i/R@1)")
+    p.add_argument("--sample-efficiency", action="store_true",
+                   help="the RUNs (trained with data.train_fraction or train_count): best validation mean_R@1 "
+                   "against the training fraction, one line per method")  # fmt: skip
     p.add_argument("--geometry", metavar="SUITES", help="comma-separated retrieval suites: caption geometry")
     p.add_argument("--model", action="append", default=[], help="text encoder for --geometry (sets model.name); one "
                    "or two for --feature-map (run directory, checkpoint, HF folder or tiny preset)")  # fmt: skip
@@ -323,13 +326,25 @@ def _add_analyze(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--text", default="", help="the caption --feature-map scores every patch against")
     p.add_argument("--dense", choices=("maskclip", "value"), default="maskclip", help="--feature-map's dense "
                    "features: MaskCLIP's (the block's residual and MLP kept) or the value path alone")  # fmt: skip
+    p.add_argument("--gamma", type=float, default=0.5, help="--geometry: the γ whose margin is shown in logits")
+    p.add_argument("--scale", type=float, default=0.0, help="--geometry: the logit scale s of the margin in logits "
+                   "(default: the model's own)")  # fmt: skip
+    p.add_argument("--pairs", type=int, default=20, help="--geometry: near-duplicate caption pairs listed per suite")
 
     def run(args: argparse.Namespace) -> int:
-        from sharpclip.analysis.run import analyze_geometry, analyze_runs
+        from sharpclip.analysis.run import analyze_geometry, analyze_runs, analyze_sample_efficiency
 
+        if args.pairs < 1 or args.gamma < 0 or args.scale < 0:
+            print("sharpclip analyze: --pairs must be >= 1, --gamma and --scale >= 0", file=sys.stderr)
+            return 2
         written = []
         try:
-            if args.runs:
+            if args.sample_efficiency:
+                if not args.runs:
+                    raise ValueError("--sample-efficiency needs RUN directories")
+                metric = "mean_R@1" if args.metric == "R@1" else args.metric  # one number per run: the R@1 mean
+                written += analyze_sample_efficiency(args.runs, args.out, metric)
+            elif args.runs:
                 written += analyze_runs(args.runs, args.out, args.metric)
             if args.geometry:
                 from sharpclip.config import load_config
@@ -338,7 +353,11 @@ def _add_analyze(sub: argparse._SubParsersAction) -> None:
                 overrides = [f"eval.suites=[{args.geometry}]"] + [f"model.name={m}" for m in args.model[:1]]
                 overrides += [f"eval.data_root={args.data_root}"] * bool(args.data_root)
                 cfg = load_config(None, overrides)
-                written += analyze_geometry(create_model(cfg.model), cfg.eval, args.out)
+                model = create_model(cfg.model)
+                written += analyze_geometry(
+                    model, cfg.eval, args.out, gamma=args.gamma, scale=args.scale or None, pairs=args.pairs
+                )
+                print((Path(args.out) / "caption_geometry.md").read_text(encoding="utf-8"))  # margin in logits too
             if args.feature_map:
                 from sharpclip.analysis.feature_map import load_models, run_feature_map
 

@@ -93,6 +93,9 @@ RANGES: dict[str, Range] = {
     "data.sharegpt4v_test_size": _COUNT,
     "data.epoch_samples": _COUNT,
     "data.shuffle_buffer": _COUNT,
+    "data.train_fraction": Range(gt=0, le=1, why="the share of the train split trained on"),
+    "data.train_count": _COUNT,
+    "data.subset_seed": _COUNT,
     **{
         f"data.synthdense.{k}": _COUNT
         for k in (
@@ -348,6 +351,13 @@ class DataConfig:
     format: str = "synthdense"  # see data.formats.FORMATS: synthdense | generic | docci | dci | long_dci | ...
     root: str = ""  # the release folder, laid out as docs/data.md shows
     train_split: str = "train"  # the split training reads
+    # train on a subset of the train split (HN-CLIP Fig. 6 / Table A9; data.subset): the first ⌈train_fraction · N⌉
+    # samples ranked by sha256("subset_seed:id"), or the first train_count when > 0 (not both). The same samples for
+    # every objective, training seed, world size and resume, and nested (5 % inside 20 %); the run directory records
+    # the sizes and the sha256 of the ids (train_subset.json). Not for streamed formats (webdataset)
+    train_fraction: float = 1.0
+    train_count: int = 0
+    subset_seed: int = 0  # the subset's own seed: runs with different train.seed share one subset
     eval_split: str = "test"  # the split validated on during training (train.eval_every) and `eval`'s retrieval
     # loader processes: auto = the cores available to this rank (affinity / ranks on the node), at most 8; 0 decodes
     # in the training process. Pinned memory on CUDA, workers kept across epochs, each `prefetch_factor` batches ahead
@@ -414,6 +424,13 @@ class DataConfig:
             raise ConfigError(
                 "data.preload keeps one decoded copy of each image, but data.augment draws new crops every epoch; "
                 "turn one of them off"
+            )
+        if self.train_count and self.train_fraction < 1.0:
+            raise ConfigError("data.train_count and data.train_fraction both choose the subset's size; set one")
+        if (self.train_count or self.train_fraction < 1.0) and self.format == "webdataset":
+            raise ConfigError(
+                "data.train_fraction / data.train_count: webdataset shards stream and are never indexed; list a "
+                "subset of the shards in data.shards instead"
             )
         if self.preload and self.format == "webdataset":
             raise ConfigError("data.preload: webdataset shards stream and are never indexed; set it to false")

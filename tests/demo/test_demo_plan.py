@@ -144,3 +144,26 @@ def test_the_demo_command_line_takes_a_task(capsys):
     args = build_parser().parse_args(["demo", "--task", "nope"])
     assert args.handler(args) == 2  # refused before anything runs
     assert "unknown; known: paper-geometry, unseen-details" in capsys.readouterr().err
+
+
+def test_the_paper_spread_arm_gets_its_gamma_from_the_init_and_only_it_changes():
+    from sharpclip.demo import paper_spread_plan
+    from sharpclip.demo.plan import PAPER_SPREAD_ARM, at_paper_spread
+
+    plan = select(DemoOptions(only=(PAPER_SPREAD_ARM,)))
+    assert [a.name for a in plan] == ["infonce", PAPER_SPREAD_ARM]
+    set_plan = at_paper_spread(plan, 0.041666)
+    assert set_plan[0] == plan[0]
+    arm = set_plan[1]
+    assert arm.label == "(i) HN-CLIP, paper's spread (γ=0.0417)"
+    cfg = arm_config(PROFILES["default"], arm, Path("init"), Path("data"), Path("run"), seed=0, progress=False)
+    assert cfg.loss.terms["hn"].params["gamma"] == pytest.approx(0.0417)
+    # from the init's measured geometry: γ = 3.67 / (s · (h̄ − p̄)), the rule fixed in demo.plan
+    init = {"geometry": {"margin": {"gamma_for_paper_spread": 11 / 3 / (500 * (0.95 - 0.85)), "per_gamma": {}}}}
+    init["geometry"]["margin"].update(scale=500.0, paper_spread=11 / 3)
+    init["geometry"]["margin"]["per_gamma"] = {
+        "0.5": {"spread": 5.0, "uniform": 212.5, "unreachable_share": 1.0},
+        "0.07333": {"spread": 11 / 3, "uniform": 31.2, "unreachable_share": 0.25},
+    }
+    got = paper_spread_plan(plan, init)[1]
+    assert got.terms["hn"] == "{loss: hn_clip, params: {gamma: 0.0733}}"

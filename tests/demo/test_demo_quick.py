@@ -50,6 +50,10 @@ def test_demo_quick_writes_every_row(tmp_path, capsys):
         assert (out / f"{figure}.png").stat().st_size > 0, figure
     # the regime check of the init and the geometry along training, per arm, in both report files
     assert "## Regime check" in markdown and "| HN-CLIP Fig. 1: Long-CLIP-L, DOCCI | 0.84 | 0.93 | – |" in markdown
+    # the boost in the paper's units at the arms' scale, printed before the arms run and in the regime check
+    assert "the init's boost spreads" in markdown and "the init's boost spreads" in printed
+    margin = report["results"]["init"]["seeds"]["0"]["test"]["geometry"]["margin"]
+    assert margin["scale"] == report["meta"]["profile"]["scale"] and "0.5" in margin["per_gamma"]
     check = report["regime_check"]
     assert {"sat_micro_twin", "sat_micro_plain", "caption_pairwise"} <= set(
         report["results"]["init"]["seeds"]["0"]["validation"]

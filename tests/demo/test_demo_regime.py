@@ -67,6 +67,21 @@ def test_the_regime_check_prints_the_measured_geometry_and_recall_beside_the_pap
     assert "25 % of the probe's training micro-batches that hold near-twin pairs and on – of those" in md
 
 
+def test_the_regime_check_prints_the_margin_in_the_papers_units():
+    text = _captions()  # mean pairwise B − S/3 = 0.8667, every hardest B + S·C = 0.94
+    test = embedding_metrics(text, text.clone(), ["A", "A", "B", "B"], scale=200.0)
+    results = {"init": {"label": "stage-A2 init", "seeds": {0: {"test": test, "validation": {}}}}}
+    md = report.regime_section(results)
+    # γ 0.5, s 200: spread 100·(0.94 − 0.8667) = 7.3 logits over 86.7; the paper's 3.67 is γ 0.25 here; reach
+    # √(2 − 1.88) = 0.346: γ 0.5 asks 0.47 of every caption (all out of reach), γ 0.25 asks 0.235 (none)
+    assert "| HN-CLIP Fig. 1: DCI | 0.5 | 100 | 3.5 | 42.5 | 0.46 / 0.40 | – |" in md
+    assert "| the init every arm starts from | 0.5 | 200 | 7.3 | 86.7 | 0.470 / 0.346 | 100.0% |" in md
+    assert "| the init every arm starts from | 0.25 | 200 | 3.7 | 43.3 | 0.235 / 0.346 | 0.0% |" in md
+    assert "At γ 0.5 and s 200 the init's boost spreads 7.3 logits" in md
+    assert "the paper's mean spread, 3.67 logits, is γ 0.25 here, where 0.0 % of hardest negatives" in md
+    assert regime.margin_line(embedding_metrics(text, text, ["A", "A", "B", "B"])) == ""  # no scale: no logits
+
+
 @pytest.mark.parametrize(("within", "holds"), [(40.0, True), (30.0, False), (61.0, False)])
 def test_within_family_recall_must_be_at_least_twice_chance_and_at_most_60(within, holds):
     test = {"pairwise_sim": 0.85, "hardest_sim": 0.93, "within_mean_R@1": within, "within_chance": 100 / 6}

@@ -14,10 +14,22 @@ For L2-normalised caption embeddings T (N, D) and G = T Tᵀ (cosine similaritie
 
 G is never materialised: rows are processed `chunk_size` at a time (memory O(chunk_size × N)). The same statistics
 of Ḡ (the margin matrix) are what HN-CLIP adds to the logits: every pair ≥ 0.8 gets a margin of at least 0.8·γ.
+
+The margin in logits (HN-CLIP eq. 2 adds s·γ·Ḡ_ij to negative j of row i; docs/method-notes.md derives these):
+
+- spread  s·γ·(h̄ − p̄): how much more the hardest negative is boosted than an average one; only this part changes
+  which negatives the softmax attends to (a shift shared by every negative of a row leaves a softmax over the
+  negatives unchanged)
+- uniform s·γ·p̄: the part every negative gets alike (it raises the loss of every row, as a fixed margin would)
+- reach: a unit image vector v can give caption i a margin over caption j of at most max_v v·(t_i − t_j) =
+  ‖t_i − t_j‖ = √(2 − 2·G_ij); the margin γ·G_ij eq. 2 asks is larger than that for G_ij above
+  (√(1 + 2γ²) − 1) / γ² (0.899 at γ 0.5), so no image embedding meets it and that row's loss cannot vanish.
+  `unreachable_share` is the share of captions whose hardest negative asks more than it can get
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,6 +37,10 @@ import torch
 from torch import Tensor
 
 THRESHOLDS = (0.8, 0.9)
+# HN-CLIP Fig. 1 / Table A1 (Long-CLIP-L, test captions): (mean pairwise, mean hardest-negative) cosine; and the
+# paper's γ (eq. 2 default) and scale (CLIP's inverse temperature at its clamp, 100, which Long-CLIP keeps)
+PAPER_FIG1 = {"DOCCI": (0.84, 0.93), "DCI": (0.85, 0.92), "Urban-1K": (0.88, 0.94)}
+PAPER_GAMMA, PAPER_SCALE = 0.5, 100.0
 HIST_BINS = 200
 _Q = torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)
 
@@ -91,8 +107,11 @@ def caption_geometry(
     seed: int = 0,
     chunk_size: int = 1024,
     bins: int = HIST_BINS,
+    gammas: Sequence[float] = (),
+    scale: float | None = None,
 ) -> dict[str, Any]:
-    """Statistics of one dataset's captions. text: (N, D) L2-normalised, N ≥ 2. JSON-ready dict (see module doc)."""
+    """Statistics of one dataset's captions. text: (N, D) L2-normalised, N ≥ 2. JSON-ready dict (see module doc);
+    with `scale`, also "margin": the boost in logits at each of `gammas` and at the paper's spread (margin_report)."""
     if text.ndim != 2 or text.shape[0] < 2:
         raise ValueError(f"caption_geometry needs (N, D) embeddings with N >= 2; got {tuple(text.shape)}")
     whole = _whole_set_stats(text, thresholds, chunk_size, bins)
@@ -113,6 +132,8 @@ def caption_geometry(
         shares, pairs = _in_batch_shares(text, thresholds, batch_size, seed)
         out["share_negatives_at_least"] = dict(zip(map(str, thresholds), shares, strict=True))
         out["negatives_scope"] = f"in-batch pairs, batches of {batch_size} (seed {seed}), {pairs} pairs"
+    if scale is not None:
+        out["margin"] = margin_report(out, hardest, gammas, scale)
     return out
 
 
@@ -136,4 +157,72 @@ def geometry_table(stats_by_dataset: dict[str, dict[str, Any]]) -> str:
     for name, s in stats_by_dataset.items():
         shares = " | ".join(f"{100 * s['share_negatives_at_least'][k]:.1f}%" for k in keys)
         lines.append(f"| {name} | {s['captions']} | {s['mean_pairwise']:.3f} | {s['mean_hardest']:.3f} | {shares} |")
+    return "\n".join(lines) + "\n"
+
+
+def margin_logits(pairwise: float, hardest: float, gamma: float, scale: float) -> dict[str, float]:
+    """The boost in logits: {"spread": s·γ·(h̄ − p̄), "uniform": s·γ·p̄} for mean pairwise p̄ and mean hardest h̄."""
+    return {"spread": scale * gamma * (hardest - pairwise), "uniform": scale * gamma * pairwise}
+
+
+def paper_spread() -> float:
+    """The mean over HN-CLIP Fig. 1's three test sets of s·γ·(h̄ − p̄) at the paper's γ and s: 3.67 logits."""
+    spreads = [margin_logits(p, h, PAPER_GAMMA, PAPER_SCALE)["spread"] for p, h in PAPER_FIG1.values()]
+    return sum(spreads) / len(spreads)
+
+
+def gamma_for_spread(spread: float, pairwise: float, hardest: float, scale: float) -> float:
+    """The γ at which s·γ·(h̄ − p̄) equals `spread` logits; ValueError when h̄ ≤ p̄ (no spread at any γ)."""
+    if hardest <= pairwise:
+        raise ValueError(f"mean hardest {hardest:.4f} is not above mean pairwise {pairwise:.4f}: no γ gives a spread")
+    return spread / (scale * (hardest - pairwise))
+
+
+def reach(similarity: Tensor | float) -> Tensor | float:
+    """√(2 − 2G): the largest margin any unit image vector can give a caption over one at cosine G."""
+    if isinstance(similarity, Tensor):
+        return (2.0 - 2.0 * similarity.clamp(max=1.0)).sqrt()
+    return math.sqrt(max(0.0, 2.0 - 2.0 * similarity))
+
+
+def unreachable_share(hardest: Tensor, gamma: float) -> float:
+    """Share of captions whose hardest negative (hardest: (N,) cosines) asks a margin γ·G above √(2 − 2G)."""
+    h = hardest.double()
+    return float((gamma * h > reach(h)).double().mean())
+
+
+def margin_report(
+    stats: dict[str, Any], hardest: Tensor, gammas: Sequence[float], scale: float, spread: float | None = None
+) -> dict[str, Any]:
+    """The margin in the paper's units for each γ of `gammas` (and, with `spread`, the γ that gives `spread` logits
+    here): {"scale", "paper_spread", "gamma_for_paper_spread", "per_gamma": {γ: {"spread", "uniform",
+    "unreachable_share"}}}. stats: caption_geometry's output; hardest: (N,) each caption's hardest cosine."""
+    p, h = stats["mean_pairwise"], stats["mean_hardest"]
+    out: dict[str, Any] = {"scale": scale, "paper_spread": paper_spread() if spread is None else spread}
+    out["gamma_for_paper_spread"] = gamma_for_spread(out["paper_spread"], p, h, scale) if h > p else None
+    wanted = [*gammas] + ([out["gamma_for_paper_spread"]] if out["gamma_for_paper_spread"] else [])
+    out["per_gamma"] = {
+        f"{g:.4g}": {**margin_logits(p, h, g, scale), "unreachable_share": unreachable_share(hardest, g)}
+        for g in wanted
+    }
+    return out
+
+
+def margin_table(reports: dict[str, dict[str, Any]], stats: dict[str, dict[str, Any]]) -> str:
+    """Markdown: the paper's Fig. 1 rows at γ 0.5, s 100 (reach at the mean hardest) beside each dataset's rows."""
+    head = "| captions | γ | s | spread s·γ·(h̄ − p̄) | uniform s·γ·p̄ | hardest asks γ·h̄ / reach √(2 − 2h̄) | "
+    lines = [head + "hardest negatives out of reach |", "|---|---|---|---|---|---|---|"]
+    for name, (p, h) in PAPER_FIG1.items():
+        m = margin_logits(p, h, PAPER_GAMMA, PAPER_SCALE)
+        lines.append(
+            f"| HN-CLIP Fig. 1: {name} | {PAPER_GAMMA:g} | {PAPER_SCALE:g} | {m['spread']:.1f} | {m['uniform']:.1f} "
+            f"| {PAPER_GAMMA * h:.2f} / {reach(h):.2f} | – |"
+        )
+    for name, rep in reports.items():
+        h = stats[name]["mean_hardest"]
+        for g, m in rep["per_gamma"].items():
+            lines.append(
+                f"| {name} | {g} | {rep['scale']:.4g} | {m['spread']:.1f} | {m['uniform']:.1f} "
+                f"| {float(g) * h:.3f} / {reach(h):.3f} | {100 * m['unreachable_share']:.1f}% |"
+            )
     return "\n".join(lines) + "\n"

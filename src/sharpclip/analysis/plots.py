@@ -9,6 +9,7 @@
 | fig_convergence          | Fig. 5 / A9       | {run: dynamics.convergence(run_dir)}                      |
 | fig_geometry_along       | -                 | {run: {"epoch", "pairwise", "hardest"}}, the init's values  |
 | fig_training_curves      | -                 | {run: dynamics.training_curve(run_dir)}                   |
+| fig_sample_efficiency    | Fig. 6            | sample_efficiency.summarise(points)                       |
 
 matplotlib runs on the Agg backend (no display needed).
 """
@@ -279,6 +280,31 @@ def fig_convergence(curves: dict[str, dict[str, list]], out: str | Path) -> tupl
     _integer_ticks(ax)
     _legend_outside(ax)
     return _save(fig, curves, out)
+
+
+def fig_sample_efficiency(summary: dict[str, Any], metric: str, out: str | Path) -> tuple[Path, Path]:
+    """The metric against the training fraction (log axis, ticks at the fractions run), one line per method with
+    its runs' min–max as error bars; the best full-data run dotted across (HN-CLIP Fig. 6)."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    values: list[float] = []
+    fractions = sorted({100 * r["fraction"] for rows in summary["methods"].values() for r in rows})
+    for k, (method, rows) in enumerate(summary["methods"].items()):
+        x = [100 * r["fraction"] for r in rows]
+        y = [r["mean"] for r in rows]
+        spread = [[r["mean"] - r["min"] for r in rows], [r["max"] - r["mean"] for r in rows]]
+        ax.errorbar(x, y, yerr=spread, label=method, capsize=3, **_style(k))
+        values += [r["min"] for r in rows] + [r["max"] for r in rows]
+    ref = summary["reference"]
+    if ref is not None:
+        ax.axhline(ref["value"], color="0.3", ls=":", lw=1.2, label=f"full-data best ({ref['method']})")
+        values.append(ref["value"])
+    ax.set_xscale("log")
+    ax.set_xticks(fractions, [f"{f:g} %" for f in fractions])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set(xlabel="training data", ylabel=f"{metric} (%)", title="sample efficiency (identical, nested subsets)",
+           ylim=fitted_range(values, pad=0.1))  # fmt: skip
+    _legend_outside(ax)
+    return _save(fig, summary, out)
 
 
 def fig_geometry_along(

@@ -1,7 +1,10 @@
 """Entry points of `sharpclip analyze`: the figures of finished runs, and caption geometry of evaluation datasets.
 
 analyze_runs([run_dir, ...], out_dir)        Fig. 4 per run with diagnostics; convergence and training curves
-analyze_geometry(model, eval_cfg, out_dir)   Table A1 columns, Fig. 1, Fig. A6, Fig. A5 for eval_cfg.suites
+analyze_sample_efficiency([run_dir, ...], out_dir)  Fig. 6 / Table A9: R@1 against the training fraction per method
+analyze_geometry(model, eval_cfg, out_dir)   Table A1 columns, Fig. 1, Fig. A6, Fig. A5 for eval_cfg.suites; the
+                                             margin in logits at γ and the scale (analysis.geometry.margin_report);
+                                             near-duplicate caption pairs, words that differ marked (Fig. A1–A4)
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import Any
 
 import torch
 
-from sharpclip.analysis import dynamics, geometry, plots
+from sharpclip.analysis import dynamics, geometry, near_duplicates, plots, sample_efficiency
 from sharpclip.eval.benchmarks import load_eval_set
 from sharpclip.eval.evaluator import as_embedder
 from sharpclip.eval.retrieval import RetrievalSet
@@ -46,6 +49,17 @@ def analyze_runs(run_dirs: list[str | Path], out_dir: str | Path, metric: str = 
     return written
 
 
+def analyze_sample_efficiency(run_dirs: list[str | Path], out_dir: str | Path, metric: str = "mean_R@1") -> list[Path]:
+    """sample_efficiency.png/.json and .md of the runs (analysis.sample_efficiency); returns the files written."""
+    points = [sample_efficiency.run_point(run, metric) for run in run_dirs]
+    summary = sample_efficiency.summarise(points)
+    summary["points"] = points
+    out = Path(out_dir)
+    written = [*plots.fig_sample_efficiency(summary, metric, out / "sample_efficiency")]
+    (out / "sample_efficiency.md").write_text(sample_efficiency.efficiency_table(summary, metric), encoding="utf-8")
+    return [*written, out / "sample_efficiency.md"]
+
+
 def _captions(name: str, cfg: Any) -> list[str]:
     es = load_eval_set(name, cfg)
     if not isinstance(es, RetrievalSet):
@@ -53,20 +67,51 @@ def _captions(name: str, cfg: Any) -> list[str]:
     return es.captions
 
 
-def analyze_geometry(model: Any, cfg: Any, out_dir: str | Path, batch_size: int = 128, seed: int = 0) -> list[Path]:
-    """Caption geometry of each of `cfg.suites` (an EvalConfig) under `model`'s text encoder (or an Embedder)."""
+def model_scale(model: Any) -> float | None:
+    """s = exp(logit_scale) of a DualEncoder; None for an Embedder (no scale of its own)."""
+    scale = getattr(model, "logit_scale", None)
+    return float(scale.detach().exp()) if isinstance(scale, torch.Tensor) else None
+
+
+def analyze_geometry(
+    model: Any,
+    cfg: Any,
+    out_dir: str | Path,
+    batch_size: int = 128,
+    seed: int = 0,
+    gamma: float = geometry.PAPER_GAMMA,
+    scale: float | None = None,
+    pairs: int = 20,
+) -> list[Path]:
+    """Caption geometry of each of `cfg.suites` (an EvalConfig) under `model`'s text encoder (or an Embedder): the
+    statistics, the margin in logits at `gamma` and `scale` (default: the model's own s, else the paper's 100) beside
+    the paper's, and the `pairs` most similar and `pairs` typical near-duplicate caption pairs."""
     embedder = as_embedder(model, cfg)
+    scale = scale or model_scale(model) or geometry.PAPER_SCALE
     out = Path(out_dir)
     stats: dict[str, dict[str, Any]] = {}
     heat: dict[str, torch.Tensor] = {}
+    sections: dict[str, dict[str, Any]] = {}
     for name in cfg.suites:
-        text = embedder.texts(_captions(name, cfg))
-        stats[name] = geometry.caption_geometry(text, batch_size=min(batch_size, len(text)), seed=seed)
+        captions = _captions(name, cfg)
+        text = embedder.texts(captions)
+        stats[name] = geometry.caption_geometry(
+            text, batch_size=min(batch_size, len(text)), seed=seed, gammas=(gamma,), scale=scale
+        )
         pick = torch.randperm(len(text), generator=torch.Generator().manual_seed(seed))[:8]  # Fig. A5: B = 8
         heat[name] = text[pick]
+        sections[name] = near_duplicates.near_duplicate_sections(text, captions, pairs)
     written = [*plots.fig_caption_similarity(stats, out / "caption_similarity")]
     written += plots.fig_geometry_summary(stats, out / "caption_geometry")
     written += plots.fig_margin_heatmap(heat, out / "margin_heatmap")
-    (out / "caption_geometry.md").write_text(geometry.geometry_table(stats))
-    (out / "caption_geometry_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
-    return [*written, out / "caption_geometry.md", out / "caption_geometry_stats.json"]
+    margins = {name: s["margin"] for name, s in stats.items()}
+    files = {
+        "caption_geometry.md": geometry.geometry_table(stats) + "\n" + geometry.margin_table(margins, stats),
+        "caption_geometry_stats.json": json.dumps(stats, indent=2) + "\n",
+        "near_duplicates.md": near_duplicates.pairs_markdown(sections),
+        "near_duplicates.html": near_duplicates.pairs_html(sections),
+        "near_duplicates.json": json.dumps(sections, indent=2, ensure_ascii=False) + "\n",
+    }
+    for file, content in files.items():
+        (out / file).write_text(content, encoding="utf-8")
+    return [*written, *(out / f for f in files)]

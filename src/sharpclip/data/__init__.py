@@ -34,6 +34,7 @@ from sharpclip.data.schema import (
     log,
 )
 from sharpclip.data.stream import StreamLoader, build_stream_loader
+from sharpclip.data.subset import select_subset
 from sharpclip.data.transforms import MemoTokenizer, Preprocessing
 from sharpclip.devices import resolve_num_workers
 
@@ -92,11 +93,16 @@ def build_dataset(
     """
     report = BadSampleReport(cfg.on_bad_sample)
     samples = read_samples(cfg, split, report)
+    subset = None
+    if split == cfg.train_split and (cfg.train_count or cfg.train_fraction < 1.0):  # before any sampler sees a row
+        samples, subset = select_subset(samples, cfg.train_fraction, cfg.train_count, cfg.subset_seed)
+        log.info("data: training on %d of the %d samples of %r (data.subset, ids sha256 %s)", subset.selected,
+                 subset.total, split, subset.ids_sha256[:12])  # fmt: skip
     if cfg.edits_format and split == cfg.train_split:
         samples += read_edit_samples(cfg, report)
     if not samples:
         raise ValueError(f"{data_root(cfg)}: split {split!r} of format {cfg.format!r} has no usable samples")
-    return SampleDataset(
+    dataset = SampleDataset(
         samples,
         transform,
         on_bad_sample=cfg.on_bad_sample,
@@ -107,6 +113,8 @@ def build_dataset(
         draft_size=draft_size,
         max_image_pixels=cfg.max_image_pixels,
     )
+    dataset.subset = subset  # what the run directory records (train.run: train_subset.json)
+    return dataset
 
 
 def loader_options(cfg: DataConfig, pin_memory: bool = False) -> dict:

@@ -45,6 +45,7 @@ from sharpclip.data.schema import (
     Sample,
     log,
 )
+from sharpclip.data.subset import SubsetRecord
 from sharpclip.data.transforms import MemoTokenizer, TextTokenizer
 
 ImageTransform = Callable[[Image.Image], Tensor]
@@ -126,6 +127,7 @@ class SampleDataset(Dataset):
         self._epoch = torch.zeros(1, dtype=torch.long).share_memory_()
         self.report = report or BadSampleReport(on_bad_sample)  # bad records met while reading the files
         self.preloaded: list[Tensor | BadSample] | None = None  # every row's pixels (or why not), after `preload`
+        self.subset: SubsetRecord | None = None  # set by data.build_dataset when the rows are a training subset
 
     def __len__(self) -> int:
         return len(self.rows)

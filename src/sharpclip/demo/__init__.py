@@ -37,10 +37,19 @@ from tqdm import tqdm
 
 from sharpclip.config import ModelConfig
 from sharpclip.data.synthdense.corpus import ensure
-from sharpclip.demo import report, wise_ft
+from sharpclip.demo import regime, report, wise_ft
 from sharpclip.demo.compare import write_qualitative
 from sharpclip.demo.measure import evaluate_model, training_stats
-from sharpclip.demo.plan import DEFAULT_TASK, Arm, Profile, arms, core_arms, task_profile
+from sharpclip.demo.plan import (
+    DEFAULT_TASK,
+    PAPER_SPREAD_ARM,
+    Arm,
+    Profile,
+    arms,
+    at_paper_spread,
+    core_arms,
+    task_profile,
+)
 from sharpclip.demo.stages import (
     Init,
     arm_config,
@@ -55,7 +64,9 @@ from sharpclip.demo.stages import (
 from sharpclip.models.factory import create_model
 
 WISE_ALPHAS = {False: (0.0, 0.25, 0.5, 0.75, 1.0), True: (0.0, 0.5, 1.0)}  # --full, --quick
-GEOMETRY_SUMMARY = ("captions", "mean_pairwise", "mean_hardest", "share_negatives_at_least", "hardest_quantiles")
+GEOMETRY_SUMMARY = (
+    "captions", "mean_pairwise", "mean_hardest", "share_negatives_at_least", "hardest_quantiles", "margin",
+)  # fmt: skip
 
 
 @dataclass
@@ -148,7 +159,7 @@ def a2_details(p: Profile) -> str:
 def _slim(test: dict[str, Any]) -> dict[str, Any]:
     """Test metrics without the geometry histograms (they go to the geometry figure's JSON)."""
     out = {k: v for k, v in test.items() if k != "geometry"}
-    out["geometry"] = {k: test["geometry"][k] for k in GEOMETRY_SUMMARY}
+    out["geometry"] = {k: test["geometry"][k] for k in GEOMETRY_SUMMARY if k in test["geometry"]}
     return out
 
 
@@ -165,7 +176,7 @@ def run_arms(p: Profile, plan: list[Arm], init: Init, data: Any, validate: Any, 
         run_dir = out / "runs" / f"seed{seed}" / arm.name
         cfg = arm_config(p, arm, init.model_dir, Path(data.root), run_dir, seed, opts.progress)
         model, seconds = run_arm(cfg, validate)
-        test = evaluate_model(model, data)
+        test = evaluate_model(model, data, scale=p.scale)
         entry = results.setdefault(arm.name, {"label": arm.label, "seeds": {}})
         entry["seeds"][seed] = {"test": _slim(test), "train": training_stats(run_dir), "seconds": seconds}
         if seed == 0:
@@ -176,6 +187,17 @@ def run_arms(p: Profile, plan: list[Arm], init: Init, data: Any, validate: Any, 
                   f"{test['within_mean_R@1']:.1f}, MMVP {test['mmvp']:.1f}  [{seconds:.0f} s]")  # fmt: skip
     bar.close()
     return results, run_dirs, geometry
+
+
+def paper_spread_plan(plan: list[Arm], init_test: dict[str, Any]) -> list[Arm]:
+    """`plan` with the paper-spread arm's γ from the init's test captions (demo.plan.at_paper_spread); the margin in
+    logits at γ 0.5 and at that γ printed beside the paper's."""
+    margin = init_test["geometry"]["margin"]
+    print(regime.margin_line(init_test), flush=True)
+    gamma = margin["gamma_for_paper_spread"]
+    if PAPER_SPREAD_ARM in {a.name for a in plan} and gamma is None:
+        raise ValueError("the init's captions have no hardest-negative spread: the paper-spread arm has no γ")
+    return at_paper_spread(plan, gamma) if gamma is not None else plan
 
 
 def command_line(opts: DemoOptions) -> str:
@@ -206,12 +228,13 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
         ("init", init.model_dir, f"stage-A2 init (dense captions, {a2_details(p)}; every arm starts here)", "stage_a2"),
     ):
         model = create_model(ModelConfig(name=str(model_dir), context_length=p.context_length))
-        test = evaluate_model(model, data)  # stretched as the arms start, so no caption is truncated
+        test = evaluate_model(model, data, scale=p.scale)  # stretched as the arms start: no caption is truncated
         with torch.no_grad():
             before = validate_init(model)  # where the arms' validation curves start (the geometry verdicts' reference)
         record = {"test": test, "validation": before, "seconds": init.record[stage]["seconds"]}
         inits[name] = {"label": label, "seeds": {0: record}}
         print(f"{label}: mean R@1 {test['mean_R@1']:.1f}, within-family {test['within_mean_R@1']:.1f}", flush=True)
+    plan = paper_spread_plan(plan, inits["init"]["seeds"][0]["test"])
     results, run_dirs, geometry = run_arms(p, plan, init, data, validate, opts, out)
     geometry = {"init": inits["init"]["seeds"][0]["test"]["geometry"], **geometry}
     for entry in inits.values():

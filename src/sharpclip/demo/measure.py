@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from sharpclip.analysis.dynamics import read_jsonl
-from sharpclip.analysis.geometry import caption_geometry
+from sharpclip.analysis.geometry import PAPER_GAMMA, caption_geometry
 from sharpclip.config import DataConfig
 from sharpclip.data import read_samples
 from sharpclip.data.synthdense.corpus import ZEROSHOT_PROMPTS
@@ -157,10 +157,11 @@ def within_chance(groups: Sequence[str]) -> float:
     return 100.0 * sum(1.0 / sizes[g] for g in groups) / len(groups)
 
 
-def embedding_metrics(text: Tensor, image: Tensor, groups: Sequence[str]) -> dict[str, Any]:
+def embedding_metrics(text: Tensor, image: Tensor, groups: Sequence[str], scale: float | None = None) -> dict[str, Any]:
     """What the test embeddings alone give: recall, within-family R@1 and its chance, per-family R@1, caption
-    geometry (the regime check's numbers: demo.report.regime_check). text, image: (N, D) L2-normalised, pair i =
-    (caption i, image i); groups: (N,) family of pair i."""
+    geometry (the regime check's numbers: demo.report.regime_check; with `scale`, the boost in logits at the paper's
+    γ and spread: analysis.geometry.margin_report). text, image: (N, D) L2-normalised, pair i = (caption i,
+    image i); groups: (N,) family of pair i."""
     ranks = retrieval_metrics(text, image, pairs_from_caption_index(range(len(text))), KS)
     out: dict[str, Any] = {f"{d}_R@{k}": ranks[d][f"R@{k}"] for d in ("t2i", "i2t") for k in KS}
     out["mean_R@1"] = (out["t2i_R@1"] + out["i2t_R@1"]) / 2
@@ -168,7 +169,7 @@ def embedding_metrics(text: Tensor, image: Tensor, groups: Sequence[str]) -> dic
     out["within_mean_R@1"] = (out["within_t2i_R@1"] + out["within_i2t_R@1"]) / 2
     out["within_chance"] = within_chance(groups)
     out.update(family_r1(text @ image.t(), groups))
-    geometry = caption_geometry(text)
+    geometry = caption_geometry(text, gammas=(PAPER_GAMMA,), scale=scale)
     out["geometry"] = geometry
     out["pairwise_sim"], out["hardest_sim"] = geometry["mean_pairwise"], geometry["mean_hardest"]
     out["hardest_is_sibling"] = hardest_is_sibling(text, groups)
@@ -178,15 +179,16 @@ def embedding_metrics(text: Tensor, image: Tensor, groups: Sequence[str]) -> dic
     return out
 
 
-def evaluate_model(model: Any, data: DataConfig, batch_size: int = 128) -> dict[str, Any]:
-    """Every test metric of the module docstring for `model` on SynthDense at `data.root` (generated already)."""
+def evaluate_model(model: Any, data: DataConfig, batch_size: int = 128, scale: float | None = None) -> dict[str, Any]:
+    """Every test metric of the module docstring for `model` on SynthDense at `data.root` (generated already);
+    `scale`: the logit scale the margin's logits are counted at (embedding_metrics)."""
     samples = read_samples(data, "test")
     # on the GPU when there is one, with the model's own preprocessing (eval.evaluator, as training's validation)
     embed = model_embedder(model.eval(), batch_size=batch_size, device=resolve_device("auto", "eval.device"))
     with torch.no_grad():
         image = embed.images([s.image for s in samples]).float().cpu()
         text = embed.texts([s.caption for s in samples]).float().cpu()
-    out = embedding_metrics(text, image, [s.group or s.id for s in samples])
+    out = embedding_metrics(text, image, [s.group or s.id for s in samples], scale)
     pairs = read_synth_mmvp(data.root)
     mmvp = score_choice_set(embed, pairs)
     out["mmvp"], out["mmvp_pairs"] = mmvp["mean"], mmvp["pairs"]

@@ -12,6 +12,9 @@ hardest negative at 0.93 / 0.92 / 0.94 (HN-CLIP Fig. 1), and already ranks many 
   the set would have without its near-duplicates), the gap ratio (1 − hardest) / (1 − pairwise) (the paper's
   0.44–0.53: how far the nearest caption sits from the rest, relative to the spread of the whole set) and the
   captions' effective dimension (analysis.geometry.effective_dimension); `hardest_line` says it in one sentence;
+- `margin_line` / `margin_markdown`: the boost in the paper's units on the init's test captions, at γ 0.5 and at the
+  γ that gives the paper's spread (analysis.geometry.margin_report): spread s·γ·(h̄ − p̄) and uniform part s·γ·p̄ in
+  logits, and the share of captions whose hardest negative asks more margin than any unit image vector can give;
 - `geometry_verdicts(results)`: per arm, the validation captions' mean pairwise and hardest cosine at the init and at
   the last validation, and whether the arm kept the init's geometry (the paper's margin presumes it) or reshaped it:
   reshaped when the mean pairwise cosine moved by more than MOVED["pairwise"] or the mean hardest by more than
@@ -23,10 +26,9 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from sharpclip.analysis.geometry import PAPER_FIG1, PAPER_GAMMA, PAPER_SCALE, margin_logits, margin_table, reach
 from sharpclip.demo.measure import CAPTION_HARDEST, CAPTION_PAIRWISE, SAT_PLAIN, SAT_TWIN
 
-# HN-CLIP Fig. 1, Long-CLIP-L on each dataset's test captions: (mean pairwise, mean hardest-negative) cosine
-PAPER_FIG1 = {"DOCCI": (0.84, 0.93), "DCI": (0.85, 0.92), "Urban-1K": (0.88, 0.94)}
 PAIRWISE_RANGE, HARDEST_RANGE = (0.80, 0.90), (0.90, 0.96)
 WITHIN_CHANCE_FACTOR, WITHIN_MAX = 2.0, 60.0  # within-family R@1: ≥ 2 × chance, ≤ 60 %
 # cosine changes of the validation captions, init -> last validation, beyond which an arm reshaped the geometry:
@@ -112,6 +114,39 @@ def hardest_line(test: dict[str, Any]) -> str:
         f"{min(paper):.2f}–{max(paper):.2f}); the captions vary along {dim:.1f} effective dimensions "
         "(analysis.geometry.effective_dimension)."
     )
+
+
+def margin_line(test: dict[str, Any]) -> str:
+    """The init's boost in the paper's units in one sentence (test: metrics with geometry["margin"]); "" without."""
+    margin = test.get("geometry", {}).get("margin")
+    if not margin:
+        return ""
+    per = margin["per_gamma"]
+    at_paper = per[f"{PAPER_GAMMA:.4g}"]
+    paper = {n: margin_logits(p, h, PAPER_GAMMA, PAPER_SCALE)["spread"] for n, (p, h) in PAPER_FIG1.items()}
+    own = margin["gamma_for_paper_spread"]
+    tail = ""
+    if own is not None:
+        out_of_reach = 100 * per[f"{own:.4g}"]["unreachable_share"]
+        tail = f"; the paper's mean spread, {margin['paper_spread']:.2f} logits, is γ {own:.3g} here"
+        tail += f", where {out_of_reach:.1f} % of hardest negatives are out of reach"
+    papers = " / ".join(f"{n} {v:.1f}" for n, v in paper.items())
+    return (
+        f"At γ {PAPER_GAMMA:g} and s {margin['scale']:g} the init's boost spreads {at_paper['spread']:.1f} logits "
+        f"(s·γ·(h̄ − p̄); the paper's, γ {PAPER_GAMMA:g}, s {PAPER_SCALE:g}: {papers}) over a uniform "
+        f"{at_paper['uniform']:.1f} (s·γ·p̄; the paper's 42–44), and asks {100 * at_paper['unreachable_share']:.1f} % "
+        f"of its captions' hardest negatives for a margin γ·G above √(2 − 2G), more than any image embedding can "
+        f"give (the paper's mean hardest, 0.93, asks {PAPER_GAMMA * 0.93:.2f} of a reach of {reach(0.93):.2f})"
+        f"{tail}."
+    )
+
+
+def margin_markdown(test: dict[str, Any], label: str) -> str:
+    """The margin-in-logits table (analysis.geometry.margin_table) of one model's test captions; "" without."""
+    geometry = test.get("geometry", {})
+    if "margin" not in geometry:
+        return ""
+    return margin_table({label: geometry["margin"]}, {label: geometry})
 
 
 def saturation_line(validation: dict[str, float]) -> str:

@@ -367,6 +367,9 @@ def regime_section(results: Results) -> str:
     inits = {a: (results[a]["label"], first(a)["test"]) for a in INITS if a in results}
     text = regime.regime_markdown(inits, regime.regime_check(first(INIT)["test"]))
     hardest = regime.hardest_line(first(INIT)["test"])
+    margin = regime.margin_markdown(first(INIT)["test"], "the init every arm starts from")
+    if margin:  # the boost in the paper's units (results cached before it was measured have none)
+        hardest = (hardest + "\n\n" if hardest else "") + margin + "\n" + regime.margin_line(first(INIT)["test"])
     return f"## Regime check (the init against HN-CLIP's caption geometry)\n\n{text}\n" + (
         (hardest + "\n\n" if hardest else "") + regime.saturation_line(first(INIT).get("validation", {})) + "\n\n"
     )

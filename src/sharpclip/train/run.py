@@ -47,6 +47,7 @@ from sharpclip.train.trainer import Trainer, TrainerState
 RESOLVED_CONFIG = resume_policy.RESOLVED_CONFIG
 RESUMES = "resumes.jsonl"  # one line per resume: the step, the checkpoint and the settings it changed
 GUARDS_INITIAL = "guards_initial.json"  # the guards' evaluation report of the initial model (train.guards)
+SUBSET_RECORD = "train_subset.json"  # the training subset's sizes, seed and ids sha256 (data.subset)
 
 
 class AlreadyFinished(Exception):
@@ -338,6 +339,7 @@ def _start(
     """Build the trainer (and resume it); a fresh run that fails to start leaves its directory empty again."""
     try:
         trainer = build_trainer(cfg)
+        record_subset(directory, trainer.loader, resuming)
         if resuming:
             path, loaded = resume_policy.pick_checkpoint(directory, named, trainer.model.state_dict())
             trainer.resume(path, loaded)
@@ -360,6 +362,26 @@ def _finished_message(directory: Path, step: int, cfg: Config) -> str:
     budget = f"train.max_steps={cfg.train.max_steps}" if cfg.train.max_steps else f"train.epochs={cfg.train.epochs}"
     return (f"{directory} already finished at step {step} ({budget}); raise train.epochs or train.max_steps to "
             "train more")  # fmt: skip
+
+
+def record_subset(directory: Path, loader: object, resuming: bool) -> None:
+    """Write `directory`/train_subset.json when the loader reads a training subset (data.subset; rank 0). A resume
+    whose subset is not the one recorded is refused on every rank: the split changed on disk since the run began."""
+    subset = getattr(getattr(loader, "dataset", None), "subset", None)
+    if subset is None:
+        return
+    path, record = directory / SUBSET_RECORD, subset.to_json()
+    if resuming and path.is_file():
+        saved = json.loads(path.read_text())
+        if saved.get("ids_sha256") != record["ids_sha256"]:
+            raise ConfigError(
+                f"{path}: the run trained on {saved.get('selected')} samples with ids sha256 "
+                f"{str(saved.get('ids_sha256'))[:12]}, but the train split now gives {record['selected']} of "
+                f"{record['total']} with {record['ids_sha256'][:12]}: the files under data.root changed; resume on "
+                "the data the run began with"
+            )
+    if distributed.rank() == 0:
+        path.write_text(json.dumps(record, indent=2) + "\n")
 
 
 def _record_resume(directory: Path, step: int, path: Path, changed: dict) -> None:

@@ -1,0 +1,77 @@
+"""`analyze --sample-efficiency` (HN-CLIP Fig. 6 / Table A9): each run's fraction from its train_subset.json, its
+method from its config, its best validation mean R@1; one line per method, seeds averaged, the full-data best as the
+reference line. Run directories are written with the trainer's own files (config.yaml, train_subset.json,
+metrics.jsonl)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sharpclip.analysis.sample_efficiency import method_label, run_point, summarise
+from sharpclip.cli import main
+from sharpclip.config import load_config, to_yaml
+from sharpclip.data.schema import PairSample
+from sharpclip.data.subset import select_subset
+from sharpclip.train.run import RESOLVED_CONFIG, SUBSET_RECORD
+
+HN = "loss.terms={hn: {loss: hn_clip, params: {gamma: 0.5}}}"
+INFONCE = "loss.terms={clip: {loss: infonce}}"
+
+
+def _run(root: Path, name: str, terms: str, fraction: float, values: list[float]) -> Path:
+    run = root / name
+    run.mkdir(parents=True)
+    overrides = [terms] + ([f"data.train_fraction={fraction}"] if fraction < 1 else [])
+    (run / RESOLVED_CONFIG).write_text("# world size 1\n" + to_yaml(load_config(None, overrides)))
+    if fraction < 1:
+        samples = [PairSample(id=f"s{i}", image=f"{i}.png", caption="c") for i in range(200)]
+        (run / SUBSET_RECORD).write_text(json.dumps(select_subset(samples, fraction)[1].to_json()))
+    records = [{"step": 1, "epoch": 0, "loss": 1.0}]  # a training step: not a validation
+    records += [{"epoch": e, "eval": {"test": {"t2i_R@1": v - 1, "i2t_R@1": v + 1, "mean_R@1": v}}}
+                for e, v in enumerate(values)]  # fmt: skip
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return run
+
+
+def test_points_summary_and_reference(tmp_path):
+    runs = [
+        _run(tmp_path, "hn_05_s0", HN, 0.05, [60.0, 70.0, 65.0]),  # best 70
+        _run(tmp_path, "hn_05_s1", HN, 0.05, [72.0]),
+        _run(tmp_path, "hn_20", HN, 0.2, [80.0]),
+        _run(tmp_path, "clip_05", INFONCE, 0.05, [50.0]),
+        _run(tmp_path, "clip_full", INFONCE, 1.0, [75.0, 74.0]),
+        _run(tmp_path, "hn_full", HN, 1.0, [77.0]),
+    ]
+    points = [run_point(r) for r in runs]
+    assert points[0]["value"] == 70.0 and points[0]["fraction"] == pytest.approx(10 / 200)  # ⌈0.05 · 200⌉ = 10
+    assert points[0]["keys"] == ["eval/test/mean_R@1"]
+    assert points[0]["ids_sha256"] == points[1]["ids_sha256"] == points[3]["ids_sha256"]  # one subset for all
+    assert [p["method"] for p in points[:4]] == ["hn_clip γ=0.5"] * 3 + ["infonce"]
+    summary = summarise(points)
+    hn = summary["methods"]["hn_clip γ=0.5"]
+    assert [(r["fraction"], r["mean"], r["min"], r["max"], r["runs"]) for r in hn] == [
+        (0.05, 71.0, 70.0, 72.0, 2), (0.2, 80.0, 80.0, 80.0, 1), (1.0, 77.0, 77.0, 77.0, 1),
+    ]  # fmt: skip
+    assert summary["reference"]["value"] == 77.0 and summary["reference"]["method"] == "hn_clip γ=0.5"
+
+
+def test_method_label_names_terms_gamma_and_adapter():
+    cfg = load_config(None, ["loss.terms={hn: {loss: hn_clip, params: {gamma: 0.25}}, tok: {loss: filip}, "
+                             "unused: {loss: infonce, weight: 0}}", "model.adapter.method=lora"])  # fmt: skip
+    assert method_label(cfg) == "lora: hn_clip γ=0.25 + filip"
+
+
+def test_the_cli_writes_the_figure_and_table(tmp_path):
+    runs = [_run(tmp_path, "a", HN, 0.2, [80.0]), _run(tmp_path, "b", INFONCE, 1.0, [75.0])]
+    out = tmp_path / "figs"
+    assert main(["analyze", "--sample-efficiency", *map(str, runs), "--out", str(out)]) == 0
+    numbers = json.loads((out / "sample_efficiency.json").read_text())
+    assert numbers["reference"]["value"] == 75.0 and (out / "sample_efficiency.png").stat().st_size > 0
+    table = (out / "sample_efficiency.md").read_text()
+    assert "| hn_clip γ=0.5 | 20.0 % | 80.00 | 80.00–80.00 | 1 |" in table
+    assert "Reference: the best full-data run, infonce, 75.00." in table
+    assert main(["analyze", "--sample-efficiency", str(tmp_path / "missing")]) == 2
+    assert main(["analyze", "--sample-efficiency"]) == 2
