@@ -356,7 +356,7 @@ class DataConfig:
     # every objective, training seed, world size and resume, and nested (5 % inside 20 %); the run directory records
     # the sizes and the sha256 of the ids (train_subset.json). Not for streamed formats (webdataset)
     train_fraction: float = 1.0
-    train_count: int = 0
+    train_count: int = 0  # > 0: train on this many samples of the train split instead (data.train_fraction then 1)
     subset_seed: int = 0  # the subset's own seed: runs with different train.seed share one subset
     eval_split: str = "test"  # the split validated on during training (train.eval_every) and `eval`'s retrieval
     # loader processes: auto = the cores available to this rank (affinity / ranks on the node), at most 8; 0 decodes
