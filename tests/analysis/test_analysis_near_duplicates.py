@@ -4,13 +4,13 @@ matrix, the words marked against hand-written diffs, the escaping of both output
 from __future__ import annotations
 
 import json
-from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 import torch
 from PIL import Image
 
+from _support.html_pages import check_page
 from sharpclip.analysis import near_duplicates as nd
 
 
@@ -61,47 +61,21 @@ def test_the_words_that_differ_are_marked_and_the_rest_written_back_as_it_was():
     assert nd.render(a, str, ("", "")) == "A red cube, left of a small ball."
 
 
-def test_captions_are_escaped_in_markdown_and_html():
+def test_captions_are_escaped_in_markdown_and_html(tmp_path):
     _, b = nd.word_diff("a <b>bold</b> | pipe * star", "a <i>bold</i> | pipe * star & co")
     md = nd.render(b, nd.md_escape, ("**", "**"))
     assert "\\|" in md and "\\*" in md and "<" not in md.replace("\\<", "")
     page = nd.pairs_html({"x<y": _section("a <b>bold</b> & co", "a <i>bold</i> & co")})
     assert "<b>" not in page and "<i>" not in page and "x&lt;y" in page
     assert "a &lt;<mark>b</mark>&gt;bold&lt;/<mark>b</mark>&gt; &amp; co" in page  # the tag's name is the diff
-    _check_html(page)
+    path = tmp_path / "pairs.html"
+    path.write_text(page, encoding="utf-8")
+    check_page(path)  # structure, nothing remote
 
 
 def _section(a: str, b: str) -> dict:
     rows = nd.caption_pairs([nd.CaptionPair(0, 1, 0.97)], [a, b])
     return {"most_similar": rows, "typical": rows, "same_text": 0, "quantile": 0.9}
-
-
-class _Structure(HTMLParser):
-    """Tags opened and closed in order (void tags excepted); sources of any <img>/<link>/<script>."""
-
-    VOID = frozenset({"meta", "br", "img", "link"})
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.stack: list[str] = []
-        self.fetches: list[str] = []
-
-    def handle_starttag(self, tag, attrs):
-        if tag in ("img", "link", "script"):
-            self.fetches.append(tag)
-        if tag not in self.VOID:
-            self.stack.append(tag)
-
-    def handle_endtag(self, tag):
-        assert self.stack and self.stack[-1] == tag, f"</{tag}> closes <{self.stack[-1] if self.stack else None}>"
-        self.stack.pop()
-
-
-def _check_html(page: str) -> None:
-    parser = _Structure()
-    parser.feed(page)
-    parser.close()
-    assert parser.stack == [] and parser.fetches == []  # balanced; nothing fetched (no image, script, sheet)
 
 
 def test_analyze_geometry_lists_near_duplicates_and_the_margin_in_logits(tmp_path: Path):
@@ -126,7 +100,7 @@ def test_analyze_geometry_lists_near_duplicates_and_the_margin_in_logits(tmp_pat
     assert top["cosine"] == pytest.approx(0.75) and len(section["most_similar"]) == 2
     md = (tmp_path / "geo" / "near_duplicates.md").read_text()
     assert "| a red square **left** | a red square **right** |" in md or "**right** | a red square **left** |" in md
-    _check_html((tmp_path / "geo" / "near_duplicates.html").read_text())
+    check_page(tmp_path / "geo" / "near_duplicates.html")
     stats = json.loads((tmp_path / "geo" / "caption_geometry_stats.json").read_text())["generic"]
     assert set(stats["margin"]["per_gamma"]) >= {"0.25"} and stats["margin"]["scale"] == 50.0
     table = (tmp_path / "geo" / "caption_geometry.md").read_text()

@@ -23,10 +23,13 @@ import html
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from sharpclip.analysis.pages import Markup, Page
 
 _WORD = re.compile(r"\w+(?:['’]\w+)*|[^\w\s]")
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]|<>#])")
@@ -195,30 +198,21 @@ def _titles(s: dict[str, Any]) -> dict[str, str]:
     }
 
 
-_STYLE = (
-    "body{font-family:system-ui,sans-serif;margin:1.5em;max-width:1400px;color:#222}"
-    "table{border-collapse:collapse;margin-bottom:1.5em}td,th{border:1px solid #ccc;padding:4px 8px;"
-    "vertical-align:top;text-align:left}td.c{white-space:nowrap}mark{background:#fdd49e}"
-)
-
-
 def pairs_html(sections: dict[str, dict[str, Any]], title: str = "Near-duplicate caption pairs") -> str:
-    """The same lists as one self-contained HTML page (inline style, no scripts, nothing fetched), captions escaped
-    and the differing words in <mark>."""
-    body = [f"<h1>{html.escape(title)}</h1>"]
+    """The same lists as one self-contained HTML page (analysis.pages: inline style, no scripts, nothing fetched),
+    captions escaped and the differing words in <mark>."""
+    page = Page(Path("near_duplicates.html"), title)
     for name, s in sections.items():
-        body.append(f"<h2>{html.escape(name)}</h2>")
+        page.heading(name)
         for key, heading in _titles(s).items():
-            body.append(f"<h3>{html.escape(heading)}</h3>")
-            body.append("<table><tr><th>#</th><th>cosine</th><th>caption</th><th>nearest other caption</th></tr>")
+            page.heading(heading, level=3)
+            rows = []
             for n, r in enumerate(s[key], 1):
-                da, db = word_diff(r["a"], r["b"])
-                cells = "".join(f"<td>{render(side, html.escape, ('<mark>', '</mark>'))}</td>" for side in (da, db))
-                where = f"<td class=c>{n} ({r['i']}, {r['j']})</td><td class=c>{cosine_text(r['cosine'])}</td>"
-                body.append(f"<tr>{where}{cells}</tr>")
-            body.append("</table>")
-    head = f'<meta charset="utf-8"><title>{html.escape(title)}</title><style>{_STYLE}</style>'
-    return f"<!DOCTYPE html>\n<html><head>{head}</head><body>\n" + "\n".join(body) + "\n</body></html>\n"
+                sides = word_diff(r["a"], r["b"])
+                marked = [Markup(render(side, html.escape, ("<mark>", "</mark>"))) for side in sides]
+                rows.append([f"{n} ({r['i']}, {r['j']})", cosine_text(r["cosine"]), *marked])
+            page.add(page.table(["#", "cosine", "caption", "nearest other caption"], rows))
+    return page.render()
 
 
 def near_duplicate_sections(
