@@ -218,6 +218,17 @@ def test_eval_of_a_mistyped_local_run_says_the_path_does_not_exist(tmp_path, mon
         assert "hf download" not in line
 
 
+def test_a_name_that_is_a_path_or_a_hub_id_names_the_missing_local_path_first(tmp_path, monkeypatch, capsys) -> None:
+    """`runs/typo` with no `runs` folder could be a hub id (org/name): the line says no local path holds it before
+    any download advice, and where it looked."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    assert main(["eval", "--model", "runs/typo", "--suite", "retrieval"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.index("no such local folder or file") < line.index("hf download"), line
+    assert str(tmp_path) in line and "A run or export: check the path" in line
+
+
 def test_a_config_error_under_torchrun_is_printed_by_rank_0_only(capsys, monkeypatch) -> None:
     monkeypatch.setenv("RANK", "1")
     assert main(["train", "train.learning_rate=1e-4"]) == 2

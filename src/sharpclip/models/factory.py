@@ -256,11 +256,13 @@ def load_weights_file(path: Path) -> dict[str, torch.Tensor]:
 
 
 def _not_found(name: str) -> str:
+    """A name that is neither a local path nor a cached hub id: both readings are named, the local one first (a
+    mistyped run folder is the commoner slip), so the advice to download never stands alone."""
     cache = os.environ.get("HF_HUB_CACHE") or os.environ.get("HF_HOME") or "~/.cache/huggingface"
     return (
-        f"model.name={name!r} is not a tiny preset, a local folder or file, nor a hub id in the local HF cache "
-        f"({cache}). sharpclip never downloads. On a machine with internet run `hf download {name} --local-dir DIR`, "
-        f"copy DIR here and set model.name=DIR (or fill the HF cache and keep the hub id)."
+        f"model.name={name!r}: no such local folder or file (from {Path.cwd()}), and not a tiny preset nor a hub id "
+        f"in the local HF cache ({cache}). A run or export: check the path. A hub id: sharpclip never downloads; on "
+        f"a machine with internet run `hf download {name} --local-dir DIR`, copy DIR here and set model.name=DIR."
     )
 
 
