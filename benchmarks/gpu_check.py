@@ -108,7 +108,7 @@ class Check:
 
     def stop_child(self) -> None:
         if self.child is not None and self.child.poll() is None:
-            os.killpg(self.child.pid, signal.SIGKILL)  # its own session: torchrun's workers and pytest's go too
+            os.killpg(self.child.pid, signal.SIGKILL)  # its own process group: torchrun's workers and pytest's go too
 
 
 def _stream(proc: subprocess.Popen, deadline: float, parse, write) -> tuple[list[dict], bool]:
