@@ -484,10 +484,12 @@ def own_errors() -> tuple[type[BaseException], ...]:
 
 
 def _quiet_rank(err: BaseException) -> bool:
-    """A config error on a torchrun rank other than 0: the same error, from the same words, that rank 0 prints."""
+    """A config error on a torchrun rank other than 0 (the same error, from the same words, that rank 0 prints), or
+    a rank's failure, whose line the failing rank printed as it told the others (train.distributed.RankFailed)."""
     from sharpclip.config import ConfigError
+    from sharpclip.train.distributed import RankFailed
 
-    return isinstance(err, ConfigError) and int(os.environ.get("RANK", 0) or 0) != 0
+    return isinstance(err, RankFailed) or (isinstance(err, ConfigError) and int(os.environ.get("RANK", 0) or 0) != 0)
 
 
 def _describe(err: BaseException) -> str:

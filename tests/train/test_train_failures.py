@@ -55,7 +55,7 @@ def test_an_exception_in_rank_0s_checkpoint_ends_both_torchrun_ranks_with_one_li
     assert proc.returncode != 0
     lines = _lines(proc.stdout + proc.stderr, 0, "checkpoint 2")
     assert len(lines) == 2, proc.stderr[-3000:]  # one from each rank
-    assert any(line.startswith("sharpclip train: rank 0 failed") for line in lines)  # rank 0's own, via the CLI
+    assert any(line.startswith("sharpclip: rank 0 failed") for line in lines)  # rank 0's own, before rank 1 exits
     assert any("sharpclip: rank 1 stops: rank 0 failed" in line for line in lines)
 
 

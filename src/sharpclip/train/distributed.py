@@ -270,13 +270,14 @@ class GradSync:
             self._seen = None
 
 
-FAILED_KEY, SEEN_KEY = "sharpclip/failed", "sharpclip/failure_seen"
+FAILED_KEY, SEEN_KEY, REPORTED_KEY = "sharpclip/failed", "sharpclip/failure_seen", "sharpclip/failure_reported"
 FAILURE_POLL_S = 0.5  # how often each rank looks for another rank's failure
 FAILURE_WAIT_S = 10.0  # how long a failing rank waits for the others to have reported it before it exits
 
 
 class RankFailed(RuntimeError):
-    """A rank's training raised: the one-line message names the first failing rank and its error, on every rank."""
+    """A rank's training raised: the one-line message names the first failing rank and its error, on every rank.
+    The failing rank has already printed that line (`failures_end_every_rank`), so the CLI does not repeat it."""
 
 
 def _one_line(err: BaseException) -> str:
@@ -293,6 +294,10 @@ def _watch(store, stop: threading.Event) -> None:
                 continue
             message = store.get(FAILED_KEY).decode()
             store.add(SEEN_KEY, 1)
+            # the failing rank prints its own line first: a launcher ends every rank once this one exits
+            deadline = time.monotonic() + FAILURE_WAIT_S
+            while not store.check([REPORTED_KEY]) and time.monotonic() < deadline:
+                time.sleep(FAILURE_POLL_S / 5)
         except Exception as err:  # the store is unreachable: its host ended (a rank that finished first, too)
             if stop.wait(FAILURE_WAIT_S):  # this rank is finishing as well
                 return
@@ -309,9 +314,10 @@ def failures_end_every_rank() -> Iterator[None]:
     line naming the first failing rank and its error (RankFailed on the failing rank; the others print it and exit
     with status 1), instead of leaving them in a collective until the process group's timeout.
 
-    The failing rank writes its error into the process group's key-value store (one key: the first failure wins)
-    and waits up to FAILURE_WAIT_S for the others to have seen it; a thread on every rank polls that key. Nothing
-    changes on one process."""
+    The failing rank writes its error into the process group's key-value store (one key: the first failure wins),
+    prints the line itself (a launcher may end it as soon as another rank exits, so it does not leave that to the
+    CLI), marks it reported and waits up to FAILURE_WAIT_S for the others to have seen it; a thread on every rank
+    polls the key and exits once the line is reported. Nothing changes on one process."""
     if world_size() == 1:
         yield
         return
@@ -323,8 +329,11 @@ def failures_end_every_rank() -> Iterator[None]:
     except Exception as err:
         stop.set()
         first = f"rank {rank()} failed: {_one_line(err)}"
-        try:
+        with contextlib.suppress(Exception):  # the store is gone (its host ended): our own line still stands
             first = store.compare_set(FAILED_KEY, "", first).decode()  # unset: ours; else the earlier one
+        print(f"sharpclip: {first}", file=sys.stderr, flush=True)
+        try:
+            store.set(REPORTED_KEY, "1")
             deadline = time.monotonic() + FAILURE_WAIT_S
             while store.add(SEEN_KEY, 0) < world_size() - 1 and time.monotonic() < deadline:
                 time.sleep(FAILURE_POLL_S / 5)
