@@ -29,6 +29,18 @@ def write_generic(root: Path, n: int = 8, splits: tuple[str, ...] = ("train", "t
     return root
 
 
+def write_captions(root: Path, captions: list[str], split: str = "test") -> Path:
+    """`root/<split>.jsonl` with one 4 × 4 black PNG per caption (`<i>.png`): a suite whose captions are the test's
+    subject and whose pixels do not matter."""
+    root.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i, text in enumerate(captions):
+        Image.new("RGB", (4, 4)).save(root / f"{i}.png")
+        rows.append({"id": str(i), "image": f"{i}.png", "caption": text})
+    (root / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
 def tiny_config(root: Path, out: Path, *overrides: str) -> Config:
     """Tiny CLIP on the generic data at `root`, 2 steps of batch 4, a checkpoint every step, into `out`; batches are
     decoded in the test process (data.num_workers=0: worker start-up would cost more than these runs)."""

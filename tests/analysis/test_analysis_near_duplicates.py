@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from PIL import Image
 
 from _support.html_pages import check_page
+from _support.tiny_files import write_captions
 from sharpclip.analysis import near_duplicates as nd
 
 
@@ -82,15 +82,9 @@ def test_analyze_geometry_lists_near_duplicates_and_the_margin_in_logits(tmp_pat
     from sharpclip.analysis.run import analyze_geometry
     from sharpclip.config import EvalConfig
 
-    root = tmp_path / "generic"
-    root.mkdir()
     caps = ["a red square left", "a red square right", "a blue circle left", "a green circle right"]
     caps.append(caps[0])  # the same text twice: not a pair, counted
-    rows = []
-    for i, c in enumerate(caps):
-        Image.new("RGB", (4, 4)).save(root / f"{i}.png")
-        rows.append({"id": str(i), "image": f"{i}.png", "caption": c})
-    (root / "test.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    write_captions(tmp_path / "generic", caps)
     cfg = EvalConfig(suites=["generic"], data_root=str(tmp_path), progress=False)
     analyze_geometry(_Bag(), cfg, tmp_path / "geo", batch_size=2, gamma=0.25, scale=50.0, pairs=2)
     section = json.loads((tmp_path / "geo" / "near_duplicates.json").read_text())["generic"]

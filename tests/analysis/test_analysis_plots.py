@@ -10,6 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
+from _support.tiny_files import write_captions
 from sharpclip.analysis.dynamics import comparison_table, convergence, gradient_dynamics, read_diagnostics
 from sharpclip.analysis.geometry import caption_geometry
 from sharpclip.analysis.plots import (
@@ -149,14 +150,8 @@ def test_analyze_geometry_over_a_dataset(tmp_path: Path) -> None:
     from sharpclip.analysis.run import analyze_geometry
     from sharpclip.config import EvalConfig
 
-    root = tmp_path / "generic"
-    root.mkdir()
     caps = ["a red square left", "a red square right", "a blue circle left", "a green circle right"] * 3
-    rows = []
-    for i, c in enumerate(caps):
-        Image.new("RGB", (4, 4)).save(root / f"{i}.png")
-        rows.append({"id": str(i), "image": f"{i}.png", "caption": c})
-    (root / "test.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    write_captions(tmp_path / "generic", caps)
     cfg = EvalConfig(suites=["generic"], data_root=str(tmp_path), progress=False)
     written = analyze_geometry(_WordEmbedder(), cfg, tmp_path / "geo", batch_size=4)
     assert {p.name for p in written} >= {
