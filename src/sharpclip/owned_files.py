@@ -23,7 +23,8 @@ API (everything else is private)::
         fig.savefig(tmp)
     write_text(path, text, flag)         # the same for text (write_bytes for bytes); returns path
     is_ours(path) / record(path)         # whether path is ours; its registry record ({size, mtime_ns, sha256})
-    remove(path, flag)                   # delete a file of ours (refuses any other)
+    listed(folder)                       # the names the folder's registry lists
+    remove(path, flag, listed=False)     # delete a file of ours (refuses any other; see its docstring)
 
 The registry is updated under an `flock` of its folder, so writers in one folder at once do not lose entries.
 """
@@ -85,6 +86,14 @@ def record(path: str | Path) -> dict[str, Any] | None:
         return _read_registry(path.parent).get(path.name)
     except NotOurs:
         return None
+
+
+def listed(folder: str | Path) -> set[str]:
+    """The names `folder`'s registry lists (empty without one, or with one that is not sharpclip's)."""
+    try:
+        return set(_read_registry(Path(folder)))
+    except NotOurs:
+        return set()
 
 
 def _matches(path: Path, rec: dict[str, Any]) -> bool:
@@ -208,10 +217,14 @@ def write_text(path: str | Path, text: str, flag: str = "") -> Path:
     return write_bytes(path, text.encode("utf-8"), flag)
 
 
-def remove(path: str | Path, flag: str = "") -> None:
-    """Delete `path` if it is sharpclip's own (and forget it); absent: nothing to do; anything else: `NotOurs`."""
+def remove(path: str | Path, flag: str = "", listed: bool = False) -> None:
+    """Delete `path` if it is sharpclip's own (and forget it); absent: nothing to do; anything else: `NotOurs`.
+
+    `listed`: also a file the registry lists whose bytes changed since (a damaged index chunk that sharpclip's own
+    check found, deleted on the user's explicit request such as `--rebuild`); still never a link or an unlisted file."""
     path = Path(path)
-    if reason := _refusal(path, flag):
+    damaged_own = listed and path.is_file() and not path.is_symlink() and record(path) is not None
+    if not damaged_own and (reason := _refusal(path, flag)):
         raise NotOurs(reason)
     if path.exists():
         path.unlink()
