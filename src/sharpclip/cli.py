@@ -110,8 +110,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="the quickstart: every objective fine-tuned and compared on SynthDense, on CPU")
-    p.add_argument("--out", type=path_arg, default="runs/demo",
-                   help="run directory: data, runs, report.md, report.json, figures")
+    p.add_argument(
+        "--out", type=path_arg, default="runs/demo", help="run directory: data, runs, report.md, report.json, figures"
+    )
     p.add_argument("--quick", action="store_true", help="tiny sizes (about 1 minute; the CI end-to-end test)")
     p.add_argument("--full", action="store_true", help="add the ablations: frozen Ḡ, γ sweep, LoRA ± boost, scale")
     p.add_argument("--seeds", type=int, default=1, help="fine-tuning seeds per arm (mean ± spread when > 1)")
@@ -171,8 +172,9 @@ def _add_objectives(sub: argparse._SubParsersAction) -> None:
 
 def _add_export(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="write a transformers folder (AutoModel-loadable) and check it reloads exactly")
-    p.add_argument("source", type=path_arg, metavar="RUN_OR_CHECKPOINT",
-                   help="run directory, sharpclip checkpoint or HF folder")
+    p.add_argument(
+        "source", type=path_arg, metavar="RUN_OR_CHECKPOINT", help="run directory, sharpclip checkpoint or HF folder"
+    )
     p.add_argument("--to", type=path_arg, required=True, metavar="DIR", help="output folder")
     p.add_argument("--vision-only", action="store_true", help="export the vision tower alone (CLIPVisionModel)")
     p.add_argument("--best", action="store_true", help="a run directory's best checkpoint (best.json), not its newest")
@@ -195,12 +197,14 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
 
 def _add_blend(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("blend", help="WiSE-FT: blend a fine-tuned model with its initialisation (one α, or a sweep)")
-    p.add_argument("init", type=path_arg, metavar="INIT",
-                   help="the initialisation the run started from (any model.name form)")
+    p.add_argument(
+        "init", type=path_arg, metavar="INIT", help="the initialisation the run started from (any model.name form)"
+    )
     p.add_argument("finetuned", type=path_arg, metavar="FINETUNED", help="a run directory or one of its checkpoints")
     _config_args(p, "eval.data_root=/data/benchmarks (the suites --sweep evaluates)")
-    p.add_argument("--to", type=path_arg, required=True, metavar="DIR",
-                   help="output folder (must be empty unless --force)")
+    p.add_argument(
+        "--to", type=path_arg, required=True, metavar="DIR", help="output folder (must be empty unless --force)"
+    )
     how = p.add_mutually_exclusive_group(required=True)
     how.add_argument("--alpha", type=float, help="θ = (1 − α)·θ_init + α·θ_finetuned, written as a checkpoint")
     how.add_argument("--sweep", metavar="A,B,…", help="evaluate these αs: trade-off curve and the best guarded α")
@@ -232,10 +236,12 @@ def _add_blend(sub: argparse._SubParsersAction) -> None:
 def _add_distill(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("distill", help="distil the text tower into a RoPE text tower (CLIP-IN eq. 7 / TULIP)")
     _config_args(p, "model.name=/models/clip-vit-large-patch14; the model section names the teacher")
-    p.add_argument("--captions", type=path_arg, required=True, metavar="FILE",
-                   help="text file, one (long) caption per line")
-    p.add_argument("--to", type=path_arg, required=True, metavar="DIR",
-                   help="where to write the student's sharpclip checkpoint")
+    p.add_argument(
+        "--captions", type=path_arg, required=True, metavar="FILE", help="text file, one (long) caption per line"
+    )
+    p.add_argument(
+        "--to", type=path_arg, required=True, metavar="DIR", help="where to write the student's sharpclip checkpoint"
+    )
 
     def run(args: argparse.Namespace) -> int:
         from sharpclip.train.distill import run_distill
@@ -248,8 +254,9 @@ def _add_distill(sub: argparse._SubParsersAction) -> None:
 
 def _add_validate_data(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("validate-data", help="check a dataset: counts, bad samples, duplicates, token lengths")
-    p.add_argument("target", type=path_arg, metavar="CONFIG_OR_PATH",
-                   help="a YAML recipe (its data section) or a data folder/file")
+    p.add_argument(
+        "target", type=path_arg, metavar="CONFIG_OR_PATH", help="a YAML recipe (its data section) or a data folder/file"
+    )
     p.add_argument("overrides", nargs="*", help="dotted overrides for a recipe, e.g. data.root=/data/docci")
     p.set_defaults(words_dest="overrides")
     p.add_argument("--format", help="the data format (default: the recipe's, or detected from the folder)")
@@ -342,8 +349,9 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
 
 def _add_analyze(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("analyze", help="figures of finished runs (Fig. 4, convergence), caption geometry, feature maps")
-    p.add_argument("runs", type=path_arg, nargs="*", metavar="RUN",
-                   help="run directories (diagnostics.jsonl, metrics.jsonl)")
+    p.add_argument(
+        "runs", type=path_arg, nargs="*", metavar="RUN", help="run directories (diagnostics.jsonl, metrics.jsonl)"
+    )
     p.add_argument("--out", type=path_arg, default="figures", help="where the PNG, JSON and markdown files go")
     p.add_argument("--metric", default="R@1", help="convergence metrics: keys ending in this (e.g. t2i/R@1)")
     p.add_argument("--sample-efficiency", action="store_true",
@@ -354,8 +362,9 @@ def _add_analyze(sub: argparse._SubParsersAction) -> None:
                    help="text encoder for --geometry (sets model.name); one "
                    "or two for --feature-map (run directory, checkpoint, HF folder or tiny preset)")  # fmt: skip
     p.add_argument("--data-root", type=path_arg, help="folder holding one sub-folder per suite, for --geometry")
-    p.add_argument("--feature-map", type=path_arg, metavar="IMAGE",
-                   help="patch feature map of --text over IMAGE (CLIP-IN Fig. 3)")
+    p.add_argument(
+        "--feature-map", type=path_arg, metavar="IMAGE", help="patch feature map of --text over IMAGE (CLIP-IN Fig. 3)"
+    )
     p.add_argument("--text", default="", help="the caption --feature-map scores every patch against")
     p.add_argument("--dense", choices=("maskclip", "value"), default="maskclip", help="--feature-map's dense "
                    "features: MaskCLIP's (the block's residual and MLP kept) or the value path alone")  # fmt: skip
@@ -414,18 +423,25 @@ def _add_search(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", type=path_arg, action="append", required=True, metavar="MODEL",
                    help="a run directory, checkpoint, export/HF folder or tiny model; twice: side by side")  # fmt: skip
     what = p.add_mutually_exclusive_group()
-    what.add_argument("--images", type=path_arg, metavar="DIR",
-                      help="a folder of images (captions from same-named .txt files)")
+    what.add_argument(
+        "--images", type=path_arg, metavar="DIR", help="a folder of images (captions from same-named .txt files)"
+    )
     what.add_argument("--suite", help="a retrieval suite of `sharpclip eval` (default: the config's data section)")
     p.add_argument("--data-root", type=path_arg, help="folder holding one sub-folder per suite (sets eval.data_root)")
-    p.add_argument("--index", type=path_arg, default="search-index", metavar="DIR",
-                   help="where indexes live: DIR/<data>-<digest>/<model>-<digest>/")
+    p.add_argument(
+        "--index",
+        type=path_arg,
+        default="search-index",
+        metavar="DIR",
+        help="where indexes live: DIR/<data>-<digest>/<model>-<digest>/",
+    )
     query = p.add_mutually_exclusive_group()
     query.add_argument("--text", help="query caption")
     query.add_argument("--image", type=path_arg, metavar="FILE", help="query image")
     p.add_argument("-k", "--top", type=positive_int, default=10, help="results per model (default 10)")
-    p.add_argument("--html", type=path_arg, metavar="FILE",
-                   help="also write an HTML page (thumbnails in FILE's folder)")
+    p.add_argument(
+        "--html", type=path_arg, metavar="FILE", help="also write an HTML page (thumbnails in FILE's folder)"
+    )
     p.add_argument("--rebuild", action="store_true", help="delete and rebuild the indexes (only their own files)")
 
     def run(args: argparse.Namespace) -> int:
@@ -456,14 +472,17 @@ def _add_search(sub: argparse._SubParsersAction) -> None:
 def _add_compare(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare", help="two models' retrievals side by side: the queries whose ranks differ most")
     _config_args(p, "eval.data_root=/data/benchmarks")
-    p.add_argument("--model", type=path_arg, action="append", required=True, metavar="MODEL",
-                   help="twice: --model A --model B")
+    p.add_argument(
+        "--model", type=path_arg, action="append", required=True, metavar="MODEL", help="twice: --model A --model B"
+    )
     p.add_argument("--suite", help="a retrieval suite of `sharpclip eval` (default: the config's data section)")
     p.add_argument("--data-root", type=path_arg, help="folder holding one sub-folder per suite (sets eval.data_root)")
-    p.add_argument("--index", type=path_arg, default="search-index", metavar="DIR",
-                   help="where indexes live (shared with search)")
-    p.add_argument("--out", type=path_arg, default="compare",
-                   help="folder for compare.html (+ thumbnails), compare.png, .json")
+    p.add_argument(
+        "--index", type=path_arg, default="search-index", metavar="DIR", help="where indexes live (shared with search)"
+    )
+    p.add_argument(
+        "--out", type=path_arg, default="compare", help="folder for compare.html (+ thumbnails), compare.png, .json"
+    )
     p.add_argument("-k", "--top", type=positive_int, default=5, help="images shown per model and query (default 5)")
     p.add_argument("-n", "--queries", type=positive_int, default=6, help="queries shown per direction (default 6)")
     p.add_argument("--rebuild", action="store_true", help="delete and rebuild the indexes (only their own files)")

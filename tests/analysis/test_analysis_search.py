@@ -17,9 +17,9 @@ from sharpclip.analysis import index as ix
 from sharpclip.analysis import search as s
 from sharpclip.cli import main
 from sharpclip.config import load_config
-from sharpclip.owned_files import NotOurs
 from sharpclip.eval.metrics import pairs_from_caption_index, query_ranks
 from sharpclip.eval.suite import run_eval
+from sharpclip.owned_files import NotOurs
 
 
 def _unit(n: int, d: int, seed: int) -> torch.Tensor:
