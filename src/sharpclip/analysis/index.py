@@ -176,9 +176,9 @@ def _schema_error(value: Any, schema: dict[str, tuple[type, ...]], where: str) -
         return f"{where or 'the manifest'} is a JSON {type(value).__name__}, not an object"
     for key, types in schema.items():
         if key not in value:
-            return f"key {where}{key!r} is missing"
+            return f"key '{where}{key}' is missing"
         if not isinstance(value[key], types) or (isinstance(value[key], bool) and bool not in types):
-            return f"key {where}{key!r} is a {type(value[key]).__name__}"
+            return f"key '{where}{key}' is a {type(value[key]).__name__}"
     return None
 
 
@@ -193,7 +193,7 @@ def manifest_error(manifest: Any) -> str | None:
     if why is None and manifest["chunk_size"] < 1:
         why = f"key 'chunk_size' is {manifest['chunk_size']}, not >= 1"
     records = [*manifest["dataset"]["files"].values(), *manifest["chunks"].values()] if why is None else []
-    return why or next((e for r in records if (e := _schema_error(r, FILE_SCHEMA, "file record "))), None)
+    return why or next((e for r in records if (e := _schema_error(r, FILE_SCHEMA, "file record."))), None)
 
 
 def read_manifest(folder: Path) -> dict[str, Any] | None:
