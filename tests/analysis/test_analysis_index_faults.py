@@ -34,8 +34,8 @@ def es(tmp_path: Path) -> Path:
 
 
 def _search(images: Path, index: Path, *extra: str) -> int:
-    return main(["search", "--model", "tiny-clip", "--images", str(images), "--index", str(index), "eval.progress=false",
-                 *extra])  # fmt: skip
+    argv = ["search", "--model", "tiny-clip", "--images", str(images), "--index", str(index), "eval.progress=false"]
+    return main([*argv, *extra])
 
 
 def _folder(index: Path) -> Path:
