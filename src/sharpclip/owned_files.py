@@ -74,18 +74,32 @@ def _read_registry(folder: Path, flag: str = "") -> dict[str, dict[str, Any]]:
         files = data["files"] if isinstance(data, dict) and data.get("kind") == KIND else None
     except (OSError, ValueError, KeyError) as err:
         raise NotOurs(f"{path}: not sharpclip's record of its files ({err}); {_advice(flag)}") from None
-    if not isinstance(files, dict) or not all(isinstance(r, dict) for r in files.values()):
+    if not isinstance(files, dict) or not all(_is_entry(r) for r in files.values()):
         raise NotOurs(f"{path}: not sharpclip's record of its files; {_advice(flag)}")
     return files
 
 
+def _is_entry(entry: Any) -> bool:
+    """A record, or a list of them: a write in flight (the old bytes and the new are both sharpclip's until the
+    rename is done, so a kill between the rename and the registry's update leaves neither unowned)."""
+    if isinstance(entry, list):
+        return bool(entry) and all(isinstance(r, dict) for r in entry)
+    return isinstance(entry, dict)
+
+
+def _records(entry: Any) -> list[dict[str, Any]]:
+    return [] if entry is None else entry if isinstance(entry, list) else [entry]
+
+
 def record(path: str | Path) -> dict[str, Any] | None:
-    """The registry's record of `path` ({size, mtime_ns, sha256}) when its folder's registry lists it, else None."""
+    """The registry's record of `path` ({size, mtime_ns, sha256}; the newest, during a write) when its folder's
+    registry lists it, else None."""
     path = Path(path)
     try:
-        return _read_registry(path.parent).get(path.name)
+        found = _records(_read_registry(path.parent).get(path.name))
     except NotOurs:
         return None
+    return found[-1] if found else None
 
 
 def listed(folder: str | Path) -> set[str]:
@@ -105,11 +119,22 @@ def _matches(path: Path, rec: dict[str, Any]) -> bool:
     return st.st_size == rec.get("size") and _sha256(path) == rec.get("sha256")
 
 
+def _matches_entry(path: Path, entry: Any) -> bool:
+    return any(_matches(path, rec) for rec in _records(entry))
+
+
+def _entry(path: Path) -> Any:
+    try:
+        return _read_registry(path.parent).get(path.name)
+    except NotOurs:
+        return None
+
+
 def is_ours(path: str | Path) -> bool:
     """Whether `path` is a regular file (not a link) that sharpclip wrote and nobody changed since."""
     path = Path(path)
-    rec = record(path)
-    return rec is not None and not path.is_symlink() and path.exists() and _matches(path, rec)
+    entry = _entry(path)
+    return entry is not None and not path.is_symlink() and path.exists() and _matches_entry(path, entry)
 
 
 def _refusal(path: Path, flag: str) -> str | None:
@@ -120,11 +145,11 @@ def _refusal(path: Path, flag: str) -> str | None:
         return None
     if path.is_dir():
         return f"{path} is a folder, not a file sharpclip wrote; {_advice(flag)}"
-    rec = _read_registry(path.parent, flag).get(path.name)
-    if rec is None:
+    entry = _read_registry(path.parent, flag).get(path.name)
+    if entry is None:
         return (f"{path} exists and sharpclip did not write it (not in {REGISTRY} there); it replaces only its own "
                 f"files: {_advice(flag)}, or move the file away")  # fmt: skip
-    if not _matches(path, rec):
+    if not _matches_entry(path, entry):
         return f"{path} changed since sharpclip wrote it; it replaces only its own files: {_advice(flag)}, or move it"
     return None
 
@@ -166,7 +191,7 @@ def _temporary(path: Path) -> Path:
     return path.with_name(f".{path.stem}.{os.getpid()}-{os.urandom(3).hex()}.tmp{path.suffix}")
 
 
-def _update(folder: Path, changes: dict[str, dict[str, Any] | None], flag: str) -> None:
+def _update(folder: Path, changes: dict[str, Any], flag: str) -> None:
     """Apply {name: record, or None to forget it} to `folder`'s registry (under its flock), written atomically."""
     with _locked(folder):
         files = _read_registry(folder, flag)
@@ -199,6 +224,8 @@ def writing(path: str | Path, flag: str = "") -> Iterator[Path]:
         st = tmp.stat()
         rec = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": _sha256(tmp)}
         check([path], flag)  # again: something may have appeared there while we wrote
+        old = _records(_entry(path)) if path.exists() else []
+        _update(path.parent, {path.name: [*old, rec]}, flag)  # both sharpclip's while the rename is in flight
         os.replace(tmp, path)
         _update(path.parent, {path.name: rec}, flag)
     finally:
