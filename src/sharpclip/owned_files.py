@@ -171,8 +171,9 @@ def folder(path: str | Path, flag: str = "", derived: bool = False) -> Path:
     path = Path(path)
     if derived and path.is_symlink():
         raise NotOurs(f"{path} is a symbolic link; sharpclip never writes through one: {_advice(flag)}")
-    if path.exists() and not path.is_dir():
-        raise NotOurs(f"{path} is a file, not a folder; {_advice(flag)}")
+    blocker = next((p for p in (path, *path.parents) if p.exists() or p.is_symlink()), None)
+    if blocker is not None and not blocker.is_dir():
+        raise NotOurs(f"{blocker} is a file, not a folder; {_advice(flag)}")
     path.mkdir(parents=True, exist_ok=True)
     return path
 

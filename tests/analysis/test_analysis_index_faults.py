@@ -261,6 +261,13 @@ def test_a_fifo_or_a_folder_as_the_query_image_says_what_it_is(es: Path, tmp_pat
     assert not (tmp_path / "idx").exists()  # refused before any index is built
 
 
+def test_an_index_flag_naming_a_file_is_one_line_and_the_file_is_unchanged(es: Path, tmp_path: Path, capsys):
+    (tmp_path / "idxfile").write_text("mine")
+    assert _search(es, tmp_path / "idxfile") == 2
+    _one_line(capsys.readouterr().err, f"{tmp_path / 'idxfile'} is a file, not a folder", "--index")
+    assert (tmp_path / "idxfile").read_text() == "mine"
+
+
 @pytest.mark.parametrize("name", ["notes.txt", "photo.jpg"])
 def test_html_onto_a_users_file_that_is_not_a_page_is_refused(es: Path, tmp_path: Path, capsys, name: str):
     (tmp_path / name).write_bytes(b"the user's " + name.encode())

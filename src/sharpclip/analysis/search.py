@@ -147,6 +147,7 @@ def open_searcher(
 ) -> Searcher:
     """Load model `name`, build or resume its index of `dataset` under `index_root`, check it, and read it."""
     folder = index_folder(index_root, name, dataset, spec)
+    owned_files.folder(index_root, "--index")  # a file there: one line naming it
     if folder.parent.is_symlink():  # a folder sharpclip names: never written through a link
         owned_files.folder(folder.parent, "--index", derived=True)
     check_folder(folder)  # before the model is loaded: a folder that is not ours is refused at once
