@@ -24,6 +24,7 @@ API (everything else is private)::
     write_text(path, text, flag)         # the same for text (write_bytes for bytes); returns path
     is_ours(path) / record(path)         # whether path is ours; its registry record ({size, mtime_ns, sha256})
     listed(folder)                       # the names the folder's registry lists
+    is_temporary(name)                   # whether a name is one of sharpclip's temporary names (a write in flight)
     remove(path, flag, listed=False)     # delete a file of ours (refuses any other; see its docstring)
 
 The registry is updated under an `flock` of its folder, so writers in one folder at once do not lose entries.
@@ -36,6 +37,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -190,6 +192,14 @@ def _locked(folder: Path) -> Iterator[None]:
 
 def _temporary(path: Path) -> Path:
     return path.with_name(f".{path.stem}.{os.getpid()}-{os.urandom(3).hex()}.tmp{path.suffix}")
+
+
+_TEMPORARY = re.compile(r"\..+\.\d+-[0-9a-f]{6}\.tmp(\.[^.]+)?")
+
+
+def is_temporary(name: str) -> bool:
+    """Whether `name` has the form of sharpclip's temporary names (`.<stem>.<pid>-<hex>.tmp<suffix>`)."""
+    return _TEMPORARY.fullmatch(name) is not None
 
 
 def _update(folder: Path, changes: dict[str, Any], flag: str) -> None:

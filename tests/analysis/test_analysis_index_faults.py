@@ -303,3 +303,13 @@ def test_a_tilde_in_index_and_html_flags_is_the_home_folder(es: Path, tmp_path: 
                  "--html=~/p.html", "eval.progress=false"]) == 0  # fmt: skip
     assert (home / "p.html").is_file() and list((home / "idx").rglob(ix.MANIFEST))
     assert list(cwd.iterdir()) == []  # no folder named "~"
+
+
+def test_a_folder_left_by_a_build_killed_as_it_started_is_built_into(es: Path, tmp_path: Path):
+    assert _search(es, tmp_path / "learn") == 0
+    folder = tmp_path / "idx" / _folder(tmp_path / "learn").relative_to(tmp_path / "learn")
+    folder.mkdir(parents=True)
+    (folder / ix.LOCK).write_text("12345\n")  # killed after taking the lock, mid-way through its first manifest
+    (folder / ".manifest.12345-abcdef.tmp.json").write_text('{"version"')
+    assert _search(es, tmp_path / "idx", "--text", "square 1") == 0
+    assert ix.load_index(folder).image.shape[0] == 4
