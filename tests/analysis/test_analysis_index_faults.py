@@ -313,3 +313,17 @@ def test_a_folder_left_by_a_build_killed_as_it_started_is_built_into(es: Path, t
     (folder / ".manifest.12345-abcdef.tmp.json").write_text('{"version"')
     assert _search(es, tmp_path / "idx", "--text", "square 1") == 0
     assert ix.load_index(folder).image.shape[0] == 4
+
+
+def test_a_page_files_name_held_by_a_file_and_a_compare_out_that_is_a_file_are_one_line(
+    es: Path, tmp_path: Path, capsys
+):
+    (tmp_path / "p2_files").write_text("mine")
+    assert _search(es, tmp_path / "idx", "--text", "square", "--html", str(tmp_path / "p2.html")) == 2
+    _one_line(capsys.readouterr().err, f"{tmp_path / 'p2_files'} is a file, not a folder", "--html")
+    (tmp_path / "f6file").write_text("mine too")
+    argv = ["compare", "--model", "tiny-clip", "--model", "tiny-siglip", "--out", str(tmp_path / "f6file")]
+    assert main(argv) == 2
+    _one_line(capsys.readouterr().err, f"{tmp_path / 'f6file'} is a file, not a folder", "--out")
+    assert (tmp_path / "p2_files").read_text() == "mine" and (tmp_path / "f6file").read_text() == "mine too"
+    assert not (tmp_path / "p2.html").exists() and not (tmp_path / "idx").exists()
