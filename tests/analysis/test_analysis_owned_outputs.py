@@ -17,6 +17,7 @@ import pytest
 from _support.tiny_files import write_generic
 from sharpclip.analysis.index import LOCK
 from sharpclip.cli import main
+from sharpclip.config import load_config, to_yaml
 from sharpclip.owned_files import REGISTRY
 
 Writer = Callable[[dict, Path], int]
@@ -44,6 +45,10 @@ def _analyze_runs(ctx: dict, out: Path) -> int:
     return main(["analyze", ctx["run"], "--out", str(out)])
 
 
+def _sample_efficiency(ctx: dict, out: Path) -> int:
+    return main(["analyze", "--sample-efficiency", ctx["run"], "--out", str(out)])
+
+
 def _geometry(ctx: dict, out: Path) -> int:
     return main(["analyze", "--geometry", "generic", "--data-root", ctx["root"], "--model", "tiny-clip", "--out",
                  str(out), "--pairs", "2"])  # fmt: skip
@@ -64,6 +69,7 @@ WRITERS: dict[str, Writer] = {
     "compare --out": _compare,
     "analyze --feature-map --out": _feature_map,
     "analyze RUN --out": _analyze_runs,
+    "analyze --sample-efficiency --out": _sample_efficiency,
     "analyze --geometry --out": _geometry,
     "validate-data --json": _validate_json,
     "eval --out": _eval_report,
@@ -79,7 +85,8 @@ def ctx(tmp_path_factory: pytest.TempPathFactory) -> dict:
     run.mkdir()
     rows = [{"step": 5 * k, "epoch": k // 2, "loss_infonce": 0.01, "grad_norm_infonce": 1e-3} for k in range(4)]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + json.dumps(
-        {"epoch": 0, "eval/retrieval/t2i/R@1": 50.0}) + "\n")  # fmt: skip
+        {"epoch": 0, "eval/retrieval/t2i/R@1": 50.0, "eval/retrieval/mean_R@1": 50.0}) + "\n")  # fmt: skip
+    (run / "config.yaml").write_text(to_yaml(load_config(None, [])))
     return {
         "base": base, "root": str(base / "root"), "index": str(base / "ix"), "caption": caption, "run": str(run),
         "image": str(data / "images" / "test-1.png"),
