@@ -327,3 +327,16 @@ def test_a_page_files_name_held_by_a_file_and_a_compare_out_that_is_a_file_are_o
     _one_line(capsys.readouterr().err, f"{tmp_path / 'f6file'} is a file, not a folder", "--out")
     assert (tmp_path / "p2_files").read_text() == "mine" and (tmp_path / "f6file").read_text() == "mine too"
     assert not (tmp_path / "p2.html").exists() and not (tmp_path / "idx").exists()
+
+
+def test_a_data_level_index_folder_that_is_a_symlink_to_a_users_folder_is_refused(es: Path, tmp_path: Path, capsys):
+    assert _search(es, tmp_path / "learn") == 0
+    data_level = tmp_path / "idx" / _folder(tmp_path / "learn").parent.relative_to(tmp_path / "learn")
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "keep.txt").write_text("keep")
+    data_level.parent.mkdir(parents=True)
+    data_level.symlink_to(user)
+    assert _search(es, tmp_path / "idx") == 2
+    _one_line(capsys.readouterr().err, f"{data_level} is a symbolic link", "--index")
+    assert sorted(p.name for p in user.iterdir()) == ["keep.txt"]

@@ -107,3 +107,14 @@ def test_a_kill_around_the_rename_leaves_the_file_sharpclips_own(tmp_path: Path,
     assert path.read_text() == ("old" if when == "before the rename" else "new") and of.is_ours(path)
     of.write_text(path, "newer", "--index")  # still its own to replace
     assert path.read_text() == "newer" and isinstance(of.record(path), dict)
+
+
+def test_a_record_that_is_a_symlink_is_not_sharpclips_record(tmp_path: Path):
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text('{"kind": "sharpclip written files", "files": {}}')
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / of.REGISTRY).symlink_to(elsewhere)
+    with pytest.raises(of.NotOurs, match="symbolic link, not sharpclip's record"):
+        of.write_text(tmp_path / "out" / "a.json", "{}", "--out")
+    assert not (tmp_path / "out" / "a.json").exists()
+    assert elsewhere.read_text() == '{"kind": "sharpclip written files", "files": {}}'
