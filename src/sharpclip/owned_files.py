@@ -1,8 +1,9 @@
 """What sharpclip may replace or delete among the files it writes: only what it marked when it wrote it.
 
 Every command that writes a file outside a run directory (a search index, an HTML page and its `<page>_files/`
-thumbnails, a figure, a JSON or markdown report, compare and analyze outputs) writes it through this module. The
-rule, one for all of them:
+thumbnails, a figure, a JSON or markdown report, compare, analyze and eval outputs, `validate-data --json`, the
+demo's reports) writes it through this module. Run directories keep their own marker (train.run_dir) and exports
+their own record (models.export); both follow the same rule. The rule, one for all of them:
 
 - **the mark**: each folder sharpclip writes into holds a registry, `.sharpclip-files.json`, listing every file
   sharpclip wrote there with its size, mtime and sha256 at the time. A file is sharpclip's own when the registry
@@ -27,7 +28,10 @@ API (everything else is private)::
     is_temporary(name)                   # whether a name is one of sharpclip's temporary names (a write in flight)
     remove(path, flag, listed=False)     # delete a file of ours (refuses any other; see its docstring)
 
-The registry is updated under an `flock` of its folder, so writers in one folder at once do not lose entries.
+The registry is updated under an `flock` of its folder, so writers in one folder at once do not lose entries. While
+a rename is in flight the registry lists both the old and the new bytes' records, so a kill between the rename and
+the registry's update never leaves a file of sharpclip's unowned (an index build killed after a chunk's rename
+resumes). Sharpclip's temporary names (`.<stem>.<pid>-<hex>.tmp<suffix>`) are its own too (`is_temporary`).
 """
 
 from __future__ import annotations
