@@ -252,10 +252,13 @@ def test_a_result_count_below_one_is_refused_by_argparse_with_a_usage_line(argv:
     assert exit_.value.code == 2 and err.startswith("usage: sharpclip") and "is not >= 1" in err
 
 
-def test_a_fifo_or_a_folder_as_the_query_image_says_what_it_is(es: Path, tmp_path: Path, capsys):
+def test_a_fifo_a_folder_or_a_text_file_as_the_query_image_says_what_it_is(es: Path, tmp_path: Path, capsys):
     os.mkfifo(tmp_path / "q.fifo.jpg")
     (tmp_path / "q.dir.jpg").mkdir()
-    for name, said in (("q.fifo.jpg", "is a named pipe (FIFO)"), ("q.dir.jpg", "is a folder")):
+    (tmp_path / "notimg.jpg").write_text("not an image")
+    cases = (("q.fifo.jpg", "is a named pipe (FIFO)"), ("q.dir.jpg", "is a folder"),
+             ("notimg.jpg", "not an image file PIL can read (cannot identify image file"))  # fmt: skip
+    for name, said in cases:
         assert _search(es, tmp_path / "idx", "--image", str(tmp_path / name)) == 2
         _one_line(capsys.readouterr().err, f"--image {tmp_path / name}: {said}")
     assert not (tmp_path / "idx").exists()  # refused before any index is built

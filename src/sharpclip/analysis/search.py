@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from PIL import Image
 from torch import Tensor
 
 from sharpclip import owned_files
@@ -179,7 +180,7 @@ def _query_vector(s: Searcher, text: str | None, image: str | None) -> Tensor:
 
 
 def check_query_image(image: str | Path) -> None:
-    """Refuse (one line) a `--image` that is not a readable regular file, saying what it is."""
+    """Refuse (one line) a `--image` that is not a readable regular file holding an image, saying what it is."""
     path = Path(image)
     try:
         mode = path.stat().st_mode
@@ -193,10 +194,11 @@ def check_query_image(image: str | Path) -> None:
         kind = "a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
         raise ValueError(f"--image {image}: is {kind}, not an image file")
     try:
-        with open(path, "rb") as f:
-            f.read(1)
-    except OSError as err:
-        raise OSError(f"--image {image}: cannot read it ({err.strerror})") from None
+        with Image.open(path) as picture:  # the header only: what PIL makes of it
+            picture.verify()
+    except (OSError, SyntaxError, ValueError) as err:  # UnidentifiedImageError is an OSError
+        why = err.strerror if isinstance(err, OSError) and err.strerror else " ".join(str(err).split())
+        raise ValueError(f"--image {image}: not an image file PIL can read ({why[:160]})") from None
 
 
 def query(s: Searcher, text: str | None = None, image: str | None = None, k: int = 10) -> Hits:
