@@ -39,13 +39,15 @@ PIL_MAX_IMAGE_PIXELS = 89_478_485  # PIL.Image.MAX_IMAGE_PIXELS's default (its d
 @dataclass(frozen=True)
 class Range:
     """The values a numeric setting may take: bounds `ge` / `gt` (above) and `le` / `lt` (below), each optional;
-    every float must be finite. `why`: what the `ge` / `le` bounds protect, added to their errors."""
+    every float must be finite. `why`: what the `ge` / `le` bounds protect, added to their errors (`why_le`, when
+    given, for the `le` bound instead)."""
 
     ge: float | None = None
     gt: float | None = None
     le: float | None = None
     lt: float | None = None
     why: str = ""
+    why_le: str = ""
 
     def problem(self, value: float) -> str | None:
         """What is wrong with `value` ('must be >= 1, got 0'), or None when it is allowed."""
@@ -58,7 +60,8 @@ class Range:
             (self.le, value <= (self.le or 0), "<="),
         ):
             if bound is not None and not holds:
-                why = f": {self.why}" if self.why and word in (">=", "<=") else ""
+                reason = self.why_le if word == "<=" and self.why_le else self.why
+                why = f": {reason}" if reason and word in (">=", "<=") else ""
                 return f"must be {word} {bound:g}, got {value}{why}"
         return None
 
@@ -66,8 +69,15 @@ class Range:
 # A learning rate below LR_FLOOR changes no weight: an AdamW step moves a weight w by about lr, and fp32 rounds a
 # change below half its spacing (|w|·2^-24) away, so at 1e-10 no weight with |w| above 1.7e-3 would ever move.
 LR_FLOOR = 1e-10
-_LR = Range(gt=0, ge=LR_FLOOR, why="an AdamW step moves each weight by about lr, and fp32 rounds such a change away "
-            "for every weight over 2^24·lr in magnitude (1.7e-3 at 1e-10): no weight would move")  # fmt: skip
+# Above LR_CEILING no step is a training step: one update moves each weight by about lr (CLIP's weights are far below
+# 1), and up to here the diverged-update stop reports it; near 3.4e37 AdamW's step size lr / (1 - β1^t) overflows
+# fp32 (3.4e38) inside the optimiser before any check could, so a bound is the only place to catch it.
+LR_CEILING = 1e6
+_LR = Range(gt=0, ge=LR_FLOOR, le=LR_CEILING,
+            why="an AdamW step moves each weight by about lr, and fp32 rounds such a change away "
+            "for every weight over 2^24·lr in magnitude (1.7e-3 at 1e-10): no weight would move",
+            why_le="an AdamW step moves each weight by about lr, so every update diverges; "
+            "typical rates are 1e-6..1e-3")  # fmt: skip
 _COUNT, _POSITIVE, _FRACTION = Range(ge=0), Range(ge=1), Range(ge=0, le=1)
 # Every number of the config (a dotted key; `*`: any key of a mapping) with its range, checked in one place
 # (`check_declared`, from each section's __post_init__); tests/core/test_core_config_validation.py fails on a numeric
