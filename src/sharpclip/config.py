@@ -581,6 +581,10 @@ class TrainConfig:
             raise ConfigError("train.guards are evaluated with the validation: set train.eval_every >= 1")
 
 
+# data options one suite reads itself, beside DataConfig's fields (eval.benchmarks): SPEC's subsets to score
+SUITE_ONLY_OPTIONS = {"spec": ("subsets",)}
+
+
 @dataclass
 class EvalConfig:
     """What to evaluate (eval.run_suite): benchmark names of eval.suite.DATASETS, each read from its own root."""
@@ -589,7 +593,8 @@ class EvalConfig:
     data_root: str = ""  # a suite's root is roots[name], else data_root/<name> if it exists, else data_root
     roots: dict[str, str] = field(default_factory=dict)  # suite name -> its own data folder, e.g. {docci: /data/docci}
     # per-suite data options merged into that suite's DataConfig, e.g. {dci: {list_file: DCI_test.json}} for GOAL's
-    # DCI protocol, {docci: {docci_test: goal}}; keys are DataConfig fields other than format and root
+    # DCI protocol, {docci: {docci_test: goal}}; keys are DataConfig fields other than format and root, and for
+    # spec `subsets` (the subsets to score; default all six, each required)
     data_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     split: str = "test"  # the split of the `retrieval` suite (the run's own data)
     recall_k: list[int] = field(default_factory=lambda: [1, 5, 10, 25, 50])  # the K of the reported Recall@K
@@ -617,8 +622,8 @@ class EvalConfig:
         self._check_data_options()
 
     def _check_data_options(self) -> None:
-        allowed = {f.name for f in fields(DataConfig)} - {"format", "root"}
         for suite, options in self.data_options.items():
+            allowed = {f.name for f in fields(DataConfig)} - {"format", "root"} | set(SUITE_ONLY_OPTIONS.get(suite, ()))
             for key in options:
                 if key not in allowed:
                     raise ConfigError(

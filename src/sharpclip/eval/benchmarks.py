@@ -14,6 +14,7 @@ leaves its item out, and the report and the manifest say how many were skipped.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -31,6 +32,7 @@ from sharpclip.eval.pair_data import ChoiceSet
 from sharpclip.eval.retrieval import RetrievalSet, from_samples
 from sharpclip.eval.zeroshot import ClassificationSet, read_csv, read_image_folder
 
+log = logging.getLogger(__name__)
 EvalSet = RetrievalSet | ChoiceSet | ClassificationSet
 Reader = Callable[[Path, EvalConfig, "DataConfig | None"], EvalSet]
 RETRIEVAL_FORMATS = ("docci", "dci", "long_dci", "urban1k", "sharegpt4v", "karpathy", "generic", "vg")
@@ -91,16 +93,31 @@ def _usable_choices(cs: ChoiceSet, report: BadSampleReport) -> ChoiceSet:
     return cs
 
 
+def _choice_report(name: str, cfg: EvalConfig) -> BadSampleReport:
+    policy = cfg.data_options.get(name, {}).get("on_bad_sample", "error")
+    return BadSampleReport(policy, setting=f"eval.data_options.{name}.on_bad_sample")
+
+
 def _choice_reader(name: str, read: Callable[..., ChoiceSet], with_report: bool = False) -> Reader:
     """Pair-choice suite `name` under its `on_bad_sample` (eval.data_options.<name>); readers that take a report
     also skip malformed records."""
 
     def reader(root: Path, cfg: EvalConfig, data: DataConfig | None) -> ChoiceSet:
-        policy = cfg.data_options.get(name, {}).get("on_bad_sample", "error")
-        report = BadSampleReport(policy, setting=f"eval.data_options.{name}.on_bad_sample")
+        report = _choice_report(name, cfg)
         return _usable_choices(read(root, report) if with_report else read(root), report)
 
     return reader
+
+
+def _spec(root: Path, cfg: EvalConfig, data: DataConfig | None) -> ChoiceSet:
+    """SPEC: all six subsets, or those eval.data_options.spec.subsets names (logged, and listed in the report)."""
+    report = _choice_report("spec", cfg)
+    cs = spec_data.read_spec(root, report, cfg.data_options.get("spec", {}).get("subsets"))
+    if len(cs.parts) < len(spec_data.SPEC_SUBSETS):
+        total, chosen = len(spec_data.SPEC_SUBSETS), ", ".join(cs.parts)
+        log.warning("SPEC: scoring %d of %d subsets (%s, chosen by %s); its means cover these only",
+                    len(cs.parts), total, chosen, spec_data.SUBSETS_OPTION)  # fmt: skip
+    return _usable_choices(cs, report)
 
 
 def suite_data_config(name: str, fmt: str, root: Path, cfg: EvalConfig) -> DataConfig:
@@ -139,7 +156,7 @@ DATASETS: dict[str, Reader] = {
     "sugarcrepe": _choice_reader("sugarcrepe", pair_hub.read_sugarcrepe_any),  # hub parquet or release JSON
     "aro_relation": _choice_reader("aro_relation", lambda root: pair_data.read_aro(root, "relation")),
     "aro_attribution": _choice_reader("aro_attribution", lambda root: pair_data.read_aro(root, "attribution")),
-    "spec": _choice_reader("spec", spec_data.read_spec, with_report=True),  # six subsets, both directions
+    "spec": _spec,  # six subsets (or those chosen), both directions
     "zeroshot": _zeroshot,
 }
 
