@@ -31,6 +31,7 @@ from sharpclip.config import Config, ConfigError, DataConfig, to_yaml
 from sharpclip.data import build_loader, data_root, read_samples
 from sharpclip.data.formats import FORMATS
 from sharpclip.data.overlap import check_overlap, sample_images
+from sharpclip.data.subset import read_subset_record
 from sharpclip.eval.evaluator import Evaluate, retrieval_validator
 from sharpclip.eval.guards import evaluate_guards, guard_metrics
 from sharpclip.losses import Objective
@@ -371,12 +372,12 @@ def record_subset(directory: Path, loader: object, resuming: bool) -> None:
     if subset is None:
         return
     path, record = directory / SUBSET_RECORD, subset.to_json()
-    if resuming and path.is_file():
-        saved = json.loads(path.read_text())
-        if saved.get("ids_sha256") != record["ids_sha256"]:
+    if resuming and path.exists():
+        saved = read_subset_record(path)
+        if saved.ids_sha256 != record["ids_sha256"]:
             raise ConfigError(
-                f"{path}: the run trained on {saved.get('selected')} samples with ids sha256 "
-                f"{str(saved.get('ids_sha256'))[:12]}, but the train split now gives {record['selected']} of "
+                f"{path}: the run trained on {saved.selected} samples with ids sha256 "
+                f"{saved.ids_sha256[:12]}, but the train split now gives {record['selected']} of "
                 f"{record['total']} with {record['ids_sha256'][:12]}: the files under data.root changed; resume on "
                 "the data the run began with"
             )
