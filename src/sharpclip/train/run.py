@@ -38,7 +38,7 @@ from sharpclip.losses import Objective
 from sharpclip.models.base import DualEncoder
 from sharpclip.models.factory import create_model, save_checkpoint
 from sharpclip.models.preprocessing import model_transforms
-from sharpclip.train import checkpoint, distributed, run_dir, validation
+from sharpclip.train import checkpoint, distributed, rank_agreement, run_dir, validation
 from sharpclip.train import resume as resume_policy
 from sharpclip.train.features import build_objective, check_provided
 from sharpclip.train.logging import log
@@ -241,6 +241,7 @@ def run_train(cfg: Config, resume: str | Path | None = None, overwrite: bool = F
     directory, named = resume_policy.locate(resume) if resume is not None else (Path(cfg.train.output_dir), None)
     mode = "resume" if resume is not None else "overwrite" if overwrite else "fresh"
     try:
+        rank_agreement.check_same_config(cfg, distributed.all_ranks)  # before anything is opened or trained
         changed, lock = _open(cfg, directory, mode, named)
         try:
             with _run_logging(directory):
