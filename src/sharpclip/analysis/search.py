@@ -33,7 +33,7 @@ from sharpclip.analysis.pages import Markup, Page, tag
 from sharpclip.data.formats.generic import IMAGE_SUFFIXES
 from sharpclip.data.images import describe
 from sharpclip.eval.benchmarks import load_eval_set
-from sharpclip.eval.embed import Embedder, ImageRef
+from sharpclip.eval.embed import Embedder, ImageRef, UnreadableImage, load_image
 from sharpclip.eval.evaluator import as_embedder
 from sharpclip.eval.retrieval import RetrievalSet
 from sharpclip.models.factory import create_model
@@ -139,8 +139,11 @@ class Hits:
 def _query_vector(s: Searcher, text: str | None, image: str | None) -> Tensor:
     if (text is None) == (image is None):
         raise ValueError('give one query: --text "..." or --image FILE')
-    if image is not None and not Path(image).is_file():
-        raise FileNotFoundError(f"--image {image}: no such file")
+    if image is not None:
+        try:  # checked here, in this process: one line naming the flag, not a loader worker's traceback
+            load_image(ImageRef(str(image)))
+        except UnreadableImage as err:
+            raise FileNotFoundError(f"--image {image}: {err.reason}; give the path of an image file") from None
     return s.embedder.texts([text]) if text is not None else s.embedder.images([ImageRef(str(image))])
 
 

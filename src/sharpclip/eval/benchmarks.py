@@ -14,8 +14,9 @@ leaves its item out, and the report and the manifest say how many were skipped.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from sharpclip.data.images import ImageLoadError
 from sharpclip.data.images import load_image as load_source
 from sharpclip.data.schema import BadSample, BadSampleReport
 from sharpclip.eval import pair_data, pair_hub, spec_data
-from sharpclip.eval.embed import ImageRef, load_image
+from sharpclip.eval.embed import ImageRef, UnreadableImage, load_image
 from sharpclip.eval.pair_data import ChoiceSet
 from sharpclip.eval.retrieval import RetrievalSet, from_samples
 from sharpclip.eval.zeroshot import ClassificationSet, read_csv, read_image_folder
@@ -206,3 +207,30 @@ def image_files(es: EvalSet) -> list[Path]:
         elif getattr(ref, "member", None) is None and isinstance(getattr(ref, "path", None), str):
             out.append(Path(ref.path))
     return out
+
+
+def _name(ref: Any) -> str:
+    return ref.describe() if isinstance(ref, ImageRef) else str(ref)
+
+
+def record_of(es: EvalSet, ref: str) -> str | None:
+    """Where the record naming image `ref` is (`count/text2image.json[3]`), when the set keeps it; else None."""
+    where = es.extra.get("where") if isinstance(es, ChoiceSet) else None
+    if where is None:
+        return None
+    return next((w for refs, w in zip(es.images, where, strict=True) if any(_name(r) == ref for r in refs)), None)
+
+
+@contextlib.contextmanager
+def naming_the_record(sets: dict[str, EvalSet]) -> Iterator[None]:
+    """Around embedding the suites' images under `on_bad_sample: error`: an unreadable image is one line naming the
+    record that names it (or its suite) and the setting that skips such samples, not only the file."""
+    try:
+        yield
+    except UnreadableImage as err:
+        found = next(((n, record_of(es, err.ref)) for n, es in sets.items() if err.ref in map(_name, eval_images(es))),
+                     (None, None))  # fmt: skip
+        name, where = found
+        place = f"{where}: " if where else f"eval suite {name!r}: " if name else ""
+        skip = f"eval.data_options.{name}.on_bad_sample=skip" if name else "on_bad_sample=skip"
+        raise FileNotFoundError(f"{place}{err}; fix or remove the record, or set {skip}") from None

@@ -93,8 +93,8 @@ def _present(root: Path, wanted: tuple[str, ...], chosen: bool) -> dict[str, Pat
     return {s: found[s] for s in wanted}
 
 
-def _items(folder: Path, direction: str, report: BadSampleReport) -> list[tuple[list[ImageRef], list[str], int]]:
-    """(images, captions, label) of every good sample of one file; bad ones go to `report`."""
+def _items(folder: Path, direction: str, report: BadSampleReport) -> list[tuple[list[ImageRef], list[str], int, str]]:
+    """(images, captions, label, where: `file[index]`) of every good sample of one file; bad ones go to `report`."""
     path = folder / SPEC_FILES[direction]
     samples = load_json(path, f"SPEC {folder.name}", report)
     if not isinstance(samples, list):
@@ -108,11 +108,11 @@ def _items(folder: Path, direction: str, report: BadSampleReport) -> list[tuple[
         if problem is not None:
             report.add(BadSample(f"{path}[{i}]", str(i), problem))
             continue
-        query, keys = sample["query"], sample["keys"]
+        query, keys, where = sample["query"], sample["keys"], f"{path}[{i}]"
         if direction == "i2t":
-            out.append(([ImageRef(str(folder / query))], list(keys), sample["label"]))
+            out.append(([ImageRef(str(folder / query))], list(keys), sample["label"], where))
         else:
-            out.append(([ImageRef(str(folder / k)) for k in keys], [query], sample["label"]))
+            out.append(([ImageRef(str(folder / k)) for k in keys], [query], sample["label"], where))
     return out
 
 
@@ -121,14 +121,15 @@ def read_spec(root: str | Path, report: BadSampleReport | None = None, subsets: 
     samples go to `report` (raising under its default `error` policy). `parts` of the set: the subsets read."""
     report = report if report is not None else BadSampleReport("error")
     wanted = chosen_subsets(subsets)
-    images, texts, groups, directions, labels = [], [], [], [], []
+    images, texts, groups, directions, labels, wheres = [], [], [], [], [], []
     for subset, folder in _present(Path(root), wanted, chosen=bool(subsets)).items():
         for direction in SPEC_FILES:
-            for item_images, item_texts, label in _items(folder, direction, report):
+            for item_images, item_texts, label, where in _items(folder, direction, report):
                 images.append(item_images)
                 texts.append(item_texts)
                 groups.append(subset)
                 directions.append(direction)
                 labels.append(label)
-    extra = {"direction": directions, "label": labels}
+                wheres.append(where)
+    extra = {"direction": directions, "label": labels, "where": wheres}  # where: each item's record, for messages
     return ChoiceSet("spec", "spec", images, texts, groups, list(report.files), extra, parts=list(wanted))
