@@ -24,11 +24,12 @@ LIMIT = 240  # seconds per launch: a healthy run takes a fraction; a hang fails 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-def _train_args(data: Path, out: Path, *extra: str) -> list[str]:
+def _train_args(data: Path, out: Path, *extra: str, timeout_min: float = 5) -> list[str]:
     return ["-m", "sharpclip", "train", "model.name=tiny-clip", "data.format=generic", f"data.root={data}",
             "data.num_workers=0", f"train.output_dir={out}", "train.device=cpu", "train.batch_size=4",
             "train.micro_batch_size=2", "train.max_steps=4", "train.epochs=2", "train.eval_every=0",
-            "train.checkpoint_every=1", "train.progress=false", "train.dist_timeout_min=0.25", *extra]  # fmt: skip
+            "train.checkpoint_every=1", "train.progress=false", f"train.dist_timeout_min={timeout_min}",
+            *extra]  # fmt: skip
 
 
 def _free_port() -> int:
@@ -94,7 +95,7 @@ def test_a_master_port_in_use_is_one_line_on_each_rank_and_rank_1_does_not_wait_
         listener.bind(("127.0.0.1", 0))
         listener.listen(5)
         port = listener.getsockname()[1]
-        results = _launch(port, [_train_args(data, tmp_path / "run")] * 2)
+        results = _launch(port, [_train_args(data, tmp_path / "run", timeout_min=0.25)] * 2)
     (status0, err0), (status1, err1) = results
     assert status0 == 2 and _own_lines(err0) == [line for line in _own_lines(err0) if "sharpclip train:" in line]
     assert len(_own_lines(err0)) == 1 and f"127.0.0.1:{port}" in err0 and "already in use" in err0, err0
