@@ -179,8 +179,9 @@ class _Pixels(torch.utils.data.Dataset):
 
 
 def _stack(items: list[Tensor | _Failed]) -> Tensor | _Failed:
-    """A batch of pixels, or the batch's first `_Failed`."""
-    return next((x for x in items if isinstance(x, _Failed)), None) or torch.stack(items)  # type: ignore[arg-type]
+    """A batch of pixels (the DataLoader's own collation), or the batch's first `_Failed`."""
+    failed = next((x for x in items if isinstance(x, _Failed)), None)
+    return failed if failed is not None else torch.utils.data.default_collate(items)
 
 
 class ModelEmbedder:
