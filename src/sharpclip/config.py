@@ -79,6 +79,8 @@ _LR = Range(gt=0, ge=LR_FLOOR, le=LR_CEILING,
             why_le="an AdamW step moves each weight by about lr, so every update diverges; "
             "typical rates are 1e-6..1e-3")  # fmt: skip
 _COUNT, _POSITIVE, _FRACTION = Range(ge=0), Range(ge=1), Range(ge=0, le=1)
+_TIMEOUT_MIN = Range(gt=0, le=7 * 24 * 60, why_le="a collective waiting over a week has hung (and far larger "
+                     "values overflow Python's timedelta)")  # fmt: skip
 # Every number of the config (a dotted key; `*`: any key of a mapping) with its range, checked in one place
 # (`check_declared`, from each section's __post_init__); tests/core/test_core_config_validation.py fails on a numeric
 # key without an entry. The objective's weights and parameters are checked against the loss registry
@@ -143,7 +145,7 @@ RANGES: dict[str, Range] = {
     "train.warmup_steps": _COUNT,
     "train.min_lr_ratio": _FRACTION,
     "train.grad_clip": _COUNT,
-    "train.dist_timeout_min": Range(gt=0),
+    "train.dist_timeout_min": _TIMEOUT_MIN,
     "train.checkpoint_every": _COUNT,
     "train.keep_last": _POSITIVE,
     "train.eval_every": _COUNT,

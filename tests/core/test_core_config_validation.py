@@ -26,6 +26,7 @@ from sharpclip.train.optim import build_optimizer
         ("train.lr=1e38", "train.lr"),  # was AdamW's 50-line overflow traceback
         ("train.lr=2e6", "train.lr"),
         ("train.module_lr={backbone.text_model: 1e38}", "train.module_lr.backbone.text_model"),
+        ("train.dist_timeout_min=1e38", "train.dist_timeout_min"),  # was an OverflowError of timedelta
         ("data.max_image_pixels=0", "data.max_image_pixels"),
     ],
 )
