@@ -191,6 +191,9 @@ def test_an_empty_spec_file_or_a_subset_skipped_whole_is_refused_not_dropped_fro
     (root / "existence" / "text2image.json").write_text("[]")
     with pytest.raises(ValueError, match=r"existence/text2image.json: holds no samples"):
         read_spec(root)
+    (root / "existence" / "text2image.json").unlink()
+    with pytest.raises(FileNotFoundError, match=r"existence/text2image.json: no such file; SPEC subset 'existence'"):
+        read_spec(root)
     (root / "existence" / "text2image.json").write_text((FIXTURE / "existence" / "text2image.json").read_text())
     path = root / "count" / "image2text.json"
     path.write_text(json.dumps([{**row, "label": 99} for row in json.loads(path.read_text())]))  # every one bad

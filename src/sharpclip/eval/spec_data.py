@@ -96,6 +96,10 @@ def _present(root: Path, wanted: tuple[str, ...], chosen: bool) -> dict[str, Pat
 def _items(folder: Path, direction: str, report: BadSampleReport) -> list[tuple[list[ImageRef], list[str], int, str]]:
     """(images, captions, label, where: `file[index]`) of every good sample of one file; bad ones go to `report`."""
     path = folder / SPEC_FILES[direction]
+    if not path.is_file():
+        files = " and ".join(SPEC_FILES.values())
+        raise FileNotFoundError(f"{path}: no such file; SPEC subset {folder.name!r} needs {files} (the unzipped "
+                                "data.zip of wjpoom/SPEC)")  # fmt: skip
     samples = load_json(path, f"SPEC {folder.name}", report)
     if not isinstance(samples, list):
         raise ValueError(f"{path}: expected a JSON list of samples, got {type(samples).__name__}")
