@@ -71,6 +71,28 @@ def test_the_compared_settings_leave_out_only_the_per_rank_keys():
         check_same_config(a, two_ranks)
 
 
+def test_a_store_whose_host_ended_is_found_unreachable_without_a_store_call(monkeypatch, capfd):
+    import gc
+
+    import torch.distributed as dist
+
+    from sharpclip.train.rendezvous import store_reachable
+
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    host = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False)
+    client = dist.PrefixStore("run", dist.TCPStore("127.0.0.1", host.port, 2, is_master=False))
+    assert store_reachable(client) and store_reachable(dist.HashStore())  # not a TCP store: nothing to ask
+    del host
+    gc.collect()  # the host's server ends with it
+    deadline = time.monotonic() + 10
+    while store_reachable(client) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not store_reachable(client)
+    assert "frame #" not in capfd.readouterr().err  # found without a call on the dead store
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")  # torchrun: its launcher hosts the store
+    assert store_reachable(client)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("setting", "key"), [("train.lr=1e-2", "train.lr"), ("train.batch_size=8", "train.batch_size")]
