@@ -334,16 +334,18 @@ def failures_end_every_rank() -> Iterator[None]:
         stop.set()
         first = f"rank {rank()} failed: {_one_line(err)}"
         alive = rendezvous.store_reachable(store)  # its host (rank 0) may be what failed: no calls, no C++ dumps
-        with contextlib.suppress(Exception):  # the store is gone (its host ended): our own line still stands
+        # the store is gone (its host ended): our own line still stands
+        with contextlib.suppress(Exception), rendezvous.c10d_stderr_silenced():
             first = store.compare_set(FAILED_KEY, "", first).decode() if alive else first  # unset: ours
         print(f"sharpclip: {first}", file=sys.stderr, flush=True)
         try:
             if not alive:
                 raise ConnectionError("the store is gone")
-            store.set(REPORTED_KEY, "1")
-            deadline = time.monotonic() + FAILURE_WAIT_S
-            while store.add(SEEN_KEY, 0) < world_size() - 1 and time.monotonic() < deadline:
-                time.sleep(FAILURE_POLL_S / 5)
+            with rendezvous.c10d_stderr_silenced():
+                store.set(REPORTED_KEY, "1")
+                deadline = time.monotonic() + FAILURE_WAIT_S
+                while store.add(SEEN_KEY, 0) < world_size() - 1 and time.monotonic() < deadline:
+                    time.sleep(FAILURE_POLL_S / 5)
         except Exception:  # the store is gone (its host ended): nothing more to tell anyone
             pass
         raise RankFailed(first) from err

@@ -12,7 +12,10 @@ hosts the store on MASTER_PORT and the other ranks connect to it. Two failures u
 
 After rank 0 (the store's host) died, every call on the store makes torch print a C++ stack dump before it raises;
 `store_reachable` asks the operating system first (a TCP connect to the store's address, which the store ignores),
-so the failure propagation (train.distributed.failures_end_every_rank) skips a store that is gone.
+so the failure propagation (train.distributed.failures_end_every_rank) skips a store that is gone. A host that is
+still being torn down may accept that connect, so the failing rank's own store calls also run under
+`c10d_stderr_silenced`, which sends this process's stderr (file descriptor 2, where torch's C++ writes) to the null
+device for their duration; the rank's own line is printed outside it.
 """
 
 from __future__ import annotations
@@ -96,3 +99,18 @@ def store_reachable(store: object, timeout_s: float = 1.0) -> bool:
             return True
     except OSError:
         return False
+
+
+@contextlib.contextmanager
+def c10d_stderr_silenced() -> Iterator[None]:
+    """This process's file descriptor 2 on the null device for the duration (torch's C++ warnings and stack dumps of
+    calls on a dead store go there); Python's sys.stderr is flushed first and restored after."""
+    sys.stderr.flush()
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
