@@ -93,6 +93,16 @@ def test_a_store_whose_host_ended_is_found_unreachable_without_a_store_call(monk
     assert store_reachable(client)
 
 
+def test_only_what_is_written_inside_the_silenced_block_is_dropped(capfd):
+    from sharpclip.train.rendezvous import c10d_stderr_silenced
+
+    os.write(2, b"before\n")
+    with c10d_stderr_silenced():
+        os.write(2, b"[W TCPStore.cpp:115] frame #0: dump\n")  # as torch's C++ writes it
+    print("after", file=sys.stderr)
+    assert capfd.readouterr().err == "before\nafter\n"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("setting", "key"), [("train.lr=1e-2", "train.lr"), ("train.batch_size=8", "train.batch_size")]
