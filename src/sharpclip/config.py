@@ -39,13 +39,15 @@ PIL_MAX_IMAGE_PIXELS = 89_478_485  # PIL.Image.MAX_IMAGE_PIXELS's default (its d
 @dataclass(frozen=True)
 class Range:
     """The values a numeric setting may take: bounds `ge` / `gt` (above) and `le` / `lt` (below), each optional;
-    every float must be finite. `why`: what the `ge` / `le` bounds protect, added to their errors."""
+    every float must be finite. `why`: what the `ge` / `le` bounds protect, added to their errors (`why_le`, when
+    given, for the `le` bound instead)."""
 
     ge: float | None = None
     gt: float | None = None
     le: float | None = None
     lt: float | None = None
     why: str = ""
+    why_le: str = ""
 
     def problem(self, value: float) -> str | None:
         """What is wrong with `value` ('must be >= 1, got 0'), or None when it is allowed."""
@@ -58,7 +60,8 @@ class Range:
             (self.le, value <= (self.le or 0), "<="),
         ):
             if bound is not None and not holds:
-                why = f": {self.why}" if self.why and word in (">=", "<=") else ""
+                reason = self.why_le if word == "<=" and self.why_le else self.why
+                why = f": {reason}" if reason and word in (">=", "<=") else ""
                 return f"must be {word} {bound:g}, got {value}{why}"
         return None
 
@@ -66,9 +69,18 @@ class Range:
 # A learning rate below LR_FLOOR changes no weight: an AdamW step moves a weight w by about lr, and fp32 rounds a
 # change below half its spacing (|w|·2^-24) away, so at 1e-10 no weight with |w| above 1.7e-3 would ever move.
 LR_FLOOR = 1e-10
-_LR = Range(gt=0, ge=LR_FLOOR, why="an AdamW step moves each weight by about lr, and fp32 rounds such a change away "
-            "for every weight over 2^24·lr in magnitude (1.7e-3 at 1e-10): no weight would move")  # fmt: skip
+# Above LR_CEILING no step is a training step: one update moves each weight by about lr (CLIP's weights are far below
+# 1), and up to here the diverged-update stop reports it; near 3.4e37 AdamW's step size lr / (1 - β1^t) overflows
+# fp32 (3.4e38) inside the optimiser before any check could, so a bound is the only place to catch it.
+LR_CEILING = 1e6
+_LR = Range(gt=0, ge=LR_FLOOR, le=LR_CEILING,
+            why="an AdamW step moves each weight by about lr, and fp32 rounds such a change away "
+            "for every weight over 2^24·lr in magnitude (1.7e-3 at 1e-10): no weight would move",
+            why_le="an AdamW step moves each weight by about lr, so every update diverges; "
+            "typical rates are 1e-6..1e-3")  # fmt: skip
 _COUNT, _POSITIVE, _FRACTION = Range(ge=0), Range(ge=1), Range(ge=0, le=1)
+_TIMEOUT_MIN = Range(gt=0, le=7 * 24 * 60, why_le="a collective waiting over a week has hung (and far larger "
+                     "values overflow Python's timedelta)")  # fmt: skip
 # Every number of the config (a dotted key; `*`: any key of a mapping) with its range, checked in one place
 # (`check_declared`, from each section's __post_init__); tests/core/test_core_config_validation.py fails on a numeric
 # key without an entry. The objective's weights and parameters are checked against the loss registry
@@ -133,7 +145,7 @@ RANGES: dict[str, Range] = {
     "train.warmup_steps": _COUNT,
     "train.min_lr_ratio": _FRACTION,
     "train.grad_clip": _COUNT,
-    "train.dist_timeout_min": Range(gt=0),
+    "train.dist_timeout_min": _TIMEOUT_MIN,
     "train.checkpoint_every": _COUNT,
     "train.keep_last": _POSITIVE,
     "train.eval_every": _COUNT,
@@ -571,6 +583,10 @@ class TrainConfig:
             raise ConfigError("train.guards are evaluated with the validation: set train.eval_every >= 1")
 
 
+# data options one suite reads itself, beside DataConfig's fields (eval.benchmarks): SPEC's subsets to score
+SUITE_ONLY_OPTIONS = {"spec": ("subsets",)}
+
+
 @dataclass
 class EvalConfig:
     """What to evaluate (eval.run_suite): benchmark names of eval.suite.DATASETS, each read from its own root."""
@@ -579,7 +595,8 @@ class EvalConfig:
     data_root: str = ""  # a suite's root is roots[name], else data_root/<name> if it exists, else data_root
     roots: dict[str, str] = field(default_factory=dict)  # suite name -> its own data folder, e.g. {docci: /data/docci}
     # per-suite data options merged into that suite's DataConfig, e.g. {dci: {list_file: DCI_test.json}} for GOAL's
-    # DCI protocol, {docci: {docci_test: goal}}; keys are DataConfig fields other than format and root
+    # DCI protocol, {docci: {docci_test: goal}}; keys are DataConfig fields other than format and root, and for
+    # spec `subsets` (the subsets to score; default all six, each required)
     data_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     split: str = "test"  # the split of the `retrieval` suite (the run's own data)
     recall_k: list[int] = field(default_factory=lambda: [1, 5, 10, 25, 50])  # the K of the reported Recall@K
@@ -607,8 +624,8 @@ class EvalConfig:
         self._check_data_options()
 
     def _check_data_options(self) -> None:
-        allowed = {f.name for f in fields(DataConfig)} - {"format", "root"}
         for suite, options in self.data_options.items():
+            allowed = {f.name for f in fields(DataConfig)} - {"format", "root"} | set(SUITE_ONLY_OPTIONS.get(suite, ()))
             for key in options:
                 if key not in allowed:
                     raise ConfigError(

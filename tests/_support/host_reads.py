@@ -5,12 +5,16 @@ frame; and every `torch.tensor(..., device=...)` (a host-to-device copy that wai
 from __future__ import annotations
 
 import collections
+import functools
 import traceback
 from pathlib import Path
 
 import torch
+import torch.optim
+import transformers
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import sharpclip
 from _support.tiny_run import ToyLoader, toy_model, train_config
 from sharpclip.config import LossConfig, TermConfig
 from sharpclip.train.features import build_objective
@@ -19,19 +23,46 @@ from sharpclip.train.trainer import Trainer
 # (file, function) of the reads a step may make: terms, monitor and grad norm together; max |w| and logit scale
 ALLOWED = {("step.py", "read"), ("trainer.py", "_check_weights")}  # StepResult.read, called by _train_step
 OPTIMISER = "torch/optim/"  # AdamW's `step` counters are CPU tensors unless capturable/fused: no device sync
+# Each frame is attributed by the package folder it lies in (resolved), never by a substring of its path: a clone
+# named `sharpclip` with its venv inside puts torch's own files under a `/sharpclip/` folder too.
+PACKAGES = {
+    "sharpclip": Path(sharpclip.__file__).resolve().parent,
+    "transformers": Path(transformers.__file__).resolve().parent,
+    OPTIMISER: Path(torch.optim.__file__).resolve().parent,
+}
 OBJECTIVES = {
     "hn_clip+filip": {"hn": TermConfig("hn_clip"), "tok": TermConfig("filip", weight=0.5)},
     "hn_clip, frozen reference": {"hn": TermConfig("hn_clip", inputs={"reference_text": "text_frozen"})},
 }
 
 
+@functools.lru_cache(maxsize=4096)
+def owner(filename: str) -> str | None:
+    """The package of `PACKAGES` whose folder holds `filename` (after resolving links), or None."""
+    path = Path(filename).resolve()
+    for name, folder in PACKAGES.items():
+        if path.is_relative_to(folder):
+            return name
+    return None
+
+
+def site_of(filename: str, lineno: int | None, function: str) -> tuple[str, str] | None:
+    """The call site a frame stands for, or None when the frame is not sharpclip's, transformers' or torch.optim's."""
+    package = owner(filename)
+    if package == OPTIMISER:
+        return (OPTIMISER, "")
+    if package == "transformers":
+        return (f"{Path(filename).name}:{lineno}", function)
+    if package == "sharpclip":
+        return (Path(filename).name, function)
+    return None
+
+
 def _site() -> tuple[str, str]:
     for frame in reversed(traceback.extract_stack()[:-2]):
-        name = frame.filename.replace("\\", "/")
-        if OPTIMISER in name:
-            return (OPTIMISER, "")
-        if "/sharpclip/" in name or "/transformers/" in name:
-            return (f"{Path(name).name}:{frame.lineno}" if "/transformers/" in name else Path(name).name, frame.name)
+        site = site_of(frame.filename, frame.lineno, frame.name)
+        if site is not None:
+            return site
     return ("?", "")
 
 

@@ -6,15 +6,16 @@ metrics.jsonl)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
-from sharpclip.analysis.sample_efficiency import method_label, run_point, summarise
+from sharpclip.analysis.sample_efficiency import check_one_recipe, method_label, run_point, summarise
 from sharpclip.cli import main
 from sharpclip.config import load_config, to_yaml
 from sharpclip.data.schema import PairSample
-from sharpclip.data.subset import select_subset
+from sharpclip.data.subset import read_subset_record, select_subset
 from sharpclip.train.run import RESOLVED_CONFIG, SUBSET_RECORD
 
 HN = "loss.terms={hn: {loss: hn_clip, params: {gamma: 0.5}}}"
@@ -75,3 +76,63 @@ def test_the_cli_writes_the_figure_and_table(tmp_path):
     assert "Reference: the best full-data run, infonce, 75.00." in table
     assert main(["analyze", "--sample-efficiency", str(tmp_path / "missing")]) == 2
     assert main(["analyze", "--sample-efficiency"]) == 2
+
+
+def _with(run: Path, *overrides: str) -> Path:
+    """`run`'s config.yaml with `overrides` applied (as if it had been trained with them)."""
+    cfg = load_config(run / RESOLVED_CONFIG, list(overrides), saved=True)
+    (run / RESOLVED_CONFIG).write_text("# world size 1\n" + to_yaml(cfg))
+    return run
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [("data.format=generic", "data.format"), ("data.root=/elsewhere/gen0", "data.root"),
+     ("data.eval_split=val", "data.eval_split"), ("train.lr=0.001", "train.lr"),
+     ("model.name=tiny-siglip", "model.name"), ("train.epochs=7", "train.epochs")],
+)  # fmt: skip
+def test_runs_of_different_recipes_are_refused_naming_the_keys(tmp_path, capsys, override, key):
+    """Runs trained on another data set, model or learning rate are not one curve: refused, naming the key."""
+    a = _run(tmp_path, "a", INFONCE, 0.5, [60.0])
+    b = _with(_run(tmp_path, "b", INFONCE, 0.5, [62.0]), override)
+    full = _run(tmp_path, "full", INFONCE, 1.0, [70.0])
+    with pytest.raises(ValueError, match=rf"differ in more than the seed.*{re.escape(key)} \("):
+        check_one_recipe([a, b, full])
+    assert main(["analyze", "--sample-efficiency", str(a), str(b), str(full), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and key in err[0] and "Traceback" not in err[0], err
+    assert not (tmp_path / "out" / "sample_efficiency.md").exists()
+
+
+def test_seed_subset_size_method_and_bookkeeping_may_differ(tmp_path):
+    runs = [
+        _with(_run(tmp_path, "a", HN, 0.5, [60.0]), "train.seed=3", "data.subset_seed=2", "data.num_workers=0"),
+        _with(_run(tmp_path, "b", HN, 0.2, [55.0]), "data.train_count=0", "train.progress=false"),
+        _run(tmp_path, "c", INFONCE, 1.0, [70.0]),
+    ]
+    check_one_recipe(runs)
+    other_gamma = _run(tmp_path, "d", HN.replace("0.5", "0.25"), 0.5, [61.0])
+    check_one_recipe([*runs, other_gamma])  # another γ is another method label: another line
+    margin = _with(_run(tmp_path, "e", HN, 0.5, [61.0]), "loss.terms.hn.weight=2.0")
+    with pytest.raises(ValueError, match=r"runs of method 'hn_clip γ=0.5' differ in loss\.terms\.hn\.weight"):
+        check_one_recipe([*runs, margin])
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [("garbage{", "Expecting value"), ('{"total": 0, "selected": 0}', "no 'fraction'"),
+     (None, "'selected' 0 of 'total' 0 is not a subset"), ("[1, 2]", "expected a JSON object, got list"),
+     (None, "'ids_sha256' is 5, not a str")],
+)  # fmt: skip
+def test_a_damaged_train_subset_json_is_one_line_naming_the_file(tmp_path, capsys, text, problem):
+    run = _run(tmp_path, "a", HN, 0.5, [60.0])
+    record = json.loads((run / SUBSET_RECORD).read_text())
+    if text is None:
+        record.update({"total": 0, "selected": 0} if "total" in problem else {"ids_sha256": 5})
+        text = json.dumps(record)
+    (run / SUBSET_RECORD).write_text(text)
+    with pytest.raises(ValueError, match=rf"{re.escape(str(run / SUBSET_RECORD))}: damaged.*{re.escape(problem)}"):
+        read_subset_record(run / SUBSET_RECORD)
+    assert main(["analyze", "--sample-efficiency", str(run), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(run / SUBSET_RECORD) in err[0] and problem in err[0], err

@@ -45,6 +45,18 @@ def test_a_bad_sample_is_one_line_and_exit_2_with_a_traceback_only_on_request(da
     assert "Traceback" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("lr", ["train.lr=1e38", "train.module_lr={backbone.text_model: 1e38}", "train.lr=3.5e38"])
+def test_an_lr_beyond_the_ceiling_is_one_line_from_train_and_config(data, tmp_path, capsys, lr):
+    """An lr AdamW cannot even hold (its step size overflows fp32) is refused at load, naming the key."""
+    key = lr.split("=")[0].split("{")[0]
+    assert main(_train_args(data, tmp_path / "run", lr)) == 2
+    err = _one_line(capsys.readouterr().err)
+    assert err.startswith("sharpclip train: ") and key in err and "<= 1e+06" in err, err
+    assert not (tmp_path / "run").exists()
+    assert main(["config", lr]) == 2
+    assert key in _one_line(capsys.readouterr().err)
+
+
 def test_a_full_disk_says_which_checkpoint_directory_could_not_be_written(data, tmp_path, capsys, monkeypatch):
     import sharpclip.models.factory as factory
 

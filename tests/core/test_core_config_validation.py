@@ -23,6 +23,10 @@ from sharpclip.train.optim import build_optimizer
         ("train.min_lr_ratio=2", "train.min_lr_ratio"),
         ("train.best_metric=mean_R1", "train.best_metric"),  # a typo used to mean: no best.json, ever
         ("train.module_lr={backbone.text_model: 0}", "train.module_lr.backbone.text_model"),
+        ("train.lr=1e38", "train.lr"),  # was AdamW's 50-line overflow traceback
+        ("train.lr=2e6", "train.lr"),
+        ("train.module_lr={backbone.text_model: 1e38}", "train.module_lr.backbone.text_model"),
+        ("train.dist_timeout_min=1e38", "train.dist_timeout_min"),  # was an OverflowError of timedelta
         ("data.max_image_pixels=0", "data.max_image_pixels"),
     ],
 )

@@ -4,6 +4,7 @@ whose every sample is bad is skipped and counted, and shrunken batches are logge
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 
@@ -151,15 +152,37 @@ def test_a_truncated_synthdense_manifest_names_the_file(tmp_path):
         corpus.ensure(root, SynthDenseConfig())
 
 
-INVISIBLE = [" \t\u200b\u00a0 ", "\u200b", "\u200c\u200d", "\u2060", "\ufeff", "\u3000\u200b\n"]
+INVISIBLE = {
+    "mixed": " \t\u200b\u00a0 ", "zwsp": "\u200b", "zwnj-zwj": "\u200c\u200d", "word-joiner": "\u2060",
+    "bom": "\ufeff", "ideographic": "\u3000\u200b\n", "hangul-filler": "\u3164",
+    "hangul-choseong-jungseong": "\u115f\u1160", "halfwidth-hangul-filler": "\uffa0",
+    "grapheme-joiner": "\u034f", "mongolian-vowel-separator": "\u180e",
+    "soft-hyphen": "\u00ad", "bidi-isolates": "\u2066\u2067\u2068\u2069", "variation-selector": " \ufe0f ",
+    "tag": "\U000e0041\U000e007f", "khmer-inherent": "\u17b4",
+}  # fmt: skip
 
 
-@pytest.mark.parametrize("caption", INVISIBLE, ids=["mixed", "zwsp", "zwnj-zwj", "word-joiner", "bom", "ideographic"])
+@pytest.mark.parametrize("caption", INVISIBLE.values(), ids=INVISIBLE.keys())
 def test_a_caption_of_whitespace_and_zero_width_characters_is_an_empty_caption(tmp_path, caption):
     cfg = _generic(tmp_path / "d", [_jsonl(0), _jsonl(1, caption), _jsonl(2, "a\u200bred square")])
     report = validate(cfg, "train")
     assert report.samples == 2 and not report.ok  # a visible caption with a zero-width space inside is kept
     assert any("train.jsonl:2" in e and "empty caption" in e for e in report.errors), report.errors
+
+
+def test_the_default_ignorable_set_holds_the_invisible_characters_and_no_visible_ones():
+    """data.ignorable is Unicode's Default_Ignorable_Code_Point set (DerivedCoreProperties.txt), not a hand list."""
+    from sharpclip.data.ignorable import DEFAULT_IGNORABLE_RANGES, is_default_ignorable
+    from sharpclip.data.text import is_blank
+
+    for code in [0x3164, 0x115F, 0x1160, 0xFFA0, 0x034F, 0x200B, 0x180E, 0x00AD, *range(0x2066, 0x206A),
+                 *range(0xFE00, 0xFE10), 0xE0000, 0xE0FFF]:  # fmt: skip
+        assert is_default_ignorable(chr(code)), hex(code)
+    for visible in "aЯ\u3131\u1100\ud55c\u1161\uffa1\u0300\u00e9\U0001f600":  # letters, jamo, a combining accent
+        assert not is_default_ignorable(visible), hex(ord(visible))
+    assert sum(last - first + 1 for first, last in DEFAULT_IGNORABLE_RANGES) == 4174  # the property's size since 14.0
+    assert all(a[1] < b[0] for a, b in itertools.pairwise(DEFAULT_IGNORABLE_RANGES))
+    assert not is_blank("\u3164a") and not is_blank("\u115f\u1161") and is_blank("\u3164 \u034f\u200b")
 
 
 def test_an_invisible_caption_in_a_csv_and_in_a_caption_file_is_an_empty_caption(tmp_path):

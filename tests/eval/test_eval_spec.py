@@ -122,3 +122,82 @@ def test_the_reference_protocol_row_names_what_the_reader_reads() -> None:
     docs = (FIXTURE.parents[3] / "docs" / "evaluation.md").read_text(encoding="utf-8").splitlines()
     row = next(line for line in docs if line.startswith("| `spec` | SPEC "))
     assert f"{len(SPEC_SUBSETS)} subsets × 2 directions" in row and "`keys` (image→text), `query` (text→image)" in row
+
+
+def _without(tmp_path: Path, *subsets: str) -> Path:
+    root = tmp_path / "spec"
+    shutil.copytree(FIXTURE, root)
+    for subset in subsets:
+        shutil.rmtree(root / subset)
+    return root
+
+
+def test_a_missing_spec_subset_is_refused_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Five of six subsets would be averaged under the same names (i2t_mean, mean): refused, naming the subset."""
+    root = _without(tmp_path, "count")
+    with pytest.raises(FileNotFoundError, match=r"subset folder 'count' is missing.*eval\.data_options\.spec\.subsets"):
+        read_spec(root)
+    argv = ["eval", "--model", "tiny-clip", "--suite", "spec", "--data-root", str(tmp_path), "eval.progress=false"]
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'count' is missing" in err[0] and "Traceback" not in err[0], err
+    assert not (tmp_path / "out" / "eval_report.json").exists()
+
+
+def test_spec_scores_only_the_subsets_named_and_the_report_lists_them(tmp_path: Path, caplog) -> None:
+    root = _without(tmp_path, "count")  # a subset left out may be absent
+    cfg = EvalConfig(suites=["spec"], roots={"spec": str(root)}, progress=False,
+                     data_options={"spec": {"subsets": ["existence", "absolute_size"]}})  # fmt: skip
+    with caplog.at_level("WARNING"):
+        r = run_suite(Colours(), cfg).results["spec"]
+    assert r["subsets"] == ["absolute_size", "existence"]  # in the release's order
+    assert r["subsets_left_out"] == ["relative_size", "absolute_spatial", "relative_spatial", "count"]
+    assert set(r["i2t"]) == set(r["t2i"]) == {"absolute_size", "existence"}
+    assert r["i2t_mean"] == pytest.approx((50 + 100) / 2) and r["t2i_mean"] == pytest.approx((100 + 50) / 2)
+    assert "scoring 2 of 6 subsets" in caplog.text
+    from sharpclip.eval.report import markdown_report
+
+    table = markdown_report({"spec": r}, [1])
+    assert "| spec | subsets | absolute_size, existence |" in table
+    assert "| spec | subsets_left_out | relative_size, absolute_spatial" in table
+    full = run_suite(Colours(), EvalConfig(suites=["spec"], roots={"spec": str(FIXTURE)}, progress=False))
+    assert full.results["spec"]["subsets"] == list(SPEC_SUBSETS) and full.results["spec"]["subsets_left_out"] == []
+
+
+@pytest.mark.parametrize(
+    ("subsets", "match"),
+    [(["count"], r"subset folder 'count' is missing.*leave it out of eval\.data_options\.spec\.subsets"),
+     (["cnt"], r"'cnt' is not a SPEC subset; choose from absolute_size"),
+     ("count", "expected a list of subset names")],
+)  # fmt: skip
+def test_named_spec_subsets_must_exist_and_be_spec_subsets(tmp_path: Path, subsets, match) -> None:
+    root = _without(tmp_path, "count")
+    cfg = EvalConfig(suites=["spec"], roots={"spec": str(root)}, progress=False,
+                     data_options={"spec": {"subsets": subsets}})  # fmt: skip
+    with pytest.raises((FileNotFoundError, ValueError), match=match):
+        run_suite(Colours(), cfg)
+
+
+def test_subsets_is_a_data_option_of_spec_only() -> None:
+    from sharpclip.config import ConfigError
+
+    EvalConfig(data_options={"spec": {"subsets": ["count"]}})
+    with pytest.raises(ConfigError, match=r"eval\.data_options\.docci\.subsets: not a data option"):
+        EvalConfig(data_options={"docci": {"subsets": ["count"]}})
+
+
+def test_an_empty_spec_file_or_a_subset_skipped_whole_is_refused_not_dropped_from_the_means(tmp_path: Path) -> None:
+    root = _without(tmp_path)
+    (root / "existence" / "text2image.json").write_text("[]")
+    with pytest.raises(ValueError, match=r"existence/text2image.json: holds no samples"):
+        read_spec(root)
+    (root / "existence" / "text2image.json").unlink()
+    with pytest.raises(FileNotFoundError, match=r"existence/text2image.json: no such file; SPEC subset 'existence'"):
+        read_spec(root)
+    (root / "existence" / "text2image.json").write_text((FIXTURE / "existence" / "text2image.json").read_text())
+    path = root / "count" / "image2text.json"
+    path.write_text(json.dumps([{**row, "label": 99} for row in json.loads(path.read_text())]))  # every one bad
+    cfg = EvalConfig(suites=["spec"], roots={"spec": str(root)}, progress=False,
+                     data_options={"spec": {"on_bad_sample": "skip"}})  # fmt: skip
+    with pytest.raises(ValueError, match=r"every i2t sample of subset 'count' was skipped as bad"):
+        run_suite(Colours(), cfg)

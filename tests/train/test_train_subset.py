@@ -42,3 +42,12 @@ def test_a_run_on_the_whole_split_writes_no_subset_record(tmp_path):
     data = write_generic(tmp_path / "data", n=8)
     run_train(tiny_config(data, tmp_path / "run"))
     assert not (tmp_path / "run" / SUBSET_RECORD).exists()
+
+
+def test_a_resume_reads_a_damaged_subset_record_as_one_error_naming_the_file(tmp_path):
+    data = write_generic(tmp_path / "data", n=8)
+    run = tmp_path / "run"
+    run_train(tiny_config(data, run, "data.train_fraction=0.5", "train.epochs=2"))
+    (run / SUBSET_RECORD).write_text('{"total": 0, "selected": 0}')
+    with pytest.raises(ValueError, match=rf"{run / SUBSET_RECORD}: damaged training-subset record \(no 'fraction'\)"):
+        run_train(load_resume_config(run, [], ["train.max_steps=3"]), resume=run)

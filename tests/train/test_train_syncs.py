@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from _support.host_reads import ALLOWED, OBJECTIVES, OPTIMISER, HostReads, sync_trainer
+import sharpclip
+from _support.host_reads import ALLOWED, OBJECTIVES, OPTIMISER, HostReads, site_of, sync_trainer
 from sharpclip.train.trainer import Trainer, max_abs
 
 WORKER = Path(__file__).with_name("sync_worker.py")
@@ -57,6 +58,24 @@ def test_the_counter_sees_a_mid_step_read(tmp_path, monkeypatch):
     with HostReads() as reads:
         trainer._train_step(next(batches))
     assert reads.sites[("step.py", "_evaluated")] == 2  # the monitor's two values, read where it is evaluated
+
+
+def test_reads_are_attributed_by_package_folder_not_by_a_sharpclip_in_the_path(tmp_path):
+    """A clone in a folder named `sharpclip` with its venv inside (as the README sets it up): torch's own files lie
+    under `.../sharpclip/.venv/...`, and a read made there is not sharpclip's; a file of the package itself is."""
+    torch_file = tmp_path / "sharpclip" / ".venv" / "lib" / "python3.12" / "site-packages" / "torch" / "_dynamo"
+    torch_file.mkdir(parents=True)
+    torch_file = torch_file / "eval_frame.py"
+    torch_file.write_text("import torch\n\n\ndef _fn():\n    return torch.ones(1).item()\n")
+    namespace: dict = {}
+    exec(compile(torch_file.read_text(), str(torch_file), "exec"), namespace)  # its frames carry that file name
+    with HostReads() as reads:
+        namespace["_fn"]()
+    assert ("eval_frame.py", "_fn") not in reads.sites and sum(reads.sites.values()) == 1, reads.sites
+    assert site_of(str(torch_file), 5, "_fn") is None
+    package = Path(sharpclip.__file__).resolve().parent
+    assert site_of(str(package / "train" / "step.py"), 1, "read") == ("step.py", "read")
+    assert site_of(str(tmp_path / "sharpclip" / "train" / "step.py"), 1, "read") is None
 
 
 @pytest.mark.gpu

@@ -58,7 +58,9 @@ def analyze_runs(run_dirs: list[str | Path], out_dir: str | Path, metric: str = 
 
 
 def analyze_sample_efficiency(run_dirs: list[str | Path], out_dir: str | Path, metric: str = "mean_R@1") -> list[Path]:
-    """sample_efficiency.png/.json and .md of the runs (analysis.sample_efficiency); returns the files written."""
+    """sample_efficiency.png/.json and .md of the runs (analysis.sample_efficiency); returns the files written.
+    Runs that are not of one recipe (differing in more than seed, subset size and method) are refused."""
+    sample_efficiency.check_one_recipe(run_dirs)
     points = [sample_efficiency.run_point(run, metric) for run in run_dirs]
     summary = sample_efficiency.summarise(points)
     summary["points"] = points

@@ -11,18 +11,77 @@ Of each run directory (trained with `data.train_fraction` / `data.train_count`, 
 
 Runs of one method at one fraction (several seeds) are averaged, their spread kept. The reference line is the best
 value of any run on the full data (fraction 1), HN-CLIP Fig. 6's dotted "strongest baseline trained on 100 %".
+
+One figure is one recipe: the runs' whole resolved configs (config.yaml) must agree except for the seed and the
+subset's size (`VARIES`: the x axis and the spread), the method (`METHOD`: one line each) and where a run wrote and
+how it was watched (`BOOKKEEPING`). Runs that differ in anything else (the data, the model, the learning rate, the
+epochs, ...) are refused, naming the keys and a run on each side: averaged or drawn against one reference they
+would be one curve made of different experiments. Two methods with one label but different settings are refused
+the same way.
 """
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 from typing import Any
 
 from sharpclip.analysis.dynamics import flatten, read_jsonl
 from sharpclip.config import Config, load_config
+from sharpclip.data.subset import read_subset_record
+from sharpclip.train.resume import flatten as flat_config
 from sharpclip.train.run import RESOLVED_CONFIG, SUBSET_RECORD
+
+VARIES = ("train.seed", "data.train_fraction", "data.train_count", "data.subset_seed")  # seeds and subset size
+METHOD = ("loss", "model.adapter")  # the objective and the adapter: one line per method
+BOOKKEEPING = (
+    "train.output_dir", "train.progress", "train.tensorboard", "train.wandb", "train.wandb_project",
+    "train.wandb_name", "train.checkpoint_every", "train.keep_last", "train.dist_timeout_min", "data.num_workers",
+    "data.prefetch_factor", "eval.output_dir", "eval.progress", "eval.num_workers",
+)  # where a run wrote and how it was watched: no effect on its numbers  # fmt: skip
+
+
+def _under(key: str, prefixes: tuple[str, ...]) -> bool:
+    return any(key == p or key.startswith(p + ".") for p in prefixes)
+
+
+def _run_config(run: Path) -> Config:
+    if not (run / RESOLVED_CONFIG).is_file():
+        raise ValueError(f"{run}: not a run directory (no {RESOLVED_CONFIG})")
+    return load_config(run / RESOLVED_CONFIG, saved=True)
+
+
+def _differences(configs: dict[str, dict[str, Any]]) -> str:
+    """'key (value in run A, value in run B), ...' for the keys whose values differ between the runs' configs."""
+    runs = list(configs)
+    every = {k for c in configs.values() for k in c}
+    keys = sorted(k for k in every if len({repr(c.get(k)) for c in configs.values()}) > 1)
+    parts = []
+    for key in keys[:4]:
+        first = runs[0]
+        other = next(r for r in runs if configs[r].get(key) != configs[first].get(key))
+        parts.append(f"{key} ({configs[first].get(key)!r} in {first}, {configs[other].get(key)!r} in {other})")
+    more = f" and {len(keys) - 4} more" if len(keys) > 4 else ""
+    return ", ".join(parts) + more
+
+
+def check_one_recipe(runs: list[str | Path]) -> None:
+    """ValueError naming the differing keys unless the runs differ only in VARIES, METHOD and BOOKKEEPING keys, and
+    runs with one method label share their method's settings (see the module doc)."""
+    settings: dict[str, dict[str, Any]] = {}
+    methods: dict[str, dict[str, dict[str, Any]]] = {}
+    for run in map(Path, runs):
+        cfg = _run_config(run)
+        flat = {k: v for k, v in flat_config(cfg).items() if not _under(k, VARIES + BOOKKEEPING)}
+        settings[str(run)] = {k: v for k, v in flat.items() if not _under(k, METHOD)}
+        methods.setdefault(method_label(cfg), {})[str(run)] = {k: v for k, v in flat.items() if _under(k, METHOD)}
+    if len({repr(sorted(s.items())) for s in settings.values()}) > 1:
+        raise ValueError(f"these runs differ in more than the seed, the subset size and the method: "
+                         f"{_differences(settings)}; one sample-efficiency figure is runs of one recipe")  # fmt: skip
+    for label, by_run in methods.items():
+        if len({repr(sorted(m.items())) for m in by_run.values()}) > 1:
+            raise ValueError(f"runs of method {label!r} differ in {_differences(by_run)}; one line is one method's "
+                             "runs: give runs of one setting of it")  # fmt: skip
 
 
 def method_label(cfg: Config) -> str:
@@ -49,16 +108,14 @@ def best_value(run: Path, metric: str) -> tuple[float, list[str]]:
 def run_point(run: str | Path, metric: str = "mean_R@1") -> dict[str, Any]:
     """{"run", "method", "fraction", "selected", "total", "ids_sha256", "value", "keys"} of one run directory."""
     run = Path(run)
-    if not (run / RESOLVED_CONFIG).is_file():
-        raise ValueError(f"{run}: not a run directory (no {RESOLVED_CONFIG})")
-    cfg = load_config(run / RESOLVED_CONFIG, saved=True)
+    cfg = _run_config(run)
     subset_file = run / SUBSET_RECORD
-    subset = json.loads(subset_file.read_text()) if subset_file.is_file() else None
+    subset = read_subset_record(subset_file) if subset_file.exists() else None
     value, keys = best_value(run, metric)
     point = {"run": str(run), "method": method_label(cfg), "value": value, "keys": keys}
     if subset:
-        point.update(fraction=subset["selected"] / subset["total"], selected=subset["selected"])
-        point.update(total=subset["total"], ids_sha256=subset["ids_sha256"])
+        point.update(fraction=subset.selected / subset.total, selected=subset.selected)
+        point.update(total=subset.total, ids_sha256=subset.ids_sha256)
     else:
         point.update(fraction=1.0, selected=None, total=None, ids_sha256=None)
     return point

@@ -21,9 +21,11 @@ and a resume refuses a split that changed on disk.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 from typing import Any
 
 from sharpclip.data.schema import Sample
@@ -46,6 +48,41 @@ class SubsetRecord:
     def to_json(self) -> dict[str, Any]:
         """The record as a dict (train_subset.json)."""
         return asdict(self)
+
+
+def _record_problem(data: Any) -> str | None:
+    """What makes `data` not a SubsetRecord's JSON, or None."""
+    if not isinstance(data, dict):
+        return f"expected a JSON object, got {type(data).__name__}"
+    types = {"fraction": (int, float), "count": (int,), "subset_seed": (int,), "total": (int,), "selected": (int,),
+             "ids_sha256": (str,)}  # fmt: skip
+    for key, allowed in types.items():
+        if key not in data:
+            return f"no {key!r}"
+        if isinstance(data[key], bool) or not isinstance(data[key], allowed):
+            return f"{key!r} is {data[key]!r}, not a {allowed[0].__name__}"
+    if data["total"] < 1 or not 1 <= data["selected"] <= data["total"]:
+        return f"'selected' {data['selected']} of 'total' {data['total']} is not a subset of a non-empty split"
+    return None
+
+
+def read_subset_record(path: str | Path) -> SubsetRecord:
+    """The SubsetRecord of a run's train_subset.json; ValueError naming the file when it is unreadable, not JSON,
+    lacks a key, has a value of the wrong type, or sizes that are no subset (total 0, selected above total)."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else " ".join(str(err).split())
+        raise ValueError(f"{path}: damaged training-subset record ({reason}); {_ADVICE}") from None
+    problem = _record_problem(data)
+    if problem is not None:
+        raise ValueError(f"{path}: damaged training-subset record ({problem}); {_ADVICE}")
+    known = {f.name for f in fields(SubsetRecord)}
+    return SubsetRecord(**{k: v for k, v in data.items() if k in known})
+
+
+_ADVICE = "sharpclip train writes it for data.train_fraction / data.train_count: restore it from a copy of the run"
 
 
 def subset_key(seed: int, sample_id: str) -> str:

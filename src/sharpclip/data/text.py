@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import html
 import re
-import unicodedata
 from collections.abc import Callable
 from typing import Any
 
 import ftfy
+
+from sharpclip.data.ignorable import is_default_ignorable
 
 CLIP_CLEANING = "clip: ftfy.fix_text, html.unescape twice, whitespace collapsed"
 NO_CLEANING = "none"
@@ -27,9 +28,10 @@ _UNTOUCHED = re.compile(r"[\t\n\r\x20-\x25\x27-\x7e]*")
 
 def is_blank(text: str) -> bool:
     """Whether `text` shows nothing: only Unicode whitespace (str.isspace: spaces, tabs, U+00A0, U+3000, ...) and
-    invisible format characters (category Cf: zero-width space U+200B, joiners U+200C/U+200D, word joiner U+2060,
-    byte-order mark U+FEFF, soft hyphen, direction marks). Such a caption is an empty caption."""
-    return all(c.isspace() or unicodedata.category(c) == "Cf" for c in text)
+    characters of Unicode's Default_Ignorable_Code_Point set (zero-width space U+200B, joiners, word joiner U+2060,
+    byte-order mark U+FEFF, soft hyphen, bidi controls, the Hangul fillers U+3164 / U+115F / U+1160 / U+FFA0, the
+    combining grapheme joiner U+034F, variation selectors, tags: data.ignorable). Such a caption is an empty caption."""
+    return all(c.isspace() or is_default_ignorable(c) for c in text)
 
 
 def clip_clean(text: str) -> str:

@@ -14,7 +14,9 @@ leaves its item out, and the report and the manifest say how many were skipped.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -26,11 +28,12 @@ from sharpclip.data.images import ImageLoadError
 from sharpclip.data.images import load_image as load_source
 from sharpclip.data.schema import BadSample, BadSampleReport
 from sharpclip.eval import pair_data, pair_hub, spec_data
-from sharpclip.eval.embed import ImageRef, load_image
+from sharpclip.eval.embed import ImageRef, UnreadableImage, load_image
 from sharpclip.eval.pair_data import ChoiceSet
 from sharpclip.eval.retrieval import RetrievalSet, from_samples
 from sharpclip.eval.zeroshot import ClassificationSet, read_csv, read_image_folder
 
+log = logging.getLogger(__name__)
 EvalSet = RetrievalSet | ChoiceSet | ClassificationSet
 Reader = Callable[[Path, EvalConfig, "DataConfig | None"], EvalSet]
 RETRIEVAL_FORMATS = ("docci", "dci", "long_dci", "urban1k", "sharegpt4v", "karpathy", "generic", "vg")
@@ -91,16 +94,31 @@ def _usable_choices(cs: ChoiceSet, report: BadSampleReport) -> ChoiceSet:
     return cs
 
 
+def _choice_report(name: str, cfg: EvalConfig) -> BadSampleReport:
+    policy = cfg.data_options.get(name, {}).get("on_bad_sample", "error")
+    return BadSampleReport(policy, setting=f"eval.data_options.{name}.on_bad_sample")
+
+
 def _choice_reader(name: str, read: Callable[..., ChoiceSet], with_report: bool = False) -> Reader:
     """Pair-choice suite `name` under its `on_bad_sample` (eval.data_options.<name>); readers that take a report
     also skip malformed records."""
 
     def reader(root: Path, cfg: EvalConfig, data: DataConfig | None) -> ChoiceSet:
-        policy = cfg.data_options.get(name, {}).get("on_bad_sample", "error")
-        report = BadSampleReport(policy, setting=f"eval.data_options.{name}.on_bad_sample")
+        report = _choice_report(name, cfg)
         return _usable_choices(read(root, report) if with_report else read(root), report)
 
     return reader
+
+
+def _spec(root: Path, cfg: EvalConfig, data: DataConfig | None) -> ChoiceSet:
+    """SPEC: all six subsets, or those eval.data_options.spec.subsets names (logged, and listed in the report)."""
+    report = _choice_report("spec", cfg)
+    cs = spec_data.read_spec(root, report, cfg.data_options.get("spec", {}).get("subsets"))
+    if len(cs.parts) < len(spec_data.SPEC_SUBSETS):
+        total, chosen = len(spec_data.SPEC_SUBSETS), ", ".join(cs.parts)
+        log.warning("SPEC: scoring %d of %d subsets (%s, chosen by %s); its means cover these only",
+                    len(cs.parts), total, chosen, spec_data.SUBSETS_OPTION)  # fmt: skip
+    return _usable_choices(cs, report)
 
 
 def suite_data_config(name: str, fmt: str, root: Path, cfg: EvalConfig) -> DataConfig:
@@ -139,7 +157,7 @@ DATASETS: dict[str, Reader] = {
     "sugarcrepe": _choice_reader("sugarcrepe", pair_hub.read_sugarcrepe_any),  # hub parquet or release JSON
     "aro_relation": _choice_reader("aro_relation", lambda root: pair_data.read_aro(root, "relation")),
     "aro_attribution": _choice_reader("aro_attribution", lambda root: pair_data.read_aro(root, "attribution")),
-    "spec": _choice_reader("spec", spec_data.read_spec, with_report=True),  # six subsets, both directions
+    "spec": _spec,  # six subsets (or those chosen), both directions
     "zeroshot": _zeroshot,
 }
 
@@ -189,3 +207,30 @@ def image_files(es: EvalSet) -> list[Path]:
         elif getattr(ref, "member", None) is None and isinstance(getattr(ref, "path", None), str):
             out.append(Path(ref.path))
     return out
+
+
+def _name(ref: Any) -> str:
+    return ref.describe() if isinstance(ref, ImageRef) else str(ref)
+
+
+def record_of(es: EvalSet, ref: str) -> str | None:
+    """Where the record naming image `ref` is (`count/text2image.json[3]`), when the set keeps it; else None."""
+    where = es.extra.get("where") if isinstance(es, ChoiceSet) else None
+    if where is None:
+        return None
+    return next((w for refs, w in zip(es.images, where, strict=True) if any(_name(r) == ref for r in refs)), None)
+
+
+@contextlib.contextmanager
+def naming_the_record(sets: dict[str, EvalSet]) -> Iterator[None]:
+    """Around embedding the suites' images under `on_bad_sample: error`: an unreadable image is one line naming the
+    record that names it (or its suite) and the setting that skips such samples, not only the file."""
+    try:
+        yield
+    except UnreadableImage as err:
+        found = next(((n, record_of(es, err.ref)) for n, es in sets.items() if err.ref in map(_name, eval_images(es))),
+                     (None, None))  # fmt: skip
+        name, where = found
+        place = f"{where}: " if where else f"eval suite {name!r}: " if name else ""
+        skip = f"eval.data_options.{name}.on_bad_sample=skip" if name else "on_bad_sample=skip"
+        raise FileNotFoundError(f"{place}{err}; fix or remove the record, or set {skip}") from None

@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import torch
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 from tqdm import tqdm
 
-from sharpclip.data.files import open_regular
+from sharpclip.data.files import NotRegularFileError, open_regular
 from sharpclip.data.images import load_image as load_source
 from sharpclip.data.images import request_draft, to_rgb
 
@@ -42,6 +42,33 @@ class ImageRef:
     def describe(self) -> str:
         """`path`, or `path!member` for a zip member, for messages."""
         return f"{self.path}!{self.member}" if self.member else self.path
+
+
+class UnreadableImage(FileNotFoundError):
+    """An image that cannot be read: `ref` names it, `reason` says why in a few words (no path, no advice: each
+    command adds what applies to it, such as the record that names the image or the flag that gave it)."""
+
+    def __init__(self, ref: str, reason: str) -> None:
+        self.ref, self.reason = ref, reason
+        super().__init__(f"cannot read image {ref}: {reason}")
+
+    def __reduce__(self) -> tuple:  # picklable with its two arguments (a loader worker's error travels pickled)
+        return (type(self), (self.ref, self.reason))
+
+
+def _reason(err: BaseException) -> str:
+    """Why an image could not be read, in a few words."""
+    if isinstance(err, UnidentifiedImageError):
+        return "not an image file PIL can decode"
+    if isinstance(err, NotRegularFileError):
+        return f"not a regular file ({err.kind})"
+    if isinstance(err, FileNotFoundError):
+        return "no such file"
+    if isinstance(err, KeyError):
+        return f"no member {err} in the archive"
+    if isinstance(err, OSError) and err.strerror:
+        return err.strerror
+    return " ".join(str(err).split())[:160]
 
 
 def _open(ref: ImageRef) -> Any:
@@ -67,7 +94,7 @@ def load_image(ref: ImageRef | str | Path, draft_size: int | None = None) -> Any
                 request_draft(im, draft_size)
             image = to_rgb(im, "keep")
     except (OSError, KeyError) as err:
-        raise FileNotFoundError(f"cannot read image {ref.describe()}: {err}; check --data-root and the files") from None
+        raise UnreadableImage(ref.describe(), _reason(err)) from None
     if ref.bbox is not None:
         x, y, w, h = ref.bbox
         image = image.crop((x, y, x + w, y + h))
@@ -126,8 +153,17 @@ def _load(ref: Any, draft_size: int | None = None) -> Any:
     return load_source(ref, draft_size)  # bytes, PIL images, parquet cells
 
 
+@dataclass(frozen=True)
+class _Failed:
+    """What a loader worker returns for an image it could not load or preprocess: its index. The embedder loads it
+    again in its own process, so the error raised is the image's own (one line naming it), not the worker's
+    traceback flattened into a message ("Caught FileNotFoundError in DataLoader worker process 0 ...")."""
+
+    index: int
+
+
 class _Pixels(torch.utils.data.Dataset):
-    """refs[i] -> (3, H, W) preprocessed pixels (what the embedder's DataLoader workers run)."""
+    """refs[i] -> (3, H, W) preprocessed pixels (what the embedder's DataLoader workers run), or `_Failed(i)`."""
 
     def __init__(self, refs: Sequence[Any], preprocess: Callable[[Any], Tensor], draft_size: int | None) -> None:
         self.refs, self.preprocess, self.draft_size = refs, preprocess, draft_size
@@ -135,8 +171,17 @@ class _Pixels(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.refs)
 
-    def __getitem__(self, i: int) -> Tensor:
-        return self.preprocess(_load(self.refs[i], self.draft_size))
+    def __getitem__(self, i: int) -> Tensor | _Failed:
+        try:
+            return self.preprocess(_load(self.refs[i], self.draft_size))
+        except Exception:  # raised again, in the embedder's own process (ModelEmbedder.images)
+            return _Failed(i)
+
+
+def _stack(items: list[Tensor | _Failed]) -> Tensor | _Failed:
+    """A batch of pixels (the DataLoader's own collation), or the batch's first `_Failed`."""
+    failed = next((x for x in items if isinstance(x, _Failed)), None)
+    return failed if failed is not None else torch.utils.data.default_collate(items)
 
 
 class ModelEmbedder:
@@ -183,11 +228,14 @@ class ModelEmbedder:
         workers = min(self.num_workers, -(-len(refs) // self.batch_size))  # no more workers than batches
         loader = torch.utils.data.DataLoader(
             _Pixels(refs, self.preprocess, self.draft_size), batch_size=self.batch_size, num_workers=workers,
-            pin_memory=self.device.type == "cuda", prefetch_factor=4 if workers else None,
+            pin_memory=self.device.type == "cuda", prefetch_factor=4 if workers else None, collate_fn=_stack,
         )  # fmt: skip
         bar = tqdm(loader, desc="embed images", disable=not self.progress, unit="batch")
         out = []
         for pixels in bar:
+            if isinstance(pixels, _Failed):
+                self.preprocess(_load(refs[pixels.index], self.draft_size))  # its own error, in this process
+                raise UnreadableImage(str(refs[pixels.index]), "failed in a loader worker only")
             with self._autocast():
                 out.append(_embedding(self.model.encode_image(pixels.to(self.device, non_blocking=True))))
         return torch.cat(out).cpu() if out else torch.empty(0)

@@ -45,6 +45,7 @@ class ChoiceSet:
     files: list[Path] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)  # per-item lists (MMVP: qids)
     skipped: list[BadSample] = field(default_factory=list)  # items left out under on_bad_sample: skip
+    parts: list[str] = field(default_factory=list)  # the parts a suite read, when it is read in parts (SPEC's subsets)
 
     def __len__(self) -> int:
         return len(self.texts)

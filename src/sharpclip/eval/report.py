@@ -62,6 +62,8 @@ def markdown_report(results: dict[str, dict[str, Any]], ks: list[int]) -> str:
                     lines.append(f"| {name} | {key} | {_fmt(value)} |")
                 elif isinstance(value, dict):
                     lines += [f"| {name} | {key}: {k} | {_fmt(v)} |" for k, v in value.items()]
+                elif isinstance(value, list) and value and all(isinstance(v, str) for v in value):  # SPEC's subsets
+                    lines.append(f"| {name} | {key} | {', '.join(value)} |")
         lines.append("")
     return "\n".join(lines)
 

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from sharpclip.config import EvalConfig
-from sharpclip.eval import pairs
+from sharpclip.eval import pairs, spec_data
 from sharpclip.eval.benchmarks import EvalSet
 from sharpclip.eval.embed import Embedder
 from sharpclip.eval.pair_data import ChoiceSet
@@ -48,8 +48,25 @@ def _spec(embedder: Embedder, cs: ChoiceSet) -> dict[str, Any]:
     """SPEC: an image-to-text item's captions against its image (column 0), a text-to-image item's caption against
     its images (row 0)."""
     directions = cs.extra["direction"]
+    _every_part_scored(cs)
     rows = [m[:, 0] if d == "i2t" else m[0] for m, d in zip(item_scores(embedder, cs), directions, strict=True)]
-    return pairs.spec_scores(rows, cs.extra["label"], cs.groups, directions)
+    out = pairs.spec_scores(rows, cs.extra["label"], cs.groups, directions)
+    if cs.parts:
+        out["subsets"] = list(cs.parts)
+        out["subsets_left_out"] = [s for s in spec_data.SPEC_SUBSETS if s not in cs.parts]
+    return out
+
+
+def _every_part_scored(cs: ChoiceSet) -> None:
+    """Raise ValueError when a part read (a SPEC subset) has no item left in a direction (every one skipped as bad):
+    its means would silently cover fewer subsets."""
+    have = set(zip(cs.groups, cs.extra["direction"], strict=True))
+    for part in cs.parts:
+        for direction in spec_data.SPEC_FILES:
+            if (part, direction) not in have:
+                raise ValueError(f"SPEC: every {direction} sample of subset {part!r} was skipped as bad, so the means "
+                                 f"would leave it out; fix its {spec_data.SPEC_FILES[direction]}, or leave it out "
+                                 f"with {spec_data.SUBSETS_OPTION}")  # fmt: skip
 
 
 def score_choice_set(embedder: Embedder, cs: ChoiceSet) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from sharpclip.data import read_edit_samples, read_samples
 from sharpclip.data.overlap import check_overlap, sample_images
 from sharpclip.data.schema import log
 from sharpclip.devices import configure_tf32, resolve_device
-from sharpclip.eval.benchmarks import eval_images, image_files, load_eval_set, suite_root
+from sharpclip.eval.benchmarks import eval_images, image_files, load_eval_set, naming_the_record, suite_root
 from sharpclip.eval.embed import CachedEmbedder
 from sharpclip.eval.evaluator import as_embedder
 from sharpclip.eval.manifest import dataset_record
@@ -56,11 +56,13 @@ def run_suite(
     out = SuiteResult(embedder=inner)
     try:
         if not score:
-            inner.images(images)  # this rank's share, sent to the rank that scores
+            with naming_the_record(sets):
+                inner.images(images)  # this rank's share, sent to the rank that scores
             inner.texts(texts)
             return out
         embedder = CachedEmbedder(inner)
-        embedder.fill(images, texts)
+        with naming_the_record(sets):
+            embedder.fill(images, texts)
         embedder.seal()  # scoring reads the cache only: no rank waits at a gather that the scoring rank alone calls
         for name, es in sets.items():
             skipped = getattr(es, "skipped", [])

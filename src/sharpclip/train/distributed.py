@@ -47,6 +47,7 @@ from torch import Tensor
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from sharpclip import collectives
+from sharpclip.train import rendezvous
 
 T = TypeVar("T")
 
@@ -72,10 +73,11 @@ def init_from_env(device: torch.device | None = None, timeout_min: float | None 
         if device is not None:
             torch.cuda.set_device(device)
     timeout = {"timeout": timedelta(minutes=timeout_min)} if timeout_min else {}
-    if device is not None and device.type == "cuda":
-        dist.init_process_group(backend="nccl", device_id=device, **timeout)
-    else:
-        dist.init_process_group(backend="gloo", **timeout)
+    with rendezvous.joining(timeout_min):  # one line, not a traceback or a silent wait, when the store fails
+        if device is not None and device.type == "cuda":
+            dist.init_process_group(backend="nccl", device_id=device, **timeout)
+        else:
+            dist.init_process_group(backend="gloo", **timeout)
     return True
 
 
@@ -290,6 +292,8 @@ def _watch(store, stop: threading.Event) -> None:
     that would otherwise wait for `train.dist_timeout_min` (NCCL does not notice a dead peer)."""
     while not stop.wait(FAILURE_POLL_S):
         try:
+            if not rendezvous.store_reachable(store):  # a call on a dead store prints a C++ stack dump
+                raise ConnectionError("its host accepts no connection")
             if not store.check([FAILED_KEY]):
                 continue
             message = store.get(FAILED_KEY).decode()
@@ -329,14 +333,19 @@ def failures_end_every_rank() -> Iterator[None]:
     except Exception as err:
         stop.set()
         first = f"rank {rank()} failed: {_one_line(err)}"
-        with contextlib.suppress(Exception):  # the store is gone (its host ended): our own line still stands
-            first = store.compare_set(FAILED_KEY, "", first).decode()  # unset: ours; else the earlier one
+        alive = rendezvous.store_reachable(store)  # its host (rank 0) may be what failed: no calls, no C++ dumps
+        # the store is gone (its host ended): our own line still stands
+        with contextlib.suppress(Exception), rendezvous.c10d_stderr_silenced():
+            first = store.compare_set(FAILED_KEY, "", first).decode() if alive else first  # unset: ours
         print(f"sharpclip: {first}", file=sys.stderr, flush=True)
         try:
-            store.set(REPORTED_KEY, "1")
-            deadline = time.monotonic() + FAILURE_WAIT_S
-            while store.add(SEEN_KEY, 0) < world_size() - 1 and time.monotonic() < deadline:
-                time.sleep(FAILURE_POLL_S / 5)
+            if not alive:
+                raise ConnectionError("the store is gone")
+            with rendezvous.c10d_stderr_silenced():
+                store.set(REPORTED_KEY, "1")
+                deadline = time.monotonic() + FAILURE_WAIT_S
+                while store.add(SEEN_KEY, 0) < world_size() - 1 and time.monotonic() < deadline:
+                    time.sleep(FAILURE_POLL_S / 5)
         except Exception:  # the store is gone (its host ended): nothing more to tell anyone
             pass
         raise RankFailed(first) from err

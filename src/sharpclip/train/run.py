@@ -31,13 +31,14 @@ from sharpclip.config import Config, ConfigError, DataConfig, to_yaml
 from sharpclip.data import build_loader, data_root, read_samples
 from sharpclip.data.formats import FORMATS
 from sharpclip.data.overlap import check_overlap, sample_images
+from sharpclip.data.subset import read_subset_record
 from sharpclip.eval.evaluator import Evaluate, retrieval_validator
 from sharpclip.eval.guards import evaluate_guards, guard_metrics
 from sharpclip.losses import Objective
 from sharpclip.models.base import DualEncoder
 from sharpclip.models.factory import create_model, save_checkpoint
 from sharpclip.models.preprocessing import model_transforms
-from sharpclip.train import checkpoint, distributed, run_dir, validation
+from sharpclip.train import checkpoint, distributed, rank_agreement, run_dir, validation
 from sharpclip.train import resume as resume_policy
 from sharpclip.train.features import build_objective, check_provided
 from sharpclip.train.logging import log
@@ -240,6 +241,7 @@ def run_train(cfg: Config, resume: str | Path | None = None, overwrite: bool = F
     directory, named = resume_policy.locate(resume) if resume is not None else (Path(cfg.train.output_dir), None)
     mode = "resume" if resume is not None else "overwrite" if overwrite else "fresh"
     try:
+        rank_agreement.check_same_config(cfg, distributed.all_ranks)  # before anything is opened or trained
         changed, lock = _open(cfg, directory, mode, named)
         try:
             with _run_logging(directory):
@@ -371,12 +373,12 @@ def record_subset(directory: Path, loader: object, resuming: bool) -> None:
     if subset is None:
         return
     path, record = directory / SUBSET_RECORD, subset.to_json()
-    if resuming and path.is_file():
-        saved = json.loads(path.read_text())
-        if saved.get("ids_sha256") != record["ids_sha256"]:
+    if resuming and path.exists():
+        saved = read_subset_record(path)
+        if saved.ids_sha256 != record["ids_sha256"]:
             raise ConfigError(
-                f"{path}: the run trained on {saved.get('selected')} samples with ids sha256 "
-                f"{str(saved.get('ids_sha256'))[:12]}, but the train split now gives {record['selected']} of "
+                f"{path}: the run trained on {saved.selected} samples with ids sha256 "
+                f"{saved.ids_sha256[:12]}, but the train split now gives {record['selected']} of "
                 f"{record['total']} with {record['ids_sha256'][:12]}: the files under data.root changed; resume on "
                 "the data the run began with"
             )
