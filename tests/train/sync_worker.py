@@ -27,7 +27,7 @@ def count(out: Path, accumulation: str, objective: str) -> list[dict]:
     trainer.model.train()
     steps = []
     for k, batch in enumerate(trainer._steps(iter(trainer.loader))):
-        changed = not trainer.flags._reuse  # some rank's batch shapes changed: the gather exchanges them again
+        changed = False  # shapes travel in the agreement: never exchanged inside a step
         with HostReads() as reads:
             trainer._train_step(batch)
         if k:  # the first step builds optimiser state and exchanges shapes (its own one-off reads)
