@@ -7,9 +7,9 @@ equality check, every result appended to one JSON-lines file the moment it is me
 Parts, in this order, each in its own process; every JSON line a part prints is appended to `--out` at once, with
 `part` and `t_s` (seconds since the start) added, so a run cut short keeps all it measured:
 
-1. `compile`: ViT-L/14 through `Trainer` at bf16, towers compiled (Inductor), exact accumulation, 20 steps over
-   four caption widths (`gpu_step.py --trainer-run`): one row per step as it ends (the first holds the compile
-   time) with graphs, graph breaks, recompiles and recompile-limit hits;
+1. `compile`: ViT-L/14 through `Trainer` at bf16, every transformer block compiled (Inductor), exact accumulation,
+   20 steps over four caption widths (`gpu_step.py --trainer-run`): one row per step as it ends (the first holds the
+   compile time) with the blocks compiled, graphs (and per block), graph breaks, recompiles and recompile-limit hits;
 2. `gpu_step`: `gpu_step.py --models l14 --steps 5`: the objectives alone, interleaved whole steps, attention
    kernels, the compiled rows, the grid; its `ratios` after every row (a line only when they changed);
 3. `gpu_tests`: `pytest -m gpu` over the test files that mark tests `gpu` (every CUDA-only test; with 2 GPUs or

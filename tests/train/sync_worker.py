@@ -23,17 +23,17 @@ CASES = {"exact": "hn_clip+filip", "per_micro_batch": "hn_clip+filip"}
 
 def count(out: Path, accumulation: str, objective: str) -> list[dict]:
     rank, world = distributed.rank(), distributed.world_size()
-    trainer = sync_trainer(out, OBJECTIVES[objective], rank=rank, world=world, accumulation=accumulation)
+    trainer = sync_trainer(out, OBJECTIVES[objective], rank=rank, world=world, accumulation=accumulation, max_steps=4)
     trainer.model.train()
     steps = []
     for k, batch in enumerate(trainer._steps(iter(trainer.loader))):
-        changed = False  # shapes travel in the agreement: never exchanged inside a step
+        widths = [w["input_ids"] for w in trainer.ctx.agreement.widths]  # every rank's caption width this step
         with HostReads() as reads:
             trainer._train_step(batch)
         if k:  # the first step builds optimiser state and exchanges shapes (its own one-off reads)
             sites = {f"{f}:{fn}": n for (f, fn), n in reads.sites.items() if not f.startswith("torch/optim")}
             copies = {f"{f}:{fn}": n for (f, fn), n in reads.copies.items()}
-            steps.append({"sites": sites, "copies": copies, "shapes_changed": changed})
+            steps.append({"sites": sites, "copies": copies, "widths": widths})
     return steps
 
 

@@ -61,9 +61,11 @@ def test_ranks_train_the_weights_of_one_process_in_every_mode_and_layout(tmp_pat
         assert got == pytest.approx(expected_losses, rel=1e-5), case
         names = {k[len(case) + 1 :] for k in weights if k.startswith(f"{case}/")}
         assert names == set(expected), case
-        for name, value in expected.items():  # atol: 1e-5 of the weights' scale (biases with an exactly zero
-            # gradient, as attention's key bias, move by float rounding only, amplified by AdamW)
-            assert torch.allclose(weights[f"{case}/{name}"], value, rtol=1e-5, atol=1e-6), (case, name)
+        # atol: 1e-5 of the weights' scale (max |w|): a bias whose gradient is exactly zero, as attention's key
+        # bias, moves by float rounding alone, which AdamW's normalisation amplifies to about 1e-6
+        scale = max(float(v.abs().max()) for v in expected.values() if v.is_floating_point())
+        for name, value in expected.items():
+            assert torch.allclose(weights[f"{case}/{name}"], value, rtol=1e-5, atol=1e-5 * scale), (case, name)
 
 
 def _agreement(rows, edits, widths) -> Agreement:

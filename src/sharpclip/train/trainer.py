@@ -391,7 +391,7 @@ class Trainer:
                 raise
             reason = (str(err).strip().splitlines() or [""])[0][:300]
             raise RuntimeError(
-                f"train.compile: torch.compile could not compile the towers on {self.device} "
+                f"train.compile: torch.compile could not compile the transformer blocks on {self.device} "
                 f"({type(err).__name__}: {reason}); train without it: train.compile=false"
             ) from err
         self._compiling = False
