@@ -134,5 +134,3 @@ class GradSync:
             order = seen + sorted(rest, reverse=True)
             self._layout(from_rank0(order))
             self._seen = None
-
-

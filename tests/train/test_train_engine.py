@@ -3,7 +3,8 @@
 - W processes train the weights of one: 3 steps through `Trainer.fit` on 2 and 4 gloo ranks, both accumulation
   modes, every layout (replicate, shard over all ranks, hybrid with nodes of 2), in float32: the losses of every step
   and every weight after the 3 steps equal one process's holding the ranks' rows in rank order (1e-5 relative).
-  The step-level twin (tests/train/test_train_distributed.py) covers LoRA, a frozen tower and SigLIP's bias under
+  bf16 (FSDP2's mixed precision, sharded) trains within bf16 rounding of it. The step-level twin
+  (tests/train/test_train_distributed.py) covers LoRA, a frozen tower and SigLIP's bias under
   each layout in float64.
 - The step's agreement gives the gather every rank's feature shapes (no shape exchange inside a step), the mesh of
   each layout, and the optimiser state's conversion for checkpoints that resume on another world size or layout.
@@ -53,7 +54,9 @@ def test_ranks_train_the_weights_of_one_process_in_every_mode_and_layout(tmp_pat
                           env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     losses, weights = json.loads((tmp_path / "losses.json").read_text()), load_file(tmp_path / "weights.safetensors")
-    assert len(losses) == 6
+    assert len(losses) == 7
+    bf16 = losses.pop("bf16")  # exact, shard, bf16 parameters and fp32 reduction: bf16 rounding of the fp32 run
+    assert bf16 == pytest.approx(one_process("exact", world)[0], rel=2e-2) and bf16 != losses["exact/shard"]
     for case, got in losses.items():
         mode = case.split("/")[0]
         expected_losses, expected = one_process(mode, world)
@@ -120,3 +123,19 @@ def test_an_index_keyed_optimiser_state_converts_to_parameter_names():
     assert named["state"] == {"a.weight": {"step": 1}, "b.bias": {"step": 2}}
     assert named["param_groups"] == [{"params": ["a.weight"], "names": ["a.weight"], "lr": 1.0},
                                      {"params": ["b.bias"], "names": ["b.bias"], "lr": 2.0}]  # fmt: skip
+
+
+def test_auto_micro_batches_under_a_sharded_layout_are_refused_in_one_line(tmp_path):
+    """`auto`'s trials run each rank alone; a sharded forward gathers parameters from the other ranks."""
+    from _support.tiny_run import ToyLoader, toy_model, train_config
+    from sharpclip.config import LossConfig, TermConfig
+    from sharpclip.train.features import build_objective
+    from sharpclip.train.trainer import Trainer
+
+    model = toy_model()
+    cfg = train_config(str(tmp_path), micro_batch_size="auto", layout="shard")
+    objective = build_objective(LossConfig(terms={"c": TermConfig("infonce")}))
+    ctx = ParallelContext(rank=0, world=2, layout="shard")
+    with pytest.raises(ConfigError, match=r"^train.micro_batch_size: auto .* train.layout=shard cannot run .*"
+                                          r"or use train.layout=replicate$"):  # fmt: skip
+        Trainer(model, objective, ToyLoader(model.tokenizer), cfg, tmp_path, lambda d: None, ctx=ctx)

@@ -179,6 +179,7 @@ def test_every_rank_takes_the_smallest_choice_and_stops_together_when_one_found_
     encoder = FeatureEncoder(model, objective.feature_keys)
     batch = next(iter(ToyLoader(model.tokenizer, batch_size=8)))
     cfg = train_config("x", batch_size=8, micro_batch_size="auto")
+
     class TwoRanks(ParallelContext):  # this rank's context among 2, the other rank's choice given
         other = 2
 
