@@ -27,11 +27,13 @@ TERMS = {"hn": TermConfig("hn_clip"), "tok": TermConfig("filip", weight=0.5)}
 STEPS = 3
 
 
-def train(out: Path, mode: str, layout: str, rank: int = 0, world: int = 1, ctx=None, precision: str = "fp32"):
+def train(out: Path, mode: str, layout: str, rank: int = 0, world: int = 1, ctx=None, precision: str = "fp32",
+          **overrides):  # fmt: skip
     """3 steps of `mode` on `ctx` (None: one process holding the rows of `world` ranks in rank order); returns the
     losses per step and, on rank 0, the whole weights (CPU)."""
     model = toy_model()
-    cfg = train_config(str(out), max_steps=STEPS, accumulation=mode, layout=layout, eval_every=0, precision=precision)
+    cfg = train_config(str(out), max_steps=STEPS, accumulation=mode, layout=layout, eval_every=0, precision=precision,
+                       **overrides)  # fmt: skip
     ranks = {"rank": rank, "world": world} if ctx is not None else {"deal": world}  # one process: the ranks' rows
     loader = ToyLoader(model.tokenizer, batch_size=cfg.batch_size, **ranks)
     objective = build_objective(LossConfig(terms=TERMS))
@@ -55,6 +57,8 @@ def main(out: Path) -> None:
             tensors |= {f"{case}/{k}": v for k, v in weights.items()}
     # bf16: FSDP2's mixed-precision policy (bf16 compute and all-gathers, fp32 reduction and master weights)
     losses["bf16"], _ = train(out / "bf16", "exact", "shard", rank, world, parallel_context("shard"), "bf16")
+    # the gradient diagnostics of a sharded run (computed on a plain copy of the gathered weights)
+    train(out / "diagnostics", "exact", "shard", rank, world, parallel_context("shard"), diagnostics_every=2)
     if rank == 0:
         save_file(tensors, out / "weights.safetensors")
         (out / "losses.json").write_text(json.dumps(losses))

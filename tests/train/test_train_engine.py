@@ -35,12 +35,16 @@ def one_process(tmp_path_factory):
     sys.path.insert(0, str(WORKER.parent))
     from engine_worker import MODES, train
 
-    runs: dict[tuple[str, int], tuple[list[float], dict]] = {}
+    runs: dict[tuple[str, int], tuple] = {}
 
     def get(mode: str, world: int):
         if (mode, world) not in runs:
-            assert mode in MODES
-            runs[mode, world] = train(tmp_path_factory.mktemp(f"one-{mode}-{world}"), mode, "replicate", world=world)
+            out = tmp_path_factory.mktemp(f"one-{mode}-{world}")
+            if mode == "diagnostics":  # exact, with the gradient diagnostics every 2 steps
+                runs[mode, world] = (*train(out, "exact", "replicate", world=world, diagnostics_every=2), out)
+            else:
+                assert mode in MODES
+                runs[mode, world] = train(out, mode, "replicate", world=world)
         return runs[mode, world]
 
     return get
@@ -55,6 +59,11 @@ def test_ranks_train_the_weights_of_one_process_in_every_mode_and_layout(tmp_pat
     assert proc.returncode == 0, proc.stderr[-4000:]
     losses, weights = json.loads((tmp_path / "losses.json").read_text()), load_file(tmp_path / "weights.safetensors")
     assert len(losses) == 7
+    got, expected = _diagnostics(tmp_path / "diagnostics"), _diagnostics(one_process("diagnostics", world)[2])
+    assert [r["step"] for r in got] == [r["step"] for r in expected] == [0, 2]
+    for mine, one in zip(got, expected, strict=True):
+        for key in ("loss_infonce", "loss_hn", "grad_norm_infonce", "grad_norm_hn", "grad_cosine", "batch_rows"):
+            assert mine[key] == pytest.approx(one[key], rel=1e-4), key
     bf16 = losses.pop("bf16")  # exact, shard, bf16 parameters and fp32 reduction: bf16 rounding of the fp32 run
     assert bf16 == pytest.approx(one_process("exact", world)[0], rel=2e-2) and bf16 != losses["exact/shard"]
     for case, got in losses.items():
@@ -69,6 +78,10 @@ def test_ranks_train_the_weights_of_one_process_in_every_mode_and_layout(tmp_pat
         scale = max(float(v.abs().max()) for v in expected.values() if v.is_floating_point())
         for name, value in expected.items():
             assert torch.allclose(weights[f"{case}/{name}"], value, rtol=1e-5, atol=1e-5 * scale), (case, name)
+
+
+def _diagnostics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "diagnostics.jsonl").read_text().splitlines()]
 
 
 def _agreement(rows, edits, widths) -> Agreement:
