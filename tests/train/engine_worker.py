@@ -25,15 +25,16 @@ MODES = ("exact", "per_micro_batch")
 LAYOUTS = ("replicate", "shard", "hybrid")
 TERMS = {"hn": TermConfig("hn_clip"), "tok": TermConfig("filip", weight=0.5)}
 STEPS = 3
+CLIP = 0.01  # below every step's gradient norm: clipping scales every step (the global norm of sharded gradients)
 
 
 def train(out: Path, mode: str, layout: str, rank: int = 0, world: int = 1, ctx=None, precision: str = "fp32",
           **overrides):  # fmt: skip
     """3 steps of `mode` on `ctx` (None: one process holding the rows of `world` ranks in rank order); returns the
-    losses per step and, on rank 0, the whole weights (CPU)."""
+    losses per step then the gradient norms (rank 0), and the whole weights (CPU, rank 0)."""
     model = toy_model()
     cfg = train_config(str(out), max_steps=STEPS, accumulation=mode, layout=layout, eval_every=0, precision=precision,
-                       **overrides)  # fmt: skip
+                       grad_clip=CLIP, **overrides)  # fmt: skip
     ranks = {"rank": rank, "world": world} if ctx is not None else {"deal": world}  # one process: the ranks' rows
     loader = ToyLoader(model.tokenizer, batch_size=cfg.batch_size, **ranks)
     objective = build_objective(LossConfig(terms=TERMS))
@@ -41,7 +42,8 @@ def train(out: Path, mode: str, layout: str, rank: int = 0, world: int = 1, ctx=
     trainer.fit()
     weights = trainer.engine.full_model_state() if trainer.engine is not None else model.state_dict()
     metrics = out / "metrics.jsonl"
-    losses = [r["loss"] for r in map(json.loads, metrics.read_text().splitlines()) if "loss" in r] if rank == 0 else []
+    records = [r for r in map(json.loads, metrics.read_text().splitlines()) if "loss" in r] if rank == 0 else []
+    losses = [r["loss"] for r in records] + [r["grad_norm"] for r in records]  # then the norms before clipping
     return losses, {k: v.detach().cpu().contiguous() for k, v in weights.items()}
 
 
