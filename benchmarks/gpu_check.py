@@ -7,9 +7,9 @@ equality check, every result appended to one JSON-lines file the moment it is me
 Parts, in this order, each in its own process; every JSON line a part prints is appended to `--out` at once, with
 `part` and `t_s` (seconds since the start) added, so a run cut short keeps all it measured:
 
-1. `compile`: ViT-L/14 through `Trainer` at bf16, towers compiled (Inductor), exact accumulation, 20 steps over
-   four caption widths (`gpu_step.py --trainer-run`): one row per step as it ends (the first holds the compile
-   time) with graphs, graph breaks, recompiles and recompile-limit hits;
+1. `compile`: ViT-L/14 through `Trainer` at bf16, every transformer block compiled (Inductor), exact accumulation,
+   20 steps over four caption widths (`gpu_step.py --trainer-run`): one row per step as it ends (the first holds the
+   compile time) with the blocks compiled, graphs (and per block), graph breaks, recompiles and recompile-limit hits;
 2. `gpu_step`: `gpu_step.py --models l14 --steps 5`: the objectives alone, interleaved whole steps, attention
    kernels, the compiled rows, the grid; its `ratios` after every row (a line only when they changed);
 3. `gpu_tests`: `pytest -m gpu` over the test files that mark tests `gpu` (every CUDA-only test; with 2 GPUs or
@@ -17,6 +17,9 @@ Parts, in this order, each in its own process; every JSON line a part prints is 
 4. `multi_gpu` (2 GPUs or more): `gpu_ranks.py` on one process and under torchrun on 2 GPUs (and on all of them
    when more, if they divide the batch of 128): losses, gradient norms and gradient digests of 1 GPU against W
    GPUs (an `equality` row), img/s in all and per GPU for each count (`speed` rows).
+
+With 2 GPUs or more `multi_gpu` runs first, with at least 40 % of the budget: 1 GPU = W GPUs on the engine is the
+row a multi-GPU machine exists to give, and the cold compile can wait.
 
 `--budget-s` (default 480) bounds the whole run: each part may use its share (30/35/20/15 %) of the time left
 over the parts still to run (time a part leaves unused goes to the later ones), enforced as its process's timeout;
@@ -49,6 +52,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = {"compile": 0.30, "gpu_step": 0.35, "gpu_tests": 0.20, "multi_gpu": 0.15}  # shares of the time left
+MULTI_GPU_FIRST = 0.40  # on 2 GPUs or more multi_gpu runs first, with at least this share of the budget
 MIN_PART_S = {False: 20.0, True: 1.0}  # below this share a part is skipped (by --dry-run)
 TOLERANCE = {"loss": 1e-4, "grad": 1e-3}  # 1 GPU vs W at fp32, TF32 off: sums in another order, nothing more
 PYTEST_ROW = ("PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL", "XPASS")
@@ -317,6 +321,8 @@ def run_parts(check: Check, parts: list[str], summary: dict) -> None:
     for i, part in enumerate(parts):
         left = check.budget_s - check.elapsed()
         share = left * PARTS[part] / sum(PARTS[p] for p in parts[i:])
+        if part == "multi_gpu" and i == 0:
+            share = max(share, left * MULTI_GPU_FIRST)
         if share < MIN_PART_S[check.dry_run]:
             left, share = max(left, 0.0), max(share, 0.0)
             reason = f"budget spent: {left:.0f} s of {check.budget_s:.0f} s left, a share of {share:.0f} s"
@@ -369,6 +375,8 @@ def main() -> None:
         check.write("multi_gpu", {"kind": "skipped", "reason": reason})
         summary["multi_gpu.status"] = "skipped (1 GPU)"
         parts.remove("multi_gpu")
+    if "multi_gpu" in parts:  # 2 GPUs or more: the 1-vs-W check first
+        parts.insert(0, parts.pop(parts.index("multi_gpu")))
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
     try:

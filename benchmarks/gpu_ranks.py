@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from gpu_step import (
     ACCUMULATION,
@@ -49,10 +50,12 @@ OBJECTIVE = "hn_clip+filip"  # the recipe's terms, and the most gathered feature
 
 def digest(params: list[torch.Tensor]) -> dict[str, list[float]]:
     """Per tensor of `params`, in order: the norm of its gradient and the gradient's dot product with a standard
-    normal tensor drawn from seed = the tensor's index (one host read for all)."""
+    normal tensor drawn from seed = the tensor's index (one host read for all). Every rank calls it (a sharded
+    gradient is gathered whole)."""
     norms, dots = [], []
     for i, p in enumerate(params):
-        grad = p.grad.float() if p.grad is not None else torch.zeros(p.shape, device=p.device)
+        grad = p.grad if p.grad is not None else torch.zeros(p.shape, device=p.device)
+        grad = (grad.full_tensor() if isinstance(grad, DTensor) else grad).float()  # sharded: gathered on every rank
         probe = torch.randn(p.shape, generator=torch.Generator(p.device).manual_seed(i), device=p.device)
         norms.append(grad.norm())
         dots.append((grad * probe).sum())

@@ -60,7 +60,7 @@ from sharpclip.train.accumulate import CachedFeatures
 from sharpclip.train.features import FeatureEncoder, build_objective
 from sharpclip.train.optim import build_optimizer
 from sharpclip.train.step import objective_inputs, run_step, split_rows
-from sharpclip.train.trainer import Trainer, compile_towers
+from sharpclip.train.trainer import Trainer, compile_blocks
 
 VOCAB, EOS, CONTEXT, IMAGE = 49408, 49407, 248, 224
 SHAPES = {  # OpenAI CLIP: (vision width, layers, heads, patch), (text width, layers, heads), projection
@@ -143,13 +143,21 @@ class DynamoWatch(logging.Handler):
 
 
 WATCH = DynamoWatch()  # installed by main(); counts nothing when only imported
+COMPILED = {"blocks": 0}  # transformer blocks compiled by the last compiled setting
+
+
+def compiled_blocks(model: torch.nn.Module) -> int:
+    """How many modules of `model` were compiled in place (`Module.compile`): its transformer blocks."""
+    return sum(getattr(m, "_compiled_call_impl", None) is not None for m in model.modules())
 
 
 def compile_health(reasons: bool = True) -> dict:
     """Graphs, graph breaks, recompiles and recompile-limit hits since the last `fresh_dynamo()` (with the first
     three reasons of each when `reasons`)."""
     breaks = counters["graph_break"]
-    out = {"graphs": graphs(), "graph_breaks": sum(breaks.values()), "recompiles": len(WATCH.recompiles),
+    blocks = COMPILED["blocks"]  # the compile unit is the transformer block (train.compile.compile_blocks)
+    out = {"compiled_blocks": blocks, "graphs": graphs(), "graphs_per_block": round(graphs() / max(blocks, 1), 3),
+           "graph_breaks": sum(breaks.values()), "recompiles": len(WATCH.recompiles),
            "recompile_limit_hits": len(WATCH.limit_hits)}  # fmt: skip
     if reasons:
         out |= {"graph_break_reasons": [r.strip().splitlines()[0][:160] for r in list(breaks)[:3]],
@@ -207,7 +215,7 @@ class Rig:
         if setting.checkpointing:
             self.model.hf_model.activation_checkpointing_enable({"use_reentrant": False})
         if setting.compiled:
-            compile_towers(self.model, backend=BACKEND["name"])
+            COMPILED["blocks"] = compile_blocks(self.model, backend=BACKEND["name"])
         self.objective = build_objective(LossConfig(terms=OBJECTIVES[setting.objective]))
         self.encoder = FeatureEncoder(self.model, self.objective.feature_keys, precision=PRECISION["name"])
         self.optimizer = build_optimizer(self.model, 1e-5, 0.1, {})
@@ -360,7 +368,7 @@ def trainer_steps(model_name: str, device: torch.device, batch_size: int, steps:
             fresh_dynamo()
         model = build_on(device, model_name)
         if compiled and BACKEND["name"] != "inductor":  # the trainer compiles with inductor; keep the check cheap
-            compile_towers(model, backend=BACKEND["name"])
+            COMPILED["blocks"] = compile_blocks(model, backend=BACKEND["name"])
             compiled_here = True
         else:
             compiled_here = False
@@ -374,6 +382,7 @@ def trainer_steps(model_name: str, device: torch.device, batch_size: int, steps:
                               device=str(device),
                               progress=False, eval_every=0, checkpoint_every=0, warmup_steps=1)  # fmt: skip
             trainer = Trainer(model, objective, MemoryLoader(batches), cfg, out, lambda d: None)
+            COMPILED["blocks"] = compiled_blocks(model)
             model.train()
             times = []
             for k in range(steps + 2):

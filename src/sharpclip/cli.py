@@ -538,7 +538,7 @@ def own_errors() -> tuple[type[BaseException], ...]:
     from sharpclip.data.schema import BadSampleError
     from sharpclip.models.export import ExportError
     from sharpclip.train.checkpoint import CheckpointError
-    from sharpclip.train.distributed import RankFailed
+    from sharpclip.train.failures import RankFailed
     from sharpclip.train.run_dir import RunDirError
     from sharpclip.train.trainer import TrainingDiverged
 
@@ -548,9 +548,9 @@ def own_errors() -> tuple[type[BaseException], ...]:
 
 def _quiet_rank(err: BaseException) -> bool:
     """A config error on a torchrun rank other than 0 (the same error, from the same words, that rank 0 prints), or
-    a rank's failure, whose line the failing rank printed as it told the others (train.distributed.RankFailed)."""
+    a rank's failure, whose line the failing rank printed as it told the others (train.failures.RankFailed)."""
     from sharpclip.config import ConfigError
-    from sharpclip.train.distributed import RankFailed
+    from sharpclip.train.failures import RankFailed
 
     return isinstance(err, RankFailed) or (isinstance(err, ConfigError) and int(os.environ.get("RANK", 0) or 0) != 0)
 

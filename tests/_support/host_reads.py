@@ -104,7 +104,7 @@ class HostReads(TorchDispatchMode):
 def sync_trainer(out: Path, terms: dict, rank: int = 0, world: int = 1, **overrides) -> Trainer:
     """A trainer of the toy model over `ToyLoader` (this rank's rows of global batches of 16), 3 steps."""
     model = toy_model()
-    cfg = train_config(str(out), max_steps=3, **overrides)
+    cfg = train_config(str(out), **{"max_steps": 3, **overrides})
     objective = build_objective(LossConfig(terms=terms))
     loader = ToyLoader(model.tokenizer, batch_size=cfg.batch_size, rank=rank, world=world)
     return Trainer(model, objective, loader, cfg, out, write_model=lambda d: None)

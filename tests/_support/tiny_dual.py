@@ -11,6 +11,7 @@ from collections.abc import Collection
 
 import torch
 from torch import Tensor
+from torch.distributed.tensor import DTensor
 
 from _support.tiny_towers import TinyTowers, make_batch
 from sharpclip import collectives
@@ -23,6 +24,7 @@ from sharpclip.train import distributed
 from sharpclip.train.accumulate import cached_gradient_step
 from sharpclip.train.diagnostics import gradient_diagnostics
 from sharpclip.train.features import ROWS, FeatureEncoder, TowerPasses, build_objective
+from sharpclip.train.parallel import ParallelContext
 from sharpclip.train.step import StepResult, run_step, split_rows
 
 
@@ -85,6 +87,11 @@ CASES = (
     + [("infonce", "gathered"), ("hnclip_eq3", "gathered")]
     + [(f"{n}@{v}", m) for n, v in VARIANTS for m in ("exact", "per_micro_batch")]
 )
+# the cases also run under the sharded layouts (train.layout: shard, hybrid): both modes, LoRA, a frozen tower and
+# SigLIP's bias (sigmoid)
+LAYOUT_CASES = [("hnclip_eq3", "exact"), ("hn_clip", "per_micro_batch"), ("sigmoid", "exact"),
+                ("hn_clip@lora", "exact"),
+                ("infonce@frozen_image", "per_micro_batch")]  # fmt: skip
 # rows per rank of one global batch of 16 under exact: uneven (edit pairs stay whole)
 SIZES = {2: [10, 6], 4: [6, 4, 2, 4]}
 
@@ -128,12 +135,21 @@ def _variant(model: TinyDual, variant: str) -> TinyDual:
     return model
 
 
-def run_case(name: str, mode: str, batch: Batch, device: str = "cpu"):
+def parallel_context(layout: str = "replicate", local_world: int | None = None) -> ParallelContext:
+    """This process's context in the default process group with `layout`; `local_world`: processes per "node" (a
+    hybrid mesh of world / local_world nodes on one machine)."""
+    ctx = ParallelContext.from_process_group(layout)
+    if local_world is not None and ctx.several:
+        ctx = ParallelContext(rank=ctx.rank, world=ctx.world, local_world=local_world, layout=layout)
+    return ctx
+
+
+def run_case(name: str, mode: str, batch: Batch, device: str = "cpu", ctx: ParallelContext | None = None):
     """A training step of objective `name` (`terms@variant`, see `_variant`) in `mode` on this rank's `batch`,
-    gradients averaged over ranks. On several ranks the gradients are synced as the trainer syncs them
-    (train.distributed.GradSync, overlapped with the backward) and the step runs twice, as bucket layouts change
-    after the first: the second step's result. Returns (step result, {parameter: gradient} on the CPU, the
-    objective's calls)."""
+    gradients averaged over ranks. On several ranks the model runs under the trainer's engine (train.engine, FSDP2
+    with `ctx.layout`) and the step runs twice (the second reuses what the first set up): the second step's result.
+    Returns (step result, {parameter: whole gradient} on the CPU, the objective's calls)."""
+    ctx = ctx if ctx is not None else parallel_context()
     terms, _, variant = name.partition("@")
     model = _variant(TinyDual(dropout=0.0), variant).to(device)
     objective = SpiedObjective(build_objective(LossConfig(terms=TERMS[terms])))
@@ -147,15 +163,20 @@ def run_case(name: str, mode: str, batch: Batch, device: str = "cpu"):
         distributed.average_gradients(params)
     else:
         accumulation = "per_micro_batch" if mode == "per_micro_batch" else "exact"
-        sync = distributed.GradSync(params) if distributed.world_size() > 1 else None
-        for _ in range(2 if sync is not None else 1):
+        ctx.shard(model, torch.device(device))
+        for _ in range(2 if ctx.several else 1):
             model.zero_grad(set_to_none=True)
             objective.calls.clear()
-            result = run_step(encoder, objective, batch, MICRO[mode], accumulation, grads=sync).read()
-    # every rank zero-fills a gradient its loss did not reach (to take part in the all-reduce): count none as zero
-    grads = {n: (torch.zeros_like(p) if p.grad is None else p.grad).detach().cpu()
+            result = run_step(encoder, objective, batch, MICRO[mode], accumulation, ctx=ctx).read()
+    # a gradient no loss reached counts as zero (the engine zero-fills the model scalars' to reduce them)
+    grads = {n: _whole(p.grad if p.grad is not None else torch.zeros_like(p)).detach().cpu()
              for n, p in model.named_parameters() if p.requires_grad}  # fmt: skip
     return result, grads, objective.calls
+
+
+def _whole(tensor: Tensor) -> Tensor:
+    """A sharded (DTensor) tensor gathered whole (a collective: every rank calls it); a plain one as it is."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
 def run_diagnostics(accumulation: str, batch: Batch, device: str = "cpu") -> dict:

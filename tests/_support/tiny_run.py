@@ -28,10 +28,11 @@ def caption(i: int) -> str:
 
 class ToyLoader:
     def __init__(self, tokenizer, n: int = 64, batch_size: int = 16, rank: int = 0, world: int = 1, seed: int = 0,
-                 edits: bool = False):  # fmt: skip
+                 edits: bool = False, deal: int = 1):  # fmt: skip
         self.tokenize = TextTokenizer(tokenizer, 77)
         self.n, self.batch_size, self.rank, self.world, self.seed = n, batch_size, rank, world, seed
         self.edits = edits
+        self.deal = deal  # one process holding what `deal` ranks would, in rank order (their batches concatenated)
         g = torch.Generator().manual_seed(seed)
         self.pixels = torch.randn(n, 3, 32, 32, generator=g)
         self.captions = [caption(i) for i in range(n)]
@@ -53,6 +54,8 @@ class ToyLoader:
     def _batch(self, rows: list[int]) -> Batch:
         local = rows[self.rank :: self.world] if self.world > 1 else rows
         local = sorted(local)  # a rank's rows in a fixed order; edit pairs are adjacent (2k, 2k+1)
+        if self.world == 1 and self.deal > 1:
+            local = [i for r in range(self.deal) for i in sorted(rows[r :: self.deal])]
         ids, mask = self.tokenize([self.captions[i] for i in local])
         batch = Batch(
             ids=[f"toy-{i}" for i in local],

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
-from _support.tiny_dual import CASES, rows_for, run_case, run_diagnostics, tiny_batch
+from _support.tiny_dual import CASES, LAYOUT_CASES, parallel_context, rows_for, run_case, run_diagnostics, tiny_batch
 from sharpclip.train import distributed
 
 
@@ -29,11 +29,14 @@ def main(out: Path, backend: str) -> None:
     dist.init_process_group(backend, timeout=timedelta(seconds=60))  # a regression fails instead of hanging
     rank, world = distributed.rank(), distributed.world_size()
     records, tensors = {}, {}
-    for name, mode in CASES:
+    runs = [(name, mode, "replicate") for name, mode in CASES]
+    runs += [(name, mode, layout) for layout in ("shard", "hybrid") for name, mode in LAYOUT_CASES]
+    for name, mode, layout in runs:
         rows = rows_for(mode, world)[rank]
         batch = tiny_batch(rows, edits=mode != "per_micro_batch")
-        result, grads, calls = run_case(name, mode, batch, device)
-        key = f"{name}/{mode}"
+        ctx = parallel_context(layout, local_world=2)  # hybrid: nodes of 2 processes
+        result, grads, calls = run_case(name, mode, batch, device, ctx)
+        key = f"{name}/{mode}" if layout == "replicate" else f"{layout}:{name}/{mode}"
         records[key] = {"terms": result.terms, "monitor": result.monitor, "rows": result.rows,
                         "calls": distributed.all_ranks_lists([calls])}  # fmt: skip
         tensors.update({f"{key}/{p}": g.contiguous() for p, g in grads.items()})

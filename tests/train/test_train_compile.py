@@ -18,7 +18,7 @@ from torch._dynamo.utils import counters
 from _support.tiny_run import ToyLoader, toy_model, train_config
 from sharpclip.config import ConfigError, LossConfig, TermConfig
 from sharpclip.train import trainer as trainer_module
-from sharpclip.train.compile import COMPILE_GRAPH_BUDGET, compile_towers
+from sharpclip.train.compile import COMPILE_GRAPH_BUDGET, compile_blocks
 from sharpclip.train.features import FeatureEncoder, build_objective
 from sharpclip.train.step import run_step, split_rows
 from sharpclip.train.trainer import Trainer
@@ -43,9 +43,21 @@ def _wider(batch, width: int, pad_id: int):
                    attention_mask=F.pad(batch.attention_mask, (0, extra)))  # fmt: skip
 
 
-def test_the_towers_stay_compiled_over_the_trainer_shape_mix(dynamo):
+def test_compile_is_per_transformer_block_not_per_tower():
+    """torchtitan's unit: each block compiled in place (the engine's reduce-scatter then follows block by block), the
+    towers, embeddings and projections eager; parameter names unchanged."""
     model = toy_model()
-    compile_towers(model, backend="eager")
+    names = [n for n, _ in model.named_parameters()]
+    blocks = [block for tower in (model.vision_model, model.text_model) for block in tower.encoder.layers]
+    assert compile_blocks(model, backend="eager") == len(blocks) == 4
+    assert all(block._compiled_call_impl is not None for block in blocks)
+    assert model.vision_model._compiled_call_impl is None and model.text_model._compiled_call_impl is None
+    assert [n for n, _ in model.named_parameters()] == names
+
+
+def test_the_blocks_stay_compiled_over_the_trainer_shape_mix(dynamo):
+    model = toy_model()
+    compile_blocks(model, backend="eager")
     objective = build_objective(LossConfig(terms=TERMS))
     encoder = FeatureEncoder(model, objective.feature_keys)
     batches = list(ToyLoader(model.tokenizer, n=64, batch_size=16))
@@ -73,7 +85,7 @@ def test_only_dynamo_and_inductor_errors_are_reported_as_compile_failures(tmp_pa
 
         model.vision_model.forward = oom
 
-    monkeypatch.setattr(trainer_module, "compile_towers", compile_then_oom)
+    monkeypatch.setattr(trainer_module, "compile_blocks", compile_then_oom)
     model = toy_model()
     cfg = train_config(str(tmp_path / "run"), max_steps=1, compile=True)
     objective = build_objective(LossConfig(terms=TERMS))
@@ -95,7 +107,7 @@ def test_an_error_raised_from_a_dynamo_error_counts_as_one():
 
 @pytest.mark.parametrize(("accumulation", "refused"), [("exact", True), ("per_micro_batch", False)])
 def test_compile_with_dropout_under_exact_accumulation_is_refused(tmp_path, accumulation, refused, monkeypatch):
-    monkeypatch.setattr(trainer_module, "compile_towers", lambda model: None)  # the check comes first
+    monkeypatch.setattr(trainer_module, "compile_blocks", lambda model: None)  # the check comes first
     model = toy_model(attention_dropout=0.1)
     cfg = train_config(str(tmp_path / "run"), compile=True, accumulation=accumulation)
     objective = build_objective(LossConfig(terms=TERMS))

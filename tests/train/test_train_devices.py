@@ -341,9 +341,10 @@ def test_a_compile_failure_says_which_key_turns_it_off(tmp_path, monkeypatch):
 
         model.vision_model.forward = fail
 
-    monkeypatch.setattr(trainer_module, "compile_towers", broken_compile)
+    monkeypatch.setattr(trainer_module, "compile_blocks", broken_compile)
     trainer, _ = _trainer(tmp_path, "cpu", max_steps=1, compile=True)
-    with pytest.raises(RuntimeError, match=r"^train.compile: torch.compile could not compile the towers on cpu "
+    with pytest.raises(RuntimeError, match=r"^train.compile: torch.compile could not compile the transformer blocks "
+                                           r"on cpu "
                                            r"\(InductorError: RuntimeError: no working C\+\+ compiler found\); "
                                            r"train without it: train.compile=false$"):  # fmt: skip
         trainer.fit()

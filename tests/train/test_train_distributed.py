@@ -24,7 +24,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from _support.tiny_dual import CASES, MICRO, rows_for, run_case, run_diagnostics, tiny_batch
+from _support.tiny_dual import CASES, LAYOUT_CASES, MICRO, rows_for, run_case, run_diagnostics, tiny_batch
 from sharpclip.collectives import gather, gather_features
 from sharpclip.config import ConfigError
 from sharpclip.train.step import check_batch_split
@@ -98,6 +98,20 @@ def test_ranks_give_the_step_of_one_process(on_ranks, world, name, mode):
         assert got["monitor"].keys() == result.monitor.keys() and result.monitor
         for k, v in result.monitor.items():
             assert abs(got["monitor"][k] - v) < 1e-10, k
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("layout", ["shard", "hybrid"])
+@pytest.mark.parametrize(("name", "mode"), LAYOUT_CASES)
+def test_sharded_layouts_give_the_step_of_one_process(on_ranks, world, layout, name, mode):
+    """The same step with parameters sharded over all ranks (shard) and within nodes of 2 processes (hybrid: on 4
+    ranks a 2 × 2 mesh): both modes, LoRA, a frozen tower, SigLIP's bias."""
+    records, grads_on_ranks = on_ranks(world)
+    key = f"{layout}:{name}/{mode}"
+    result, grads, _ = _one_process(name, mode, world)
+    assert records[key]["calls"] == _expected_calls(mode, world)
+    _assert_same(records[key]["terms"], grads_on_ranks, key, result, grads)
 
 
 @pytest.mark.slow

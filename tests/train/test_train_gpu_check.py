@@ -43,14 +43,18 @@ def test_a_dry_run_writes_every_part_compile_first_and_a_flat_summary_last(tmp_p
     assert rows[0]["kind"] == "start" and rows[-1]["part"] == "summary"
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == rows[-1]  # printed last, in full
     parts = [r["part"] for r in rows[1:-1]]
-    assert list(dict.fromkeys(parts)) == ["compile", "gpu_step", "gpu_tests", "multi_gpu"]  # in order, compile first
+    # 2 GPUs (--dry-run's gloo ranks): the 1-vs-W check first, with at least 40 % of the budget, then the rest in order
+    assert list(dict.fromkeys(parts)) == ["multi_gpu", "compile", "gpu_step", "gpu_tests"]
+    begin = next(r for r in rows if r["part"] == "multi_gpu" and r.get("kind") == "begin")
+    assert begin["timeout_s"] >= gpu_check.MULTI_GPU_FIRST * rows[0]["budget_s"] - 1
     for part in gpu_check.PARTS:
         end = next(r for r in rows if r["part"] == part and r.get("kind") == "end")
         assert end["rc"] == 0 and not end.get("timed_out"), end
     steps = [r for r in rows if r.get("kind") == "trainer_step"]
     assert [r["step"] for r in steps] == [1, 2, 3, 4]
-    for r in steps:  # compile health on every step: eager-backend graphs of both towers, no limit hit
-        assert r["graphs"] >= 2 and r["recompile_limit_hits"] == 0 and r["graph_breaks"] >= 0
+    for r in steps:  # compile health on every step: eager-backend graphs of the blocks (2 a tower), no limit hit
+        assert r["compiled_blocks"] == 4 and r["graphs"] >= 2 and r["recompile_limit_hits"] == 0
+        assert r["graph_breaks"] >= 0
     kinds = [r.get("kind") for r in rows if r["part"] == "gpu_step"]
     assert {"objective", "interleaved", "sdpa"} <= set(kinds)
     assert any("ratios" in r for r in rows if r["part"] == "gpu_step")
@@ -74,7 +78,7 @@ def test_a_spent_budget_skips_every_part_with_its_reason(tmp_path):
     rows = _rows(out)
     assert rows[0] == {"part": "earlier run"} and rows[1]["kind"] == "start"
     skipped = [r for r in rows if r.get("kind") == "skipped"]
-    assert [r["part"] for r in skipped] == list(gpu_check.PARTS)
+    assert [r["part"] for r in skipped] == ["multi_gpu", "compile", "gpu_step", "gpu_tests"]
     assert all(r["reason"].startswith("budget spent") for r in skipped)
     assert all(rows[-1][f"{p}.status"].startswith("skipped (budget spent") for p in gpu_check.PARTS)
 

@@ -14,9 +14,9 @@ import torch
 from _support.tiny_run import ToyLoader, toy_model, train_config
 from sharpclip.config import ConfigError, LossConfig, ModelConfig, TermConfig, load_config
 from sharpclip.models.factory import save_checkpoint
-from sharpclip.train import distributed, micro_batch
 from sharpclip.train.features import FeatureEncoder, build_objective
 from sharpclip.train.micro_batch import Trial, Trials, candidates, fit_to_memory, largest_fitting, trial_batch
+from sharpclip.train.parallel import ParallelContext
 from sharpclip.train.step import run_step
 from sharpclip.train.trainer import Trainer
 
@@ -173,18 +173,24 @@ def test_the_trial_batch_has_the_runs_largest_shapes():
     assert (big.edit_target < 16).all() and len(big.edit_source) == len(batch.edit_source) * 2 + third
 
 
-def test_every_rank_takes_the_smallest_choice_and_stops_together_when_one_found_none(monkeypatch):
+def test_every_rank_takes_the_smallest_choice_and_stops_together_when_one_found_none():
     model = toy_model()
     objective = build_objective(LossConfig(terms=LIGHT))
     encoder = FeatureEncoder(model, objective.feature_keys)
     batch = next(iter(ToyLoader(model.tokenizer, batch_size=8)))
     cfg = train_config("x", batch_size=8, micro_batch_size="auto")
-    monkeypatch.setattr(distributed, "all_ranks", lambda value: [value, 2])  # another rank chose 2
-    assert fit_to_memory(encoder, objective, batch, cfg).micro_batch_size == 2
-    monkeypatch.setattr(distributed, "all_ranks", lambda value: [value, 0])  # another rank found nothing
+
+    class TwoRanks(ParallelContext):  # this rank's context among 2, the other rank's choice given
+        other = 2
+
+        def all_ranks(self, value):
+            return [value, self.other]
+
+    ctx = TwoRanks(rank=0, world=2)
+    assert fit_to_memory(encoder, objective, batch, cfg, ctx).micro_batch_size == 2  # another rank chose 2
+    ctx.other = 0  # another rank found nothing
     with pytest.raises(RuntimeError, match=r"runs out of memory on cpu \(on another rank\); use train.precision=bf16"):
-        fit_to_memory(encoder, objective, batch, cfg)
-    assert micro_batch.distributed.world_size() == 1  # the trials' single-process view is undone
+        fit_to_memory(encoder, objective, batch, cfg, ctx)
 
 
 @pytest.mark.gpu
@@ -232,3 +238,22 @@ def test_trials_pad_captions_to_the_shortest_context_of_the_towers_they_run():
     batch = next(iter(ToyLoader(student.tokenizer, batch_size=4)))
     cfg = fit_to_memory(encoder, objective, batch, train_config("x", batch_size=4, micro_batch_size="auto"))
     assert cfg.micro_batch_size == 4
+
+
+def test_auto_trials_hold_room_for_the_optimiser_state_it_will_allocate():
+    """AdamW allocates exp_avg and exp_avg_sq at its first step, after the trials: each trial holds an allocation of
+    exactly that size (8 bytes per fp32 trainable parameter), so a size chosen near capacity still fits at step 2;
+    an optimiser that already holds its state adds nothing."""
+    from sharpclip.train.micro_batch import optimizer_state_bytes
+    from sharpclip.train.optim import build_optimizer
+
+    model, trials, _ = _trials(cap=8)
+    optimizer = build_optimizer(model, 1e-3, 0.1)
+    assert Trials(trials.encoder, trials.objective, trials.batch, trials.cfg, optimizer=optimizer).state_bytes > 0
+    for p in model.parameters():
+        p.grad = torch.ones_like(p) if p.requires_grad else None
+    optimizer.step()
+    allocated = sum(t.numel() * t.element_size() for s in optimizer.state.values() for k, t in s.items()
+                    if k in ("exp_avg", "exp_avg_sq"))  # fmt: skip
+    assert optimizer_state_bytes(list(model.parameters())) == allocated == trials.state_bytes
+    assert Trials(trials.encoder, trials.objective, trials.batch, trials.cfg, optimizer=optimizer).state_bytes == 0

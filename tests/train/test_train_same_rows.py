@@ -68,14 +68,16 @@ def test_per_micro_batch_on_two_processes_trains_the_rows_and_losses_of_one(tmp_
 
 
 @pytest.mark.slow
-def test_exact_on_two_processes_matches_one_and_resumes_on_one_process_with_the_same_epochs(tmp_path):
+@pytest.mark.parametrize("layout", ["replicate", "shard"])
+def test_exact_on_two_processes_matches_one_and_resumes_on_one_process_with_the_same_epochs(tmp_path, layout):
     """Exact accumulation, 4 steps an epoch, 2 epochs. Two processes killed after the checkpoint of step 3 trained
     steps 1-3 with the 1-process run's rows and losses; resumed on 1 process (another world size: the rest of epoch 0
-    is skipped) its epoch 1 trains the 1-process run's epoch 1, batch for batch."""
+    is skipped) its epoch 1 trains the 1-process run's epoch 1, batch for batch. Under train.layout=shard the
+    checkpoint holds the weights and optimiser state gathered from the shards, which one process loads."""
     args = ["train.epochs=2", "train.checkpoint_every=3", "train.keep_last=5"]
     ref = _train(tmp_path, "one", 1, *args)
     assert ref.returncode == 0, ref.stderr[-3000:]
-    killed = _train(tmp_path, "two", 2, *args, fault="step:3")
+    killed = _train(tmp_path, "two", 2, *args, f"train.layout={layout}", fault="step:3")
     assert killed.returncode != 0 and (tmp_path / "two" / "checkpoints" / "step-000003").is_dir()
     one_rows, two_rows = _rows(tmp_path / "ids_one", 1), _rows(tmp_path / "ids_two", 2)
     assert [two_rows[s] for s in (1, 2, 3)] == [one_rows[s] for s in (1, 2, 3)]

@@ -36,14 +36,15 @@ def main(run_dir: str, out: str, args: list[str]) -> None:
     terms = {"hn": TermConfig("hn_clip"), "tok": TermConfig("filip", weight=0.5)}
     objective = build_objective(LossConfig(terms=terms))
 
-    def write_model(directory: Path) -> None:
-        save_checkpoint(model, directory, ModelConfig(name="tiny-clip"))
+    def write_model(directory: Path, state: dict | None = None) -> None:
+        save_checkpoint(model, directory, ModelConfig(name="tiny-clip"), state=state)
 
     trainer = Trainer(model, objective, loader, cfg, Path(run_dir), write_model=write_model)
     if resume:
         trainer.resume(checkpoint.latest(Path(run_dir) / "checkpoints"))
     trainer.fit()
-    weights = {k: v.contiguous() for k, v in model.state_dict().items()}
+    whole = trainer.engine.full_model_state() if trainer.engine is not None else model.state_dict()  # every rank
+    weights = {k: v.contiguous() for k, v in whole.items()}
     if "probe" in args:  # each rank's next random draw after training: equal only if the ranks share one stream
         weights |= {f"probe/rank{r}": p for r, p in enumerate(distributed.all_ranks(torch.rand(4)))}
     if distributed.rank() == 0:

@@ -1,7 +1,8 @@
-"""torch.compile for the trainer: the towers compiled in place, Dynamo's recompile limit across torch versions,
-and telling compile failures from the others.
+"""torch.compile for the trainer: every transformer block compiled in place, Dynamo's recompile limit across torch
+versions, and telling compile failures from the others.
 
-The trainer compiles under `train.compile` (train.trainer); the loss and the cached-gradient bookkeeping stay eager.
+The trainer compiles under `train.compile` (train.trainer), before the engine wraps the blocks; the loss and the
+cached-gradient bookkeeping stay eager.
 """
 
 from __future__ import annotations
@@ -11,27 +12,33 @@ from typing import Any
 import torch
 
 from sharpclip.models.base import DualEncoder
+from sharpclip.train.engine import towers, transformer_blocks
 
 COMPILE_RECOMPILE_LIMIT = 32  # Dynamo cache entries per frame; both towers run through one transformers frame
 COMPILE_GRAPH_BUDGET = 8  # graphs over a run's shape mix: (vision, text) × (no-grad, grad) × (train, eval)
 
 
-def compile_towers(model: DualEncoder, backend: str = "inductor") -> None:
-    """`torch.compile` the vision and text towers in place (parameter names, hence checkpoints, unchanged).
+def compile_blocks(model: DualEncoder, backend: str = "inductor") -> int:
+    """`torch.compile` every transformer block of both towers in place (parameter names, hence checkpoints,
+    unchanged), as torchtitan does; returns how many blocks were compiled.
 
-    Only the towers: the losses and the cached-gradient bookkeeping around them change shape with every batch
-    layout, and their cost is small. Compilation itself happens at the first step (see `Trainer._run_step`).
-    The towers are compiled with dynamic shapes, so new caption widths, a short last micro-batch, a batch of one
-    micro-batch, `encode_batch_size` passes and evaluation batches reuse the same graphs (at most
-    COMPILE_GRAPH_BUDGET over the trainer's shape mix, tested with backend="eager"); Dynamo's per-frame recompile
-    limit is raised to COMPILE_RECOMPILE_LIMIT, as the two towers share transformers' wrapper frame and its default
-    of 8 would leave later variants running eagerly.
+    Blocks, not whole towers: under the engine (train.engine) each block is its own FSDP unit, so its gradients'
+    reduce-scatter starts as soon as its backward has run, block by block, instead of once per tower when a whole
+    tower's compiled backward returns; the blocks of a tower share one graph (same code, same shapes), which also
+    shortens the cold compile. Embeddings, pooling, projections, the losses and the cached-gradient bookkeeping stay
+    eager: they change shape with every batch layout and cost little. Compilation itself happens at the first step
+    (see `Trainer._run_step`). Blocks are compiled with dynamic shapes, so new caption widths, a short last
+    micro-batch, `encode_batch_size` passes and evaluation batches reuse graphs (at most COMPILE_GRAPH_BUDGET over
+    the trainer's shape mix per block frame, tested with backend="eager"); Dynamo's recompile limit is raised to
+    COMPILE_RECOMPILE_LIMIT, as the blocks of both towers share one frame.
     """
     import torch._dynamo  # torch imports Dynamo lazily
 
     raise_recompile_limit(torch._dynamo.config, COMPILE_RECOMPILE_LIMIT)
-    for tower in (model.vision_model, model.text_model):
-        tower.compile(backend=backend, dynamic=True)
+    blocks = [block for tower in towers(model) for block in transformer_blocks(tower)]
+    for block in blocks:
+        block.compile(backend=backend, dynamic=True)
+    return len(blocks)
 
 
 def raise_recompile_limit(config: Any, at_least: int) -> str:

@@ -37,6 +37,7 @@ from sharpclip.losses import hn_clip, infonce, margin_matrix
 from sharpclip.train import distributed
 from sharpclip.train.accumulate import CachedFeatures
 from sharpclip.train.features import FeatureEncoder
+from sharpclip.train.parallel import ParallelContext
 from sharpclip.train.step import split_rows
 
 # the keys of a diagnostics.jsonl record that analysis.dynamics and demo.measure read back
@@ -55,10 +56,10 @@ _KEYS = {
 Grads = list[Tensor]  # one gradient per trainable parameter
 
 
-def _take_grads(params: list[torch.nn.Parameter], average: bool = True) -> Grads:
-    """The parameters' gradients (`average`: first averaged over ranks), taken out of the model (every `.grad` is
-    None afterwards)."""
-    if average:
+def _take_grads(params: list[torch.nn.Parameter], ctx: ParallelContext | None = None) -> Grads:
+    """The parameters' gradients (`ctx` on several processes: first averaged over ranks), taken out of the model
+    (every `.grad` is None afterwards)."""
+    if ctx is not None and ctx.several:
         distributed.average_gradients(params)
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
     for p in params:
@@ -84,7 +85,9 @@ def margin_stats(text: Tensor) -> dict[str, float]:
     return {"margin_mean": float(g.sum() / max(1, b * (b - 1))), "margin_hardest": float(off.max(dim=1).values.mean())}
 
 
-def _per_micro_batch(encoder: FeatureEncoder, micro: list[Batch], fn, params: list, record: dict) -> tuple:
+def _per_micro_batch(
+    encoder: FeatureEncoder, micro: list[Batch], fn, params: list, record: dict, ctx: ParallelContext
+) -> tuple:
     """Each micro-batch's own loss and gradient (this rank's rows, never gathered); returns (mean loss, mean
     gradient, losses) over every rank's micro-batches and fills the per-micro lists, in rank order."""
     losses, zero, margins, total = [], [], [], None
@@ -93,7 +96,7 @@ def _per_micro_batch(encoder: FeatureEncoder, micro: list[Batch], fn, params: li
         feats = encoder(mb)
         loss = fn(feats["image"], feats["text"], encoder.model.logit_scale)
         loss.backward()
-        grad = _take_grads(params, average=False)
+        grad = _take_grads(params)
         losses.append(float(loss.detach()))
         zero.append(float(_norm(grad) == 0.0))
         margins.append(margin_stats(feats["text"].detach()))
@@ -102,31 +105,40 @@ def _per_micro_batch(encoder: FeatureEncoder, micro: list[Batch], fn, params: li
         else:
             torch._foreach_add_(total, grad)
         del grad
-    losses, zero, margins = (distributed.all_ranks_lists(x) for x in (losses, zero, margins))
+    losses, zero, margins = (ctx.all_ranks_lists(x) for x in (losses, zero, margins))
     for p, g in zip(params, total or [None] * len(params), strict=True):  # the sum, back in place to be reduced
         p.grad = g
-    total = _take_grads(params)  # every rank's sum, averaged over ranks: the sum over ranks / W
-    torch._foreach_mul_(total, distributed.world_size() / len(losses))  # the mean over every rank's micro-batches
+    total = _take_grads(params, ctx)  # every rank's sum, averaged over ranks: the sum over ranks / W
+    torch._foreach_mul_(total, ctx.world / len(losses))  # the mean over every rank's micro-batches
     record["_zero"], record["_margin"] = zero, margins
     return sum(losses) / len(losses), total, losses
 
 
-def _whole_batch(encoder: FeatureEncoder, micro: list[Batch], fn, params: list) -> tuple[float, Grads, dict]:
+def _whole_batch(
+    encoder: FeatureEncoder, micro: list[Batch], fn, params: list, ctx: ParallelContext
+) -> tuple[float, Grads, dict]:
     """The loss over the whole batch (cached gradients, as training), its gradient and the batch's Ḡ statistics."""
     cache = CachedFeatures(encoder, micro, encoder.device)
-    feats = collectives.gather_features(cache.leaves)
+    feats = collectives.gather_features(cache.leaves) if ctx.several else cache.leaves
     loss = fn(feats["image"], feats["text"], encoder.model.logit_scale)
     loss.backward()
     cache.backward()
     stats = {**margin_stats(feats["text"].detach()), "batch_rows": len(feats["text"])}
-    return float(loss.detach()), _take_grads(params), stats
+    return float(loss.detach()), _take_grads(params, ctx), stats
 
 
 def gradient_diagnostics(
-    encoder: FeatureEncoder, batch: Batch, micro_batch_size: int, gamma: float = 0.5, accumulation: str = "exact"
+    encoder: FeatureEncoder,
+    batch: Batch,
+    micro_batch_size: int,
+    gamma: float = 0.5,
+    accumulation: str = "exact",
+    ctx: ParallelContext | None = None,
 ) -> dict[str, float]:
     """Both objectives' losses and gradients on `batch` (γ: the objective's hn_clip term's); leaves every `.grad`
-    zeroed."""
+    zeroed. ctx: the run's parallel context (default: this process in the default process group). The encoder's
+    model must be a plain module (not under the engine): each rank's own gradients are read and averaged here."""
+    ctx = ctx if ctx is not None else ParallelContext.from_process_group()
     encoder = encoder.restricted(("image", "text"))
     model = encoder.model
     params = [p for p in model.parameters() if p.requires_grad]
@@ -138,13 +150,13 @@ def gradient_diagnostics(
         loss_key, micro_loss_key, micro_zero_key = _KEYS[name]
         if accumulation == "per_micro_batch":
             parts: dict = {}
-            record[loss_key], grads[name], losses = _per_micro_batch(encoder, micro, fn, params, parts)
+            record[loss_key], grads[name], losses = _per_micro_batch(encoder, micro, fn, params, parts, ctx)
             record[micro_loss_key], record[micro_zero_key] = losses, parts["_zero"]
             record["margin_mean"] = sum(m["margin_mean"] for m in parts["_margin"]) / len(losses)
             record["margin_hardest"] = sum(m["margin_hardest"] for m in parts["_margin"]) / len(losses)
-            record["batch_rows"] = int(distributed.all_reduce_sum(torch.tensor(len(batch), device=encoder.device)))
+            record["batch_rows"] = int(ctx.all_reduce_sum(torch.tensor(len(batch), device=encoder.device)))
             continue
-        record[loss_key], grads[name], stats = _whole_batch(encoder, micro, fn, params)
+        record[loss_key], grads[name], stats = _whole_batch(encoder, micro, fn, params, ctx)
         if name == "hn":
             record.update(stats)
     model.zero_grad(set_to_none=True)

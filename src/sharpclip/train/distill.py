@@ -27,6 +27,7 @@ from sharpclip.models.hf import HFDualEncoder
 from sharpclip.models.long_context import stretched_length
 from sharpclip.train import distributed
 from sharpclip.train.features import FeatureEncoder, build_objective
+from sharpclip.train.parallel import ParallelContext
 from sharpclip.train.trainer import Trainer
 
 DISTILL_TERMS = {"distill": TermConfig("distill_cosine")}
@@ -38,30 +39,37 @@ def distill(
     train: TrainConfig,
     settings: DistillSettings | None = None,
     student_cfg: ModelConfig | None = None,
+    ctx: ParallelContext | None = None,
 ) -> HFDualEncoder:
-    """Train the RoPE student on `captions` with the Trainer in `train.output_dir`; returns it, context opened.
+    """Train the RoPE student on `captions` with the Trainer in `train.output_dir`; returns it (a plain module on
+    every rank), context opened.
 
-    student_cfg: when given, the run's checkpoints hold the student (as `save_checkpoint` writes it).
+    student_cfg: when given, the run's checkpoints hold the student (as `save_checkpoint` writes it). ctx: the run's
+    parallel context (default: this process in the default process group, with `train.layout`).
     """
+    ctx = ctx if ctx is not None else ParallelContext.from_process_group(train.layout)
     settings = settings or DistillSettings()
     student = make_student(teacher, settings)
     # the teacher's context: y_trunc of eq. 7
     tokenize = TextTokenizer(teacher.tokenizer, teacher.context_length, teacher.pads_to_context)
-    world = distributed.world_size()
     loader = CaptionLoader(
-        captions, tokenize, train.batch_size // world, seed=train.seed, rank=distributed.rank(), world_size=world
+        captions, tokenize, train.batch_size // ctx.world, seed=train.seed, rank=ctx.rank, world_size=ctx.world
     )
     objective = build_objective(LossConfig(terms=DISTILL_TERMS), monitor=False)  # text only: no image to monitor
     encoder = FeatureEncoder(student, objective.feature_keys, teacher=teacher, precision=train.precision)
 
-    def write_model(directory: Path) -> None:
+    def write_model(directory: Path, state: dict | None = None) -> None:  # state: the engine's gathered weights
         if student_cfg is not None:
-            save_checkpoint(student, directory, student_cfg)
+            save_checkpoint(student, directory, student_cfg, state=state)
         else:  # the weights alone, which is what a resume reads back
-            save_weights(student, directory)
+            save_weights(student, directory, state)
 
-    trainer = Trainer(student, objective, loader, train, Path(train.output_dir), write_model, encoder=encoder)
+    trainer = Trainer(student, objective, loader, train, Path(train.output_dir), write_model, encoder=encoder, ctx=ctx)
     trainer.fit()
+    if trainer.engine is not None:  # sharded over the ranks: a plain student with the trained weights on each
+        weights = trainer.engine.full_model_state(everywhere=True)
+        student = make_student(teacher, settings).to(trainer.device)
+        student.load_state_dict(weights)
     return finish(student, settings)
 
 
@@ -81,6 +89,7 @@ def run_distill(cfg: Config, captions_file: str | Path, out_dir: str | Path) -> 
     device = devices.resolve_device(cfg.train.device, "train.device")
     devices.configure_tf32(device, cfg.train.tf32)  # before any model runs
     distributed.init_from_env(device, cfg.train.dist_timeout_min)
+    ctx = ParallelContext.from_process_group(cfg.train.layout)
     teacher_cfg = replace(cfg.model, text_encoder="absolute", context_length=None, adapter=AdapterConfig())
     teacher = create_model(teacher_cfg)
     length = cfg.model.context_length or stretched_length(teacher.context_length, cfg.model.keep_positions, 4)
@@ -91,8 +100,8 @@ def run_distill(cfg: Config, captions_file: str | Path, out_dir: str | Path) -> 
     run_dir = Path(cfg.train.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
-    student = distill(teacher, captions[:-held], cfg.train, settings, student_cfg)
-    if distributed.rank() == 0:
+    student = distill(teacher, captions[:-held], cfg.train, settings, student_cfg, ctx)
+    if ctx.is_main:
         save_checkpoint(student, out_dir, student_cfg)
     cos = agreement(teacher, student, captions[-held:])
     distributed.shutdown()

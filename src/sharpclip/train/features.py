@@ -102,6 +102,7 @@ class Feature:
     needs: str | None = None  # a key of NEEDS
     reads: str = ""  # an edit feature: the row feature it picks rows of
     mask: bool = False  # a bool mask, not an embedding
+    width: str = ""  # the batch field whose dim 1 is this feature's dim 1 (caption tokens: input_ids)
 
     @property
     def shape(self) -> str:
@@ -156,7 +157,8 @@ def _edit_rows(reads: str, index: str) -> Callable[[Mapping[str, Tensor], Batch]
 
 
 def _row(name, dims, doc, produce, needs=None, mask=False) -> Feature:
-    return Feature(name, dims, doc, "row", produce, needs, mask=mask)
+    width = "input_ids" if name.startswith("text_token") else ""  # a caption's tokens: as wide as its batch
+    return Feature(name, dims, doc, "row", produce, needs, mask=mask, width=width)
 
 
 def _edit(name: str, reads: str, index: str, doc: str) -> Feature:

@@ -13,7 +13,9 @@ least the b × B block each rank computes), captions padded to the context lengt
 the model's, or a distillation teacher's when shorter), the run's precision and objective, so the loss's own tensors
 (the gathered matrix, FILIP's token similarities, margins) count. A trial that raises `torch.OutOfMemoryError` has
 failed: its gradients are set to None, its tensors dropped (the exception and its frames first), and on CUDA the
-cache is emptied; any other error propagates. No trial steps the optimiser; gradients end as None, buffers and every
+cache is emptied; any other error propagates. No trial steps the optimiser, but each holds an allocation of the size
+AdamW's state will take at its first step (exp_avg and exp_avg_sq: 8 bytes per fp32 parameter, this rank's shards),
+so a size chosen near the device's capacity still fits at step 2; gradients end as None, buffers and every
 random generator (CPU, CUDA, numpy, Python) are restored, so the run then trains exactly as if it had been given the
 size by hand.
 
@@ -21,29 +23,32 @@ Search (downward, then up): the largest candidate first (b: no accumulation at a
 candidate at most half the one that failed, until one fits; then a bisection among the candidates between the
 largest that fitted and the smallest that failed. log2 of the candidates' range trials at most each way.
 
-Several ranks: each rank searches on its own with collectives switched off (a rank out of memory inside a gather
-would leave the others waiting), then every rank takes the smallest choice of all (one gather of W integers); when
+Several ranks: each rank searches on its own with collectives switched off (a one-process context for the step, the
+engine's gradient reduction off: a rank out of memory inside a collective would leave the others waiting), then
+every rank takes the smallest choice of all (one gather of W integers); a sharded layout, whose forwards gather
+parameters from the other ranks, refuses `auto` (`check_layout`); when
 one rank found nothing, every rank stops with the same message. The log gives the choice, the trials and the
 memory of the chosen one (CUDA's max_memory_allocated and the device's total; on the CPU memory is not measured).
 """
 
 from __future__ import annotations
 
-import contextlib
 import gc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
 
-from sharpclip.config import AUTO, TrainConfig
+from sharpclip.config import AUTO, ConfigError, TrainConfig
 from sharpclip.data.schema import Batch
 from sharpclip.losses import Objective
-from sharpclip.train import checkpoint, distributed
+from sharpclip.train import checkpoint
+from sharpclip.train.engine import local
 from sharpclip.train.features import FeatureEncoder
 from sharpclip.train.logging import log
-from sharpclip.train.step import run_step
+from sharpclip.train.parallel import ParallelContext
+from sharpclip.train.step import ONE, run_step
 
 OutOfMemory = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)  # torch.OutOfMemoryError from 2.5
 GIB = 2**30
@@ -115,23 +120,35 @@ def trial_batch(batch: Batch, rows: int, context: int) -> Batch:
     return replace(batch, **fields)
 
 
-@contextlib.contextmanager
-def alone() -> Iterator[None]:
-    """The step code sees one process: no collective runs, so a rank out of memory never strands the others."""
-    saved = distributed.world_size
-    distributed.world_size = lambda: 1
-    try:
-        yield
-    finally:
-        distributed.world_size = saved
+def optimizer_state_bytes(params: list[Tensor]) -> int:
+    """Bytes AdamW's state will hold for `params` (this rank's shards): exp_avg and exp_avg_sq in each parameter's
+    dtype (fp32 master weights: 8 bytes a parameter), allocated at its first step."""
+    return sum(2 * local(p).numel() * local(p).element_size() for p in params if p.requires_grad)
+
+
+def check_layout(cfg: TrainConfig, ctx: ParallelContext) -> None:
+    """`auto` trials run each rank alone; a sharded layout gathers parameters from the other ranks in every forward,
+    so a rank out of memory mid-trial would leave the others waiting: refused there, in one line."""
+    if is_auto(cfg) and ctx.several and ctx.layout != "replicate":
+        raise ConfigError(
+            f"train.micro_batch_size: auto sizes micro-batches by trial steps on each process alone, which "
+            f"train.layout={ctx.layout} cannot run (every forward gathers parameters from the other processes); "
+            "give train.micro_batch_size (and train.encode_batch_size) by hand, or use train.layout=replicate"
+        )
 
 
 class Trials:
     """Trial steps of one encoder and objective on one batch; `fits(size)` for `largest_fitting`."""
 
-    def __init__(self, encoder: FeatureEncoder, objective: Objective, batch: Batch, cfg: TrainConfig):
-        self.encoder, self.objective, self.batch, self.cfg = encoder, objective, batch, cfg
+    def __init__(
+        self, encoder: FeatureEncoder, objective: Objective, batch: Batch, cfg: TrainConfig,
+        ctx: ParallelContext = ONE, optimizer: torch.optim.Optimizer | None = None,
+    ):  # fmt: skip
+        self.encoder, self.objective, self.batch, self.cfg, self.ctx = encoder, objective, batch, cfg, ctx
         self.params = list(encoder.model.parameters())
+        # the optimiser's state does not exist before its first step: its size is held during the trials instead
+        stateless = optimizer is None or not optimizer.state
+        self.state_bytes = optimizer_state_bytes(self.params) if stateless else 0
 
     def fits(self, size: int) -> int | None:
         """Peak bytes of one step at `size` (0 off CUDA), or None when it ran out of memory; nothing kept either way."""
@@ -141,13 +158,19 @@ class Trials:
             torch.cuda.reset_peak_memory_stats(device)
         exact = self.cfg.accumulation == "exact"
         micro, encode = (size, 0) if exact else (self.cfg.micro_batch_size, size)
+        reserve = None
         try:
-            with alone():
-                run_step(self.encoder, self.objective, self.batch, micro, self.cfg.accumulation, encode)
+            reserve = torch.empty(self.state_bytes, dtype=torch.uint8, device=device)  # AdamW's state to come
+            # alone: no gather, no gradient reduction (a replicated engine's parameters are all here)
+            with self.ctx.accumulating():
+                run_step(self.encoder, self.objective, self.batch, micro, self.cfg.accumulation, encode, ctx=ONE)
             return torch.cuda.max_memory_allocated(device) if cuda else 0
         except OutOfMemory:
             pass  # leave the except clause first: the exception's frames hold the trial's tensors until then
         finally:
+            del reserve
+            if self.ctx.engine is not None:
+                self.ctx.engine.discard_unsynced()
             for p in self.params:
                 p.grad = None
         gc.collect()
@@ -156,13 +179,17 @@ class Trials:
         return None
 
 
-def fit_to_memory(encoder: FeatureEncoder, objective: Objective, batch: Batch, cfg: TrainConfig) -> TrainConfig:
+def fit_to_memory(
+    encoder: FeatureEncoder, objective: Objective, batch: Batch, cfg: TrainConfig, ctx: ParallelContext = ONE,
+    optimizer: torch.optim.Optimizer | None = None,
+) -> TrainConfig:  # fmt: skip
     """`cfg` with `auto` replaced by the largest size whose trial step fits on every rank (see the module docstring);
-    `batch`: this rank's first batch. The model, its gradients, buffers and random generators are left as found."""
-    world = distributed.world_size()
+    `batch`: this rank's first batch; `optimizer`: the run's, whose state (not yet allocated) each trial holds room
+    for. The model, its gradients, buffers and random generators are left as found."""
+    world = ctx.world
     rows = cfg.batch_size if cfg.accumulation == "exact" else cfg.batch_size // world
     context = min(t.context_length for t in (encoder.model, *encoder.towers.values()))  # a teacher's may be shorter
-    trials = Trials(encoder, objective, trial_batch(encoder.to_device(batch), rows, context), cfg)
+    trials = Trials(encoder, objective, trial_batch(encoder.to_device(batch), rows, context), cfg, ctx, optimizer)
     buffers = {name: b.detach().clone() for name, b in encoder.model.named_buffers()}
     rng = checkpoint.rng_state(encoder.device)
     try:
@@ -173,7 +200,7 @@ def fit_to_memory(encoder: FeatureEncoder, objective: Objective, batch: Batch, c
             for name, b in encoder.model.named_buffers():
                 b.copy_(buffers[name])
     best = chosen(made)
-    size = min(distributed.all_ranks(best.size if best else 0))
+    size = min(ctx.all_ranks(best.size if best else 0))
     if not size:
         raise RuntimeError(_nothing_fits(cfg, encoder.device, made))
     _log_choice(cfg, encoder.device, made, size, world)

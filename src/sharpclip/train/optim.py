@@ -72,11 +72,20 @@ def param_groups(
 
 
 def build_optimizer(
-    model: nn.Module, lr: float, weight_decay: float, module_lr: Mapping[str, float] | None = None, betas=(0.9, 0.98)
+    model: nn.Module,
+    lr: float,
+    weight_decay: float,
+    module_lr: Mapping[str, float] | None = None,
+    betas=(0.9, 0.98),
+    fused: bool = False,
 ) -> torch.optim.AdamW:
-    """AdamW over the model's trainable parameters (betas 0.9/0.98, eps 1e-6: the CLIP fine-tuning defaults)."""
+    """AdamW over the model's trainable parameters (betas 0.9/0.98, eps 1e-6: the CLIP fine-tuning defaults).
+    fused: one fused kernel per step (on CUDA: the trainer's choice there); else the multi-tensor (foreach) form.
+    Built after the engine has sharded the model, so its state is sharded like the parameters (fp32)."""
     check_module_lr((n for n, _ in model.named_parameters()), module_lr or {})
-    return torch.optim.AdamW(param_groups(model.named_parameters(), lr, weight_decay, module_lr), betas=betas, eps=1e-6)
+    groups = param_groups(model.named_parameters(), lr, weight_decay, module_lr)
+    kind = {"fused": True} if fused else {"foreach": True}
+    return torch.optim.AdamW(groups, betas=betas, eps=1e-6, **kind)
 
 
 def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_ratio: float = 0.0) -> float:

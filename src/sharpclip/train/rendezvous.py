@@ -12,7 +12,7 @@ hosts the store on MASTER_PORT and the other ranks connect to it. Two failures u
 
 After rank 0 (the store's host) died, every call on the store makes torch print a C++ stack dump before it raises;
 `store_reachable` asks the operating system first (a TCP connect to the store's address, which the store ignores),
-so the failure propagation (train.distributed.failures_end_every_rank) skips a store that is gone. A host that is
+so the failure propagation (train.failures.failures_end_every_rank) skips a store that is gone. A host that is
 still being torn down may accept that connect, so the failing rank's own store calls also run under
 `c10d_stderr_silenced`, which sends this process's stderr (file descriptor 2, where torch's C++ writes) to the null
 device for their duration; the rank's own line is printed outside it.

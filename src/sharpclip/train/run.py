@@ -42,6 +42,7 @@ from sharpclip.train import checkpoint, distributed, rank_agreement, run_dir, va
 from sharpclip.train import resume as resume_policy
 from sharpclip.train.features import build_objective, check_provided
 from sharpclip.train.logging import log
+from sharpclip.train.parallel import ParallelContext
 from sharpclip.train.step import check_batch_split
 from sharpclip.train.trainer import Trainer, TrainerState
 
@@ -57,11 +58,11 @@ class AlreadyFinished(Exception):
 
 
 @contextlib.contextmanager
-def _run_logging(directory: Path) -> Iterator[None]:
+def _run_logging(directory: Path, ctx: ParallelContext) -> Iterator[None]:
     """Every sharpclip logger's messages (training, data, models) into `directory`/train.log for this run (rank 0),
     and to stderr unless the command line already prints them there; removed afterwards."""
     root = logging.getLogger("sharpclip")
-    if distributed.rank() != 0 or any(getattr(h, "sharpclip", False) for h in root.handlers):
+    if not ctx.is_main or any(getattr(h, "sharpclip", False) for h in root.handlers):
         yield
         return
     directory.mkdir(parents=True, exist_ok=True)
@@ -105,7 +106,9 @@ def checked_validation_samples(data: DataConfig, train_samples: list | None) -> 
     return held_out
 
 
-def guarded_validator(evaluate: Callable, model: DualEncoder, cfg: Config, data: DataConfig, run_dir: Path) -> Callable:
+def guarded_validator(
+    evaluate: Callable, model: DualEncoder, cfg: Config, data: DataConfig, run_dir: Path, ctx: ParallelContext
+) -> Callable:
     """`evaluate` plus the forgetting guards (train.guards), each recorded as its change from the initial model.
 
     `model` is the initial model (built, not yet trained or resumed): it is evaluated once and its report kept in
@@ -122,7 +125,7 @@ def guarded_validator(evaluate: Callable, model: DualEncoder, cfg: Config, data:
         initial = json.loads(path.read_text())
     else:
         initial = report(model)
-        if distributed.rank() == 0:  # atomically: another rank may be reading it (all ranks hold the same)
+        if ctx.is_main:  # atomically: another rank may be reading it (all ranks hold the same)
             path.with_suffix(".tmp").write_text(json.dumps(initial, indent=2, default=float) + "\n")
             path.with_suffix(".tmp").replace(path)
     log.info("guards: %s, measured against the initial model (%s)", ", ".join(g.metric for g in guards), path.name)
@@ -175,14 +178,16 @@ def _validation_samples(data: DataConfig, split: str) -> list:
     return samples
 
 
-def build_trainer(cfg: Config, evaluate: Evaluate | None = None) -> Trainer:
+def build_trainer(cfg: Config, evaluate: Evaluate | None = None, ctx: ParallelContext | None = None) -> Trainer:
     """Model, loader, objective, validation and trainer as `cfg` describes (no training yet).
 
     evaluate: the validation run every `train.eval_every` epochs (eval.evaluator.retrieval_validator over other
     data, as the demo's); default: retrieval on `data.eval_split`, checked for overlap with the training images.
-    The forgetting guards (`train.guards`) are added to either.
+    The forgetting guards (`train.guards`) are added to either. ctx: the run's parallel context (default: this
+    process in the default process group, with `train.layout`).
     """
-    world, rank = distributed.world_size(), distributed.rank()
+    ctx = ctx if ctx is not None else ParallelContext.from_process_group(cfg.train.layout)
+    world, rank = ctx.world, ctx.rank
     if cfg.train.batch_size % world:
         raise ConfigError(f"train.batch_size ({cfg.train.batch_size}) must be divisible by the {world} processes")
     check_batch_split(cfg.train.batch_size, cfg.train.micro_batch_size, cfg.train.accumulation, world)
@@ -192,10 +197,11 @@ def build_trainer(cfg: Config, evaluate: Evaluate | None = None) -> Trainer:
     checkpoint.seed_rngs(cfg.train.seed)  # the same weights on every rank (then broadcast from rank 0 anyway)
     model = create_model(cfg.model).to(device)
     log_model(model, cfg.model.name)
-    distributed.broadcast_parameters(model)
+    if ctx.several:  # the engine shards what each rank holds: rank 0's weights everywhere first
+        distributed.broadcast_parameters(model)
     preprocessing, data = model_transforms(model, alpha=cfg.data.image_alpha), cfg.data
     if rank != 0:  # rank 0 reads first: a generated corpus (SynthDense) is written once, not by every rank at once
-        distributed.barrier()
+        ctx.barrier()
     loader = build_loader(
         data, data.train_split, preprocessing, batch_size=cfg.train.batch_size // world, rank=rank,
         world_size=world, seed=cfg.train.seed, pin_memory=device.type == "cuda",
@@ -206,7 +212,7 @@ def build_trainer(cfg: Config, evaluate: Evaluate | None = None) -> Trainer:
     log.info("data: %s, %d loader workers, JPEG draft decoding %s, images over %s pixels refused", data.format,
              loader.num_workers, decoding, f"{data.max_image_pixels:,}")  # fmt: skip
     if rank == 0:
-        distributed.barrier()
+        ctx.barrier()
     # every rank read the same data: the same decision on every rank
     check_provided(objective, loader.provides, f"data.format={data.format} (split {data.train_split!r})")
     if cfg.train.eval_every:
@@ -217,14 +223,14 @@ def build_trainer(cfg: Config, evaluate: Evaluate | None = None) -> Trainer:
                 precision=cfg.train.precision, wrap=validation.shard, score=validation.scores_here(),
             ))  # fmt: skip
         if cfg.train.guards:
-            evaluate = guarded_validator(evaluate, model, cfg, data, Path(cfg.train.output_dir))
+            evaluate = guarded_validator(evaluate, model, cfg, data, Path(cfg.train.output_dir), ctx)
 
-    def write_model(directory: Path) -> None:
-        save_checkpoint(model, directory, cfg.model)
+    def write_model(directory: Path, state: dict | None = None) -> None:  # state: the engine's gathered weights
+        save_checkpoint(model, directory, cfg.model, state=state)
         # what these weights were trained with: a resume is reconciled against it (train.resume)
         (directory / resume_policy.CHECKPOINT_RUN_CONFIG).write_text(to_yaml(cfg))
 
-    return Trainer(model, objective, loader, cfg.train, Path(cfg.train.output_dir), write_model, evaluate)
+    return Trainer(model, objective, loader, cfg.train, Path(cfg.train.output_dir), write_model, evaluate, ctx=ctx)
 
 
 def run_train(cfg: Config, resume: str | Path | None = None, overwrite: bool = False) -> TrainerState:
@@ -238,18 +244,19 @@ def run_train(cfg: Config, resume: str | Path | None = None, overwrite: bool = F
     device = devices.resolve_device(cfg.train.device, "train.device")
     devices.configure_tf32(device, cfg.train.tf32)  # before any model runs (the guards' initial evaluation too)
     distributed.init_from_env(device, cfg.train.dist_timeout_min)
+    ctx = ParallelContext.from_process_group(cfg.train.layout)  # the one parallel context of this run
     directory, named = resume_policy.locate(resume) if resume is not None else (Path(cfg.train.output_dir), None)
     mode = "resume" if resume is not None else "overwrite" if overwrite else "fresh"
     try:
-        rank_agreement.check_same_config(cfg, distributed.all_ranks)  # before anything is opened or trained
-        changed, lock = _open(cfg, directory, mode, named)
+        rank_agreement.check_same_config(cfg, ctx.all_ranks)  # before anything is opened or trained
+        changed, lock = _open(cfg, directory, mode, named, ctx)
         try:
-            with _run_logging(directory):
-                placement = describe_placement(device)
-                if distributed.rank() == 0:
+            with _run_logging(directory, ctx):
+                placement = describe_placement(device, ctx)
+                if ctx.is_main:
                     log.info("%s", placement)
                     warn_tiny(cfg.model.name)
-                trainer = _start(cfg, directory, named, changed, resuming=mode == "resume", placement=placement)
+                trainer = _start(cfg, directory, named, changed, mode == "resume", placement, ctx)
                 return trainer.fit()
         finally:
             if lock is not None:
@@ -258,16 +265,20 @@ def run_train(cfg: Config, resume: str | Path | None = None, overwrite: bool = F
         distributed.shutdown()
 
 
-def describe_placement(device: torch.device) -> str:
+def describe_placement(device: torch.device, ctx: ParallelContext | None = None) -> str:
     """'world size 2, backend nccl, devices: rank 0 cuda:0 (...), rank 1 cuda:1 (...), torch 2.x' (every rank must
     call it)."""
-    ranks = distributed.all_ranks(devices.describe(device))
+    ctx = ctx if ctx is not None else ParallelContext.from_process_group()
+    ranks = ctx.all_ranks(devices.describe(device))
     listed = ", ".join(f"rank {r} {d}" for r, d in enumerate(ranks))
-    world, backend = distributed.world_size(), distributed.backend()
-    return f"world size {world}, backend {backend}, devices: {listed}, torch {torch.__version__}"
+    layout = f", layout {ctx.layout}" if ctx.several else ""
+    backend = distributed.backend() if ctx.several else "none"
+    return f"world size {ctx.world}, backend {backend}{layout}, devices: {listed}, torch {torch.__version__}"
 
 
-def _open(cfg: Config, directory: Path, mode: str, named: Path | None = None) -> tuple[dict, run_dir.RunLock | None]:
+def _open(
+    cfg: Config, directory: Path, mode: str, named: Path | None, ctx: ParallelContext
+) -> tuple[dict, run_dir.RunLock | None]:
     """Check the directory for `mode` and reconcile a resume's config (every rank), then take the lock and empty
     the directory under overwrite (rank 0); when any rank cannot, every rank stops rather than wait at a barrier."""
 
@@ -278,10 +289,10 @@ def _open(cfg: Config, directory: Path, mode: str, named: Path | None = None) ->
         cfg.train.output_dir = str(directory)
         return resume_policy.reconcile(directory, cfg, named)
 
-    changed = _together(check)
-    lock = _together(lambda: run_dir.open_run_dir(directory, mode) if distributed.rank() == 0 else None)
+    changed = _together(check, ctx)
+    lock = _together(lambda: run_dir.open_run_dir(directory, mode) if ctx.is_main else None, ctx)
     try:
-        check_shared_dir(directory)
+        check_shared_dir(directory, ctx)
     except run_dir.RunDirError:
         if lock is not None:
             lock.release()
@@ -292,29 +303,30 @@ def _open(cfg: Config, directory: Path, mode: str, named: Path | None = None) ->
 SHARED_CHECK = ".shared-dir-check"  # rank 0's token, read back by every rank, then removed
 
 
-def check_shared_dir(directory: Path) -> None:
+def check_shared_dir(directory: Path, ctx: ParallelContext | None = None) -> None:
     """Refuse a run whose ranks do not all see `directory` as rank 0 writes it (every rank must call it).
 
     Rank 0 writes the checkpoints and logs, and every rank reads them back on resume, so the ranks of several nodes
     need one shared file system path as `train.output_dir`. Rank 0 writes a random token there; every rank reads it
     back; a rank that finds another or none raises `RunDirError` on every rank. Nothing to check on one process."""
-    if distributed.world_size() == 1:
+    ctx = ctx if ctx is not None else ParallelContext.from_process_group()
+    if not ctx.several:
         return
-    token = distributed.all_ranks(secrets.token_hex(8))[0]
+    token = ctx.all_ranks(secrets.token_hex(8))[0]
     path, wrote = directory / SHARED_CHECK, True
-    if distributed.rank() == 0:
+    if ctx.is_main:
         try:
             path.write_text(token)
         except OSError:
             wrote = False
-    if not distributed.all_true(wrote):  # also the barrier: no rank reads before rank 0 has written
+    if not ctx.all_true(wrote):  # also the barrier: no rank reads before rank 0 has written
         raise run_dir.RunDirError(f"{directory}: rank 0 cannot write the run directory; check its permissions")
     try:
         seen = path.read_text()
     except OSError:
         seen = None
-    same = distributed.all_flags(seen == token)
-    if distributed.rank() == 0:
+    same = ctx.all_flags(seen == token)
+    if ctx.is_main:
         path.unlink(missing_ok=True)
     if not all(same):
         others = ", ".join(str(r) for r, ok in enumerate(same) if not ok)
@@ -324,37 +336,38 @@ def check_shared_dir(directory: Path) -> None:
         )
 
 
-def _together(step):
+def _together(step, ctx: ParallelContext):
     """`step()` on every rank; if it raised on any rank, it raises on all (the others with a pointer to that one)."""
     try:
         result, error = step(), None
     except (ConfigError, run_dir.RunDirError, OSError) as err:
         result, error = None, err
-    if not distributed.all_true(error is None):
+    if not ctx.all_true(error is None):
         raise error or run_dir.RunDirError("another process could not open the run directory; see its error")
     return result
 
 
 def _start(
-    cfg: Config, directory: Path, named: Path | None, changed: dict, resuming: bool, placement: str = ""
-) -> Trainer:
+    cfg: Config, directory: Path, named: Path | None, changed: dict, resuming: bool, placement: str,
+    ctx: ParallelContext,
+) -> Trainer:  # fmt: skip
     """Build the trainer (and resume it); a fresh run that fails to start leaves its directory empty again."""
     try:
-        trainer = build_trainer(cfg)
-        record_subset(directory, trainer.loader, resuming)
+        trainer = build_trainer(cfg, ctx=ctx)
+        record_subset(directory, trainer.loader, resuming, ctx.is_main)
         if resuming:
             path, loaded = resume_policy.pick_checkpoint(directory, named, trainer.model.state_dict())
             trainer.resume(path, loaded)
             if trainer.finished():
                 trainer.logger.close()
                 raise AlreadyFinished(_finished_message(directory, trainer.state.step, cfg))
-            if distributed.rank() == 0:
-                _record_resume(directory, trainer.state.step, path, changed)
+            if ctx.is_main:
+                _record_resume(directory, trainer.state.step, path, changed, ctx.world)
     except BaseException:
-        if not resuming and distributed.rank() == 0:
+        if not resuming and ctx.is_main:
             run_dir.empty_dir(directory)
         raise
-    if distributed.rank() == 0:
+    if ctx.is_main:
         # only now: the values this run really uses; the resolved devices head it as a comment
         (directory / RESOLVED_CONFIG).write_text(f"# {placement}\n{to_yaml(cfg)}" if placement else to_yaml(cfg))
     return trainer
@@ -366,7 +379,7 @@ def _finished_message(directory: Path, step: int, cfg: Config) -> str:
             "train more")  # fmt: skip
 
 
-def record_subset(directory: Path, loader: object, resuming: bool) -> None:
+def record_subset(directory: Path, loader: object, resuming: bool, is_main: bool = True) -> None:
     """Write `directory`/train_subset.json when the loader reads a training subset (data.subset; rank 0). A resume
     whose subset is not the one recorded is refused on every rank: the split changed on disk since the run began."""
     subset = getattr(getattr(loader, "dataset", None), "subset", None)
@@ -382,13 +395,13 @@ def record_subset(directory: Path, loader: object, resuming: bool) -> None:
                 f"{record['total']} with {record['ids_sha256'][:12]}: the files under data.root changed; resume on "
                 "the data the run began with"
             )
-    if distributed.rank() == 0:
+    if is_main:
         path.write_text(json.dumps(record, indent=2) + "\n")
 
 
-def _record_resume(directory: Path, step: int, path: Path, changed: dict) -> None:
+def _record_resume(directory: Path, step: int, path: Path, changed: dict, world: int) -> None:
     record = {"step": step, "checkpoint": path.name, "changed": {k: list(v) for k, v in changed.items()},
-              "world_size": distributed.world_size()}  # fmt: skip
+              "world_size": world}  # fmt: skip
     with open(directory / RESUMES, "a", encoding="utf-8") as f:
         f.write(json.dumps(record, default=str) + "\n")
 

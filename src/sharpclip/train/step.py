@@ -23,8 +23,8 @@ What W processes compute, with global batch B = W·b:
 - exact: every rank gathers every rank's features (sharpclip.collectives.gather) and computes the loss rows of its
   own b samples against all B columns (local loss: the losses' `rows` input, train.features). Its term values
   are its additive share of the global loss, so their sum over ranks is the loss of the B × B matrix. The
-  gather's backward sums over ranks what every share sent to a rank's features, and the gradient sync
-  (train.distributed.GradSync) divides by W, so each rank backpropagates W times its share: the parameters then
+  gather's backward sums over ranks what every share sent to a rank's features, and the engine's gradient
+  reduction (train.engine) averages over W ranks, so each rank backpropagates W times its share: the parameters then
   receive exactly ∂L/∂θ of the global matrix, as on one process. Each rank's matrix is b × B instead of B × B.
   On one process nothing is gathered and the losses compute the whole matrix.
 - per_micro_batch: rank r's micro-batches are its own; with the W·k micro-batches of a step split over the
@@ -36,13 +36,12 @@ What W processes compute, with global batch B = W·b:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
 
-from sharpclip import collectives
 from sharpclip.config import ConfigError
 from sharpclip.data.schema import Batch
 from sharpclip.losses import Objective
@@ -53,11 +52,11 @@ from sharpclip.losses.monitors import (
     SATURATED,
     SATURATED_MONITOR,
 )
-from sharpclip.train import distributed
 from sharpclip.train.accumulate import CachedFeatures
 from sharpclip.train.features import EDIT_ROWS, ROWS, FeatureEncoder
+from sharpclip.train.parallel import ParallelContext
 
-NoSync = Callable[[], contextlib.AbstractContextManager]  # suspends the gradient sync (train.distributed.GradSync)
+ONE = ParallelContext.one_process()  # the context of a step that sees no other process
 
 
 def split_rows(batch: Batch, size: int) -> list[Batch]:
@@ -126,17 +125,15 @@ def objective_inputs(
     encoder: FeatureEncoder,
     rows: Mapping[str, Tensor],
     batch: Batch,
-    gather: bool = False,
-    flags: distributed.StepFlags | None = None,
+    ctx: ParallelContext = ONE,
 ) -> dict[str, Tensor]:
     """What the objective reads: the row features of this rank's `batch` with its edit rows picked, plus the model
-    features (logit scale and bias). gather: every rank's features, in rank order, and the slices of this rank's
-    own rows and edit rows in them (`rows`, `edit_rows`: the losses compute those rows only); on one process the
-    features are this rank's and no slice is added (the losses compute every row). flags: the trainer's step flags,
-    through which the gather skips the shape exchange while no rank's batch shapes changed."""
+    features (logit scale and bias). ctx on several processes: every rank's features, in rank order (shapes from
+    the step's agreement), and the slices of this rank's own rows and edit rows in them (`rows`, `edit_rows`: the
+    losses compute those rows only); on one process the features are this rank's and no slice is added."""
     features = encoder.with_edits(rows, batch)
-    if gather and distributed.world_size() > 1:
-        features, mine = flags.gather(features) if flags is not None else collectives.gather(features)[:2]
+    if ctx.several:
+        features, mine = ctx.gather(features)
         for name, kind in ((ROWS, encoder.rows), (EDIT_ROWS, encoder.edits)):
             if kind:
                 features[name] = mine[kind[0].name]  # type: ignore[assignment]
@@ -163,34 +160,30 @@ def exact_step(
     objective: Objective,
     batch: Batch,
     micro: list[Batch],
-    flags: distributed.StepFlags | None = None,
-    no_sync: NoSync = contextlib.nullcontext,
+    ctx: ParallelContext = ONE,
 ) -> Matrix:
     """The objective over the global batch at the memory of one micro-batch (cached gradients, train.accumulate);
     on several ranks, this rank's loss rows against every rank's columns (see the module docstring). A batch of one
-    micro-batch has nothing to cache: one forward and one backward. no_sync: around every backward but the last
-    (the loss backward and every replay but the last; train.distributed.GradSync)."""
+    micro-batch has nothing to cache: one forward and one backward. Every replay but the last runs under
+    `ctx.accumulating()`; the loss backward of a cached step reaches only the cached features and the model scalars
+    (logit scale and bias, reduced by hand: train.engine), so it needs no switch, and without a cache it is the
+    step's last backward."""
     cache = (
         CachedFeatures(encoder, micro, encoder.device, constant=encoder.constant, replay=encoder)
         if len(micro) > 1
         else None
     )
     rows = cache.leaves if cache is not None else _like_leaves(encoder(batch), encoder.constant)
-    features = objective_inputs(encoder, rows, batch, gather=True, flags=flags)
+    features = objective_inputs(encoder, rows, batch, ctx)
     terms = objective(features)
-    # The loss backward runs the gather's reduce-scatters. Bucket all-reduces may start inside it only when it is the
-    # step's last backward (nothing cached) on every rank, which equal rows guarantee: collectives must be issued
-    # in one order on all ranks, and a rank that caches would issue its reduce-scatters before any all-reduce.
-    overlap = cache is None and (distributed.world_size() == 1 or (flags is not None and flags.equal_rows))
-    with contextlib.nullcontext() if overlap else no_sync():
-        (terms["loss"] * distributed.world_size()).backward()
+    (terms["loss"] * ctx.world).backward()
     if cache is not None:
-        cache.backward(no_sync)
+        cache.backward(ctx.accumulating)
     return _evaluated(objective, features, terms)
 
 
 def micro_batch_pass(
-    encoder: FeatureEncoder, objective: Objective, part: Batch, micro_batch_size: int, scale: Tensor | float
+    encoder: FeatureEncoder, objective: Objective, part: Batch, micro_batch_size: int, scale: float
 ) -> list[Matrix]:
     """The micro-batches of `part` (consecutive runs of `micro_batch_size` rows), encoded in one forward pass and
     each its own contrastive problem; the sum of their losses times `scale` is backpropagated (ordinary
@@ -214,25 +207,23 @@ def per_micro_batch_step(
     batch: Batch,
     micro_batch_size: int,
     encode_batch_size: int = 0,
-    no_sync: NoSync = contextlib.nullcontext,
+    ctx: ParallelContext = ONE,
 ) -> list[Matrix]:
     """This rank's micro-batches, each its own matrix; the gradient is the mean over every rank's matrices once
-    the gradient sync has divided by W (each rank scales its losses by W / matrices over all ranks). no_sync:
-    around every pass but the last."""
+    the engine has averaged over W ranks (each rank scales its losses by W / matrices over all ranks, counted from
+    the step's agreed rows). Every pass but the last runs under `ctx.accumulating()`."""
     count = len(split_rows(batch, micro_batch_size))
-    world = distributed.world_size()
+    rows = ctx.agreement.rows if ctx.several else [len(batch)]
+    matrices_everywhere = sum(-(-n // micro_batch_size) for n in rows)  # ranks may hold a short batch
     # the global batch's micro-batches, as one process sees them: the ranks' shares are dealt row by row
     # (data.sampling), so on several ranks an edit pair can straddle two of them as it would two micro-batches
-    if len(batch.edit_source) and count * world > 1:
+    if len(batch.edit_source) and matrices_everywhere > 1:
         raise ValueError("per_micro_batch accumulation cannot keep edit pairs together; use accumulation: exact")
-    if world == 1:
-        scale: Tensor | float = 1.0 / count
-    else:  # ranks may hold different numbers of micro-batches (a short batch): count them all, on the device
-        scale = world / distributed.all_reduce_sum(torch.full((), float(count), device=encoder.device))
+    scale = 1.0 / count if not ctx.several else ctx.world / matrices_everywhere
     parts = split_rows(batch, max(encode_batch_size, micro_batch_size))
     matrices = []
     for j, part in enumerate(parts):
-        with no_sync() if j < len(parts) - 1 else contextlib.nullcontext():
+        with ctx.accumulating() if j < len(parts) - 1 else contextlib.nullcontext():
             matrices += micro_batch_pass(encoder, objective, part, micro_batch_size, scale)
     return matrices
 
@@ -280,21 +271,23 @@ def _summed_terms(objective: Objective, matrices: list[Matrix], device: torch.de
     return names, torch.stack([sum((m.terms[n].double() for m in matrices), zero) for n in names])
 
 
-def _exact_summary(objective: Objective, matrix: Matrix, device: torch.device) -> StepResult:
+def _exact_summary(objective: Objective, matrix: Matrix, device: torch.device, ctx: ParallelContext) -> StepResult:
     """The terms of the global matrix: its shares summed over ranks (one all-reduce, one read back); its monitor
     and rows are the global matrix's already."""
     names, shares = _summed_terms(objective, [matrix], device)
-    terms = dict(zip(names, distributed.all_reduce_sum(shares).unbind(), strict=True))
+    terms = dict(zip(names, ctx.all_reduce_sum(shares).unbind(), strict=True))
     measured = "infonce" in matrix.diagnostics
     return StepResult(terms, combine_monitors(_monitor_sums([matrix], device), measured), matrix.rows)
 
 
-def _per_micro_summary(objective: Objective, matrices: list[Matrix], device: torch.device) -> StepResult:
+def _per_micro_summary(
+    objective: Objective, matrices: list[Matrix], device: torch.device, ctx: ParallelContext
+) -> StepResult:
     """Every rank's matrices: terms averaged over all of them, monitor and rows summed (one all-reduce, one read)."""
     names, sums = _summed_terms(objective, matrices, device)
     counts = torch.stack([torch.full((), float(n), dtype=sums.dtype, device=device)
                           for n in (len(matrices), sum(m.rows for m in matrices))])  # fmt: skip
-    values = distributed.all_reduce_sum(torch.cat([sums, counts, _monitor_sums(matrices, device)]))
+    values = ctx.all_reduce_sum(torch.cat([sums, counts, _monitor_sums(matrices, device)]))
     count, rows = values[len(names)], values[len(names) + 1]
     terms = {n: v / count for n, v in zip(names, values[: len(names)].unbind(), strict=True)}
     measured = any("infonce" in m.diagnostics for m in matrices)
@@ -309,24 +302,22 @@ def run_step(
     accumulation: str = "exact",
     encode_batch_size: int = 0,
     *,
-    flags: distributed.StepFlags | None = None,
-    grads: distributed.GradSync | None = None,
+    ctx: ParallelContext = ONE,
 ) -> StepResult:
     """Forward and backward over this rank's `batch` (gradients accumulate into `.grad`; no optimiser step); every
     rank calls it once per step. encode_batch_size: under per_micro_batch, rows per forward pass (a multiple of
-    `micro_batch_size`; 0: one micro-batch a pass). flags: the trainer's step flags (the gather's shapes).
-    grads: on several ranks, the gradient sync, overlapped with the step's last backward and finished before the
-    step's summary (so every rank issues the same collectives in the same order); None: gradients stay local."""
+    `micro_batch_size`; 0: one micro-batch a pass). ctx: the run's parallel context: on several processes the
+    step's agreement (made here unless the trainer made it for this batch), the gather, the accumulation switches
+    and the engine's reduction, finished before the step's summary (every rank issues the same collectives in the
+    same order)."""
+    if ctx.several:
+        ctx.agreed(batch)
     batch = encoder.to_device(batch)  # once for the whole step, before the micro-batches are cut
-    no_sync = grads.no_sync if grads is not None else contextlib.nullcontext
-    if grads is not None:
-        grads.start()
     if accumulation == "exact":
-        matrix = exact_step(encoder, objective, batch, split_rows(batch, micro_batch_size), flags, no_sync)
+        matrix = exact_step(encoder, objective, batch, split_rows(batch, micro_batch_size), ctx)
     else:
-        matrices = per_micro_batch_step(encoder, objective, batch, micro_batch_size, encode_batch_size, no_sync)
-    if grads is not None:
-        grads.finish()
+        matrices = per_micro_batch_step(encoder, objective, batch, micro_batch_size, encode_batch_size, ctx)
+    ctx.finish_step()
     if accumulation == "exact":
-        return _exact_summary(objective, matrix, encoder.device)
-    return _per_micro_summary(objective, matrices, encoder.device)
+        return _exact_summary(objective, matrix, encoder.device, ctx)
+    return _per_micro_summary(objective, matrices, encoder.device, ctx)

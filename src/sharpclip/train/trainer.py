@@ -25,6 +25,8 @@ so that a resume starts from the one before it.
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import math
 import os
@@ -44,13 +46,15 @@ from sharpclip.eval.guards import GUARDS_HOLD
 from sharpclip.losses import Objective
 from sharpclip.losses.monitors import MATRICES_MONITOR, SATURATED_MONITOR
 from sharpclip.models.base import DualEncoder
-from sharpclip.train import checkpoint, distributed, micro_batch
+from sharpclip.train import checkpoint, failures, micro_batch
 from sharpclip.train import resume as resume_policy
-from sharpclip.train.compile import compile_towers, dropout_rate, is_compile_error
+from sharpclip.train.compile import compile_blocks, dropout_rate, is_compile_error
 from sharpclip.train.diagnostics import gradient_diagnostics
+from sharpclip.train.engine import by_name, load_named_optimizer_state, local, optimizer_state_fqn
 from sharpclip.train.features import FeatureEncoder
 from sharpclip.train.logging import RunLogger, log, progress
 from sharpclip.train.optim import build_optimizer, build_scheduler, clamp_logit_scale, logit_scale_ceiling, lr_for
+from sharpclip.train.parallel import ParallelContext
 from sharpclip.train.step import check_batch_split, run_step
 
 DIVERGED_GROWTH = 10.0  # an update that multiplies the largest |weight| by this much, then only failed steps: diverged
@@ -94,7 +98,9 @@ class Trainer:
     """Fits `model` to `objective` over `loader`; `write_model(dir)` saves the model part of a checkpoint.
 
     The features come from `encoder`, by default the feature table's encoder over `model` for the objective's
-    features (train.features); distillation passes one that holds its teacher.
+    features (train.features); distillation passes one that holds its teacher. `ctx`: the run's parallel context
+    (train.parallel; default: this process in the default process group, one process when there is none); on
+    several processes the model goes under the engine of `ctx.layout` (train.engine) before the optimiser is built.
     """
 
     def __init__(
@@ -107,7 +113,9 @@ class Trainer:
         write_model: Callable[[Path], Any],
         evaluate: Evaluate | None = None,
         encoder: FeatureEncoder | None = None,
+        ctx: ParallelContext | None = None,
     ):
+        self.ctx = ctx if ctx is not None else ParallelContext.from_process_group(cfg.layout)
         self.model, self.objective, self.loader, self.cfg = model, objective, loader, cfg
         self.run_dir, self.write_model, self.evaluate = Path(run_dir), write_model, evaluate
         self.ckpt_dir = self.run_dir / "checkpoints"
@@ -120,16 +128,24 @@ class Trainer:
             raise ValueError("the feature encoder must encode the model being trained")
         self.encoder.to(self.device)
         self.micro = cfg.micro_batch_size  # auto: sized on the first batch (train.micro_batch)
-        check_batch_split(cfg.batch_size, cfg.micro_batch_size, cfg.accumulation, distributed.world_size())
-        self.optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, cfg.module_lr)
+        check_batch_split(cfg.batch_size, cfg.micro_batch_size, cfg.accumulation, self.ctx.world)
+        micro_batch.check_layout(cfg, self.ctx)
+        # a plain copy for the gradient diagnostics, which need each rank's own gradients (the engine reduces them)
+        self._plain = copy.deepcopy(model) if cfg.diagnostics_every and self.ctx.several else None
+        if cfg.grad_checkpointing:  # transformers' activation checkpointing of every tower layer
+            getattr(model, "hf_model", model).activation_checkpointing_enable({"use_reentrant": False})
+        self._compiling = cfg.compile  # until the first step has run compiled
+        if cfg.compile:
+            self._check_compile_replay()
+            compile_blocks(model)
+        self.engine = self.ctx.shard(model, self.device, cfg.precision)  # None on one process
+        fused = self.device.type == "cuda"  # AdamW in one fused kernel on CUDA, the foreach form elsewhere
+        self.optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, cfg.module_lr, fused=fused)
         if len(loader) == 0:
             raise ValueError(f"the training data yields no batch of {cfg.batch_size} rows: lower train.batch_size")
         self.total_steps = cfg.max_steps or cfg.epochs * len(loader)
         self.scheduler = build_scheduler(self.optimizer, cfg.warmup_steps, self.total_steps, cfg.min_lr_ratio)
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.flags = distributed.StepFlags()  # each step's agreement: every rank holds a batch; shapes unchanged
-        # gradients averaged over ranks while the last backward runs (None on one process)
-        self.grad_sync = distributed.GradSync(self.params) if distributed.world_size() > 1 else None
+        self.params = [p for p in model.parameters() if p.requires_grad]  # sharded ones on several processes
         self._scale_ceiling = logit_scale_ceiling(model.logit_scale)  # from the model as built, before any resume
         self.state = TrainerState()
         self._resume_rng: dict | None = None  # RNG states to restore once the resumed epoch's iterator exists
@@ -138,35 +154,29 @@ class Trainer:
         self._end_at_once = False  # the resumed epoch ends without a batch (resumed on another world size)
         self._epoch_open = False  # steps of the current epoch were taken but its end (validation, best) is not done
         self._saturated: list[tuple[float, float]] = []  # (saturated, all) contrastive matrices of this epoch's steps
-        self._weights = largest_weight(self.params)  # max |w| after the last update
+        self._weights = float(self._max_abs())  # max |w| after the last update
         self._last_update: dict[str, float] = {}  # the last successful update: step, lr, max |w| before and after
         self._data_wait = 0.0  # seconds the current step waited for its batch (progress bar)
-        self.is_main = distributed.rank() == 0
-        if distributed.world_size() > 1:  # the weights are equal on every rank by now: from here ranks draw apart
-            checkpoint.seed_rngs(cfg.seed + distributed.rank())  # dropout, augmentation in the main process, workers
+        self.is_main = self.ctx.is_main
+        if self.ctx.several:  # the weights are equal on every rank by now: from here ranks draw apart
+            checkpoint.seed_rngs(cfg.seed + self.ctx.rank)  # dropout, augmentation in the main process, workers
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         sinks = (cfg.tensorboard, cfg.wandb, cfg.wandb_project, cfg.wandb_name)
         self.logger = RunLogger(self.run_dir, self.is_main, *sinks)
-        if cfg.grad_checkpointing:  # transformers' activation checkpointing of every tower layer
-            getattr(model, "hf_model", model).activation_checkpointing_enable({"use_reentrant": False})
-        self._compiling = cfg.compile  # until the first step has run compiled
-        if cfg.compile:
-            self._check_compile_replay()
-            compile_towers(model)
 
     # -- the loop ---------------------------------------------------------------------------------------------
     def fit(self) -> TrainerState:
         """Train to the budget; on several ranks a failure on any rank ends every rank at once, with one line naming
-        the failing rank and its error (train.distributed.failures_end_every_rank)."""
-        with distributed.failures_end_every_rank():
+        the failing rank and its error (train.failures.failures_end_every_rank)."""
+        with failures.failures_end_every_rank():
             return self._fit()
 
     def _fit(self) -> TrainerState:
         log.info("device %s, precision %s%s%s", devices.describe(self.device), self.cfg.precision,
                  ", TF32 matmuls" if self.device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32 else "",
-                 ", towers compiled" if self.cfg.compile else "")  # fmt: skip
-        world = distributed.world_size()
+                 ", blocks compiled" if self.cfg.compile else "")  # fmt: skip
+        world = self.ctx.world
         log.info(
             "training %s, objective %r, accumulation %s: %d-row contrastive matrix from micro-batches of %s%s%s",
             self._plan(), self.objective, self.cfg.accumulation, self._matrix_rows(), self.micro,
@@ -245,7 +255,7 @@ class Trainer:
     def _steps(self, batches: Iterator[Batch]) -> Iterator[Batch]:
         """The epoch's batches while the step budget lasts and every rank holds one.
 
-        Each rank asks the others before every step (one all-reduce of the step's flags, train.distributed.StepFlags;
+        Each rank asks the others before every step (one all-reduce of the step's agreement, train.parallel.Agreement;
         no collective on one process): when any rank's loader is exhausted early (a batch of only bad samples
         skipped, uneven shards, a shard count that overstates the data), every rank ends the epoch here together,
         rather than pairing one rank's gather with another's barrier and waiting forever. The wait for each batch is
@@ -256,7 +266,7 @@ class Trainer:
             start = time.perf_counter()
             batch = next(batches, None)
             self._data_wait = time.perf_counter() - start
-            ready = self.flags.agree(batch)
+            ready = self.ctx.agree(batch)
             if not all(ready):
                 self._ran_out = [r for r, has in enumerate(ready) if not has]
                 return
@@ -279,7 +289,7 @@ class Trainer:
             )
         if taken < announced and self.is_main:
             who = "the loader ran out"
-            if distributed.world_size() > 1:
+            if self.ctx.several:
                 ranks = ", ".join(map(str, self._ran_out))
                 who = f"rank {ranks} ran out, so every rank stopped; the others' remaining batches go unseen"
             log.warning(
@@ -329,7 +339,8 @@ class Trainer:
         norm once the backward is queued (the skip decision needs them), and max |w| with the logit scale after the
         update; nothing in between waits for the device. `waited`: seconds spent waiting for this batch."""
         if micro_batch.is_auto(self.cfg):  # before anything of the first step, as if the size had been given
-            self.cfg = micro_batch.fit_to_memory(self.encoder, self.objective, batch, self.cfg)
+            self.cfg = micro_batch.fit_to_memory(self.encoder, self.objective, batch, self.cfg, self.ctx,
+                                                 self.optimizer)  # fmt: skip
             self.micro = self.cfg.micro_batch_size
         every = self.cfg.diagnostics_every
         if every and self.state.step % every == 0:
@@ -338,7 +349,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         step = self._run_step(batch)
         max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
-        result = step.read(grad_norm=torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+        result = step.read(grad_norm=self._clip(max_norm))
         loss, grad_norm = result.terms["loss"], result.extra["grad_norm"]
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             self._skip(batch, loss, grad_norm)
@@ -370,7 +381,7 @@ class Trainer:
     def _run_step(self, batch: Batch):
         cfg = self.cfg
         args = (self.encoder, self.objective, batch, self.micro, cfg.accumulation, cfg.encode_batch_size)
-        syncs = {"flags": self.flags, "grads": self.grad_sync}
+        syncs = {"ctx": self.ctx}
         if not self._compiling:
             return run_step(*args, **syncs)
         try:  # torch.compile fails lazily, at the first call of a compiled tower: say what to do
@@ -380,7 +391,7 @@ class Trainer:
                 raise
             reason = (str(err).strip().splitlines() or [""])[0][:300]
             raise RuntimeError(
-                f"train.compile: torch.compile could not compile the towers on {self.device} "
+                f"train.compile: torch.compile could not compile the transformer blocks on {self.device} "
                 f"({type(err).__name__}: {reason}); train without it: train.compile=false"
             ) from err
         self._compiling = False
@@ -390,7 +401,7 @@ class Trainer:
         """Exact accumulation replays each micro-batch's forward with its recorded RNG state; a compiled no-grad
         graph and a compiled training graph need not draw the same dropout masks from it, so the replayed gradient
         would no longer be exact. Refuse that combination rather than train on a silently different objective."""
-        share = self.cfg.batch_size // distributed.world_size()
+        share = self.cfg.batch_size // self.ctx.world
         cached = self.cfg.accumulation == "exact" and (self.micro == AUTO or share > self.micro)
         rate = dropout_rate(self.model)
         if cached and rate > 0:
@@ -400,10 +411,22 @@ class Trainer:
                 "dropout to 0, train.compile=false, or train.accumulation=per_micro_batch"
             )
 
+    def _clip(self, max_norm: float) -> torch.Tensor:
+        """Clip the gradients to the global norm `max_norm` (inf: no clipping); returns the norm, not read. Sharded
+        gradients: the engine's global norm in one reduction (train.engine)."""
+        if self.engine is not None:
+            return self.engine.clip_grad_norm(self.params, max_norm)
+        return torch.nn.utils.clip_grad_norm_(self.params, max_norm)
+
+    def _max_abs(self) -> torch.Tensor:
+        """max |w| over the trainable parameters, over every rank's shards (a device tensor, not read)."""
+        largest = max_abs([local(p) for p in self.params])
+        return self.engine.max_abs(largest) if self.engine is not None else largest
+
     def _check_weights(self, lr: float, loss: float, grad_norm: float) -> float:
         """After an update: all weights finite (else stop now, nothing saved); remember how much they grew.
         Returns the logit scale (exp), read with max |w| in one host read."""
-        largest = max_abs(self.params)
+        largest = self._max_abs()
         scale = self.model.logit_scale.detach().exp().to(largest)
         before, (after, scale) = self._weights, torch.stack([largest, scale]).tolist()
         step = self.state.step + 1
@@ -460,7 +483,11 @@ class Trainer:
 
     def _diagnose(self, batch: Batch) -> None:
         gamma = self.objective.param_of("hn_clip", "gamma")  # the configured HN-CLIP term's γ (its default without)
-        record = gradient_diagnostics(self.encoder, batch, self.micro, gamma, self.cfg.accumulation)
+        encoder = self.encoder
+        if self._plain is not None:  # each rank's own gradients: on a plain copy holding the current weights
+            self._plain.load_state_dict(self.engine.full_model_state(everywhere=True))
+            encoder = FeatureEncoder(self._plain, ("image", "text"), precision=self.cfg.precision)
+        record = gradient_diagnostics(encoder, batch, self.micro, gamma, self.cfg.accumulation, self.ctx)
         self.logger.diagnose({"step": self.state.step, "epoch": self.state.epoch, **record})
 
     # -- checkpoints ------------------------------------------------------------------------------------------
@@ -469,14 +496,19 @@ class Trainer:
         the world size and the per-rank batch; `best`: mark it best (before pruning). The checkpoint just written and
         the best are never pruned. Every rank must call it (the per-rank states are gathered)."""
         path = self.ckpt_dir / checkpoint.checkpoint_name(self.state.step)
-        world = distributed.world_size()
-        loaders = distributed.all_ranks(self.loader.state_dict())  # each rank's position and RNG: no collective on 1
-        rngs = distributed.all_ranks(checkpoint.rng_state(self.device))
+        world = self.ctx.world
+        loaders = self.ctx.all_ranks(self.loader.state_dict())  # each rank's position and RNG: no collective on 1
+        rngs = self.ctx.all_ranks(checkpoint.rng_state(self.device))
+        finite = math.isfinite(float(self._max_abs()))  # _check_weights stops earlier; never save such weights
+        write_model, optimizer = self.write_model, None
+        if self.engine is not None:  # whole weights and optimiser state, gathered once onto rank 0's CPU
+            weights, optimizer = self.engine.full_model_state(), self.engine.full_optimizer_state(self.optimizer)
+            write_model = functools.partial(self.write_model, state=weights)
         if self.is_main:
-            if not math.isfinite(largest_weight(self.params)):  # _check_weights stops earlier; never save such weights
+            if not finite:
                 raise TrainingDiverged(f"refusing to checkpoint non-finite weights at step {self.state.step}")
             training_state = {
-                "optimizer": self.optimizer.state_dict(),
+                "optimizer": optimizer or optimizer_state_fqn(self.model, self.optimizer),
                 "scheduler": self.scheduler.state_dict(),
                 "rng": rngs[0],
                 "rank_rng": rngs,
@@ -484,11 +516,11 @@ class Trainer:
             trainer_state = {**asdict(self.state), "loader": loaders[0], "loaders": loaders, "world_size": world,
                              "rank_batch": self.cfg.batch_size // world, "logs": self._log_sizes(),
                              "epoch_open": self._epoch_open, "saturated": self._saturated}  # fmt: skip
-            path = checkpoint.save(self.ckpt_dir, self.state.step, self.write_model, training_state, trainer_state)
+            path = checkpoint.save(self.ckpt_dir, self.state.step, write_model, training_state, trainer_state)
             if best:
                 checkpoint.mark_best(self.ckpt_dir, path, self.state.best)
             checkpoint.prune(self.ckpt_dir, self.cfg.keep_last, keep=(path,))
-        distributed.barrier()
+        self.ctx.barrier()
         return path
 
     def _log_sizes(self) -> dict[str, int]:
@@ -505,8 +537,13 @@ class Trainer:
         they held when the checkpoint was written, so no step is logged twice.
         """
         weights, training, trainer_state = loaded if loaded is not None else checkpoint.load(path)
-        self.model.load_state_dict(weights)
-        self.optimizer.load_state_dict(training["optimizer"])
+        optimizer = by_name(training["optimizer"])
+        if self.engine is not None:
+            self.engine.load_full_model_state(weights)
+            self.engine.load_full_optimizer_state(self.optimizer, optimizer)
+        else:
+            self.model.load_state_dict(weights)
+            load_named_optimizer_state(self.model, self.optimizer, optimizer)
         self.scheduler.load_state_dict(training["scheduler"])
         ranks, saved_world, first = resume_policy.rank_states(trainer_state, training)
         logs = trainer_state.pop("logs", None)
@@ -520,7 +557,7 @@ class Trainer:
         else:
             self._end_at_once = resume_policy.change_world(self.state, self.cfg, saved_world, first)
         self._reschedule()
-        self._weights = largest_weight(self.params)
+        self._weights = float(self._max_abs())
         if self.is_main:
             self._cut_logs(logs)
             self.logger.resume_at(self.state.step)

@@ -1,0 +1,227 @@
+"""The multi-process engine: PyTorch's FSDP2 (`torch.distributed.fsdp.fully_shard`) keeps parameters and gradients
+in step over ranks; nothing of sharpclip's own reduces a gradient.
+
+    engine = Engine(model, mesh, precision)     fully_shard on every transformer block, each tower, then the root
+    with engine.accumulating(): backward()      every backward of a step but its last: no reduction, parameters
+                                                kept gathered (set_requires_gradient_sync / set_reshard_after_backward)
+    backward()                                  the last: each block's reduce-scatter starts as soon as its gradients
+                                                are in, while the backward still runs through earlier blocks
+    engine.finish_step()                        the model-level scalars' gradients (below) averaged by hand
+
+Layouts (`train.layout`, the mesh built in train.parallel): `replicate` is a 2-D mesh (W, 1), every rank holding
+every parameter and averaging gradients with an all-reduce (DDP's semantics); `hybrid` is HSDP, (nodes, GPUs per
+node): parameters, gradients and optimiser state sharded within a node, replicated across nodes; `shard` is a 1-D
+mesh over all W ranks. The reduction averages over every rank in each layout, so each rank backpropagates W times its
+share of an exact step's loss (train.step) and the parameters end with ∂L/∂θ of the global batch.
+
+Parameters stay gathered for the whole step (`reshard_after_forward=False`): the exact step's no-grad pass, its
+replays and per-micro-batch passes all-gather each block once per step, not once per pass; every backward but the
+last keeps them gathered, and the last reshards block by block. The price is the gathered parameters' memory during
+a step (sharding still divides gradients, optimiser state and the fp32 master weights by the shard count).
+
+The logit scale and SigLIP's bias are 0-dim parameters, which `fully_shard` refuses ("Change scale to a 1D tensor").
+They are `ignored_params`: plain tensors on every rank, updated alike, their gradients all-reduced by hand in one
+flat all-reduce at the end of the step. The exact step's loss backward, which reaches only them and the cached
+features, then needs no engine at all; turning them into 1-element parameters instead would change their shape in
+every checkpoint and export.
+
+The towers are called by method (`encode_image`, `encode_text`), not through `forward`: both are registered with
+`register_fsdp_forward_method`, so each call runs the root's hooks as a forward would. Frozen copies (HN-CLIP's
+reference text tower, a distillation teacher) are not wrapped: they hold no gradient and every rank keeps them whole.
+
+`train.precision=bf16` is FSDP's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): the sharded fp32
+parameters stay the master weights the optimiser updates (its state fp32 too), blocks compute on bf16 copies
+gathered as bf16, gradients are reduced in fp32. fp32 is exact (the CPU tests compare with one process).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+from torch.distributed.tensor import DTensor
+
+FORWARD_METHODS = ("encode_image", "encode_text")  # what the feature encoder and the validation call on the model
+MODEL_SCALARS = ("logit_scale", "logit_bias")  # 0-dim parameters that fully_shard refuses: reduced by hand
+FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # gathered, on rank 0's CPU (the others: empty)
+
+
+def transformer_blocks(tower: nn.Module) -> list[nn.Module]:
+    """A transformers tower's layers (`tower.encoder.layers`), the unit of sharding and of compilation."""
+    layers = getattr(getattr(tower, "encoder", None), "layers", None)
+    return list(layers) if isinstance(layers, nn.ModuleList) else []
+
+
+def towers(model: nn.Module) -> list[nn.Module]:
+    """The model's vision and text towers (those it has)."""
+    found = []
+    for name in ("vision_model", "text_model"):
+        try:
+            tower = getattr(model, name, None)
+        except (AttributeError, NotImplementedError):
+            tower = None
+        if isinstance(tower, nn.Module):
+            found.append(tower)
+    return found
+
+
+def model_scalars(model: nn.Module) -> list[nn.Parameter]:
+    """The model's logit scale and bias, when they are parameters."""
+    found = [getattr(model, name, None) for name in MODEL_SCALARS]
+    return [p for p in found if isinstance(p, nn.Parameter)]
+
+
+def local(tensor: Tensor) -> Tensor:
+    """This rank's part of a sharded (DTensor) parameter or gradient; a plain tensor itself."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+class Engine:
+    """FSDP2 over `model` on `mesh` (see the module docstring); `shard_group`: the ranks one parameter is split over
+    (None when it is not split: replicate), across which norms and maxima of local shards are summed or maxed."""
+
+    def __init__(self, model: nn.Module, mesh: DeviceMesh, precision: str = "fp32"):
+        self.model, self.mesh = model, mesh
+        bf16 = precision == "bf16"
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
+        options = {"mesh": mesh, "reshard_after_forward": False, **({"mp_policy": policy} if policy else {})}
+        self.modules: list[nn.Module] = []
+        for tower in towers(model):
+            for block in transformer_blocks(tower):
+                fully_shard(block, **options)
+                self.modules.append(block)
+            fully_shard(tower, **options)
+            self.modules.append(tower)
+        scalars = model_scalars(model)
+        fully_shard(model, ignored_params=set(scalars), **options)
+        self.modules.append(model)
+        for name in FORWARD_METHODS:
+            if callable(getattr(model, name, None)):
+                register_fsdp_forward_method(model, name)
+        self.scalars = [p for p in scalars if p.requires_grad]
+        shards = mesh.size(mesh.mesh_dim_names.index("shard")) if "shard" in (mesh.mesh_dim_names or ()) else 1
+        self.shard_group = mesh.get_group("shard") if shards > 1 else None
+        self.world = dist.get_world_size()
+
+    @property
+    def root(self) -> FSDPModule:
+        return self.model  # type: ignore[return-value]
+
+    @contextlib.contextmanager
+    def accumulating(self) -> Iterator[None]:
+        """Backward passes inside accumulate gradients locally and keep the parameters gathered."""
+        self.root.set_requires_gradient_sync(False)
+        self.root.set_reshard_after_backward(False)
+        try:
+            yield
+        finally:
+            self.root.set_requires_gradient_sync(True)
+            self.root.set_reshard_after_backward(True)
+
+    def finish_step(self) -> None:
+        """Average the model scalars' gradients over every rank (one flat all-reduce; a gradient no loss reached
+        counts as zero, so every rank takes part)."""
+        if not self.scalars:
+            return
+        for p in self.scalars:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        flat = torch.stack([p.grad.reshape(()) for p in self.scalars])
+        dist.all_reduce(flat)
+        flat /= self.world
+        for p, value in zip(self.scalars, flat.unbind(), strict=True):
+            p.grad.copy_(value)
+
+    def discard_unsynced(self) -> None:
+        """Drop gradients accumulated under `accumulating` without a last backward (a trial step) and reshard."""
+        self.model.zero_grad(set_to_none=True)  # the gathered parameters are the registered ones until resharded
+        for module in self.modules:
+            module.reshard()  # type: ignore[attr-defined]
+        self.model.zero_grad(set_to_none=True)
+
+    def grad_norm(self, params: list[Tensor]) -> Tensor:
+        """The global L2 norm of the gradients of `params` (sharded or not): squares of local shards summed in one
+        all-reduce over the shard group (none under replicate), plus the replicated scalars' once."""
+        sharded = [local(p.grad) for p in params if p.grad is not None and isinstance(p.grad, DTensor)]
+        plain = [p.grad for p in params if p.grad is not None and not isinstance(p.grad, DTensor)]
+        squares = _sum_of_squares(sharded)
+        if self.shard_group is not None:
+            dist.all_reduce(squares, group=self.shard_group)
+        return (squares + _sum_of_squares(plain).to(squares)).sqrt()
+
+    def clip_grad_norm(self, params: list[Tensor], max_norm: float) -> Tensor:
+        """`torch.nn.utils.clip_grad_norm_` over sharded gradients: the global norm, every local gradient scaled by
+        min(1, max_norm / (norm + 1e-6)); returns the norm (a device tensor, not read)."""
+        norm = self.grad_norm(params)
+        grads = [local(p.grad) for p in params if p.grad is not None]
+        if grads and max_norm != float("inf"):
+            torch._foreach_mul_(grads, (max_norm / (norm + 1e-6)).clamp(max=1.0))
+        return norm
+
+    def max_abs(self, values: Tensor) -> Tensor:
+        """The maximum over the shard group of this rank's max |w| (`values`, 0-dim); NaN travels as NaN."""
+        if self.shard_group is None:
+            return values
+        out = values.detach().clone().reshape(1)
+        nan = torch.isnan(out).to(out.dtype)  # MAX may drop a NaN on some backends: carry it separately
+        both = torch.cat([out.nan_to_num(nan=0.0, posinf=float("inf")), nan])
+        dist.all_reduce(both, op=dist.ReduceOp.MAX, group=self.shard_group)
+        return torch.where(both[1] > 0, torch.full_like(both[0], float("nan")), both[0])
+
+    # -- whole state for the one-file checkpoint -------------------------------------------------------------
+    def full_model_state(self, everywhere: bool = False) -> dict[str, Tensor]:
+        """Every parameter and buffer gathered, on rank 0's CPU ({} on the others; `everywhere`: on every rank, on
+        the device); every rank must call it."""
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True) if everywhere else FULL)
+
+    def load_full_model_state(self, state: dict[str, Tensor]) -> None:
+        """Load a whole state dict (every rank holds it) into the sharded model."""
+        set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True))
+
+    def full_optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
+        return get_optimizer_state_dict(self.model, optimizer, options=FULL)
+
+    def load_full_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
+        set_optimizer_state_dict(self.model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+
+def _sum_of_squares(grads: list[Tensor]) -> Tensor:
+    if not grads:
+        return torch.zeros((), dtype=torch.float32)
+    return torch.stack([n.float() for n in torch._foreach_norm(grads)]).square().sum()
+
+
+def optimizer_state_fqn(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """The optimiser's state keyed by parameter name, on the CPU (the form a checkpoint keeps, whatever the layout or
+    world size that resumes it); one process."""
+    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_named_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Load a state keyed by parameter name (`by_name`) into `optimizer` over `model`; one process."""
+    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+
+def by_name(state: dict) -> dict:
+    """An optimiser state dict keyed by parameter name: an older checkpoint's (keyed by index, each group listing
+    its parameters' `names`) converted; a named one as it is. Group options of the device that saved it (foreach,
+    fused) are dropped, so the resuming device's choice stands."""
+    groups = state["param_groups"]
+    if groups and groups[0]["params"] and isinstance(groups[0]["params"][0], int):
+        names = {i: n for g in groups for i, n in zip(g["params"], g["names"], strict=True)}
+        state = {"state": {names[i]: v for i, v in state["state"].items()},
+                 "param_groups": [{**g, "params": list(g["names"])} for g in groups]}  # fmt: skip
+    drop = ("foreach", "fused")
+    return {**state, "param_groups": [{k: v for k, v in g.items() if k not in drop} for g in state["param_groups"]]}

@@ -1,0 +1,97 @@
+"""Failure propagation over ranks: an exception on one rank ends every rank at once, each with one line naming the
+first failing rank and its error, instead of leaving the others in a collective until the process group's timeout
+(`train.dist_timeout_min`). Nothing happens on one process."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import torch.distributed as dist
+
+from sharpclip.train import rendezvous
+from sharpclip.train.distributed import rank, world_size
+
+FAILED_KEY, SEEN_KEY, REPORTED_KEY = "sharpclip/failed", "sharpclip/failure_seen", "sharpclip/failure_reported"
+FAILURE_POLL_S = 0.5  # how often each rank looks for another rank's failure
+FAILURE_WAIT_S = 10.0  # how long a failing rank waits for the others to have reported it before it exits
+
+
+class RankFailed(RuntimeError):
+    """A rank's training raised: the one-line message names the first failing rank and its error, on every rank.
+    The failing rank has already printed that line (`failures_end_every_rank`), so the CLI does not repeat it."""
+
+
+def _one_line(err: BaseException) -> str:
+    return f"{type(err).__name__}: {' '.join(str(err).split())}"[:500]
+
+
+def _watch(store, stop: threading.Event) -> None:
+    """Until `stop`: when another rank's failure appears in the store (or the store, hosted by rank 0 or by
+    torchrun's agent, is gone), print its one line and end this process now: it may be blocked in a collective
+    that would otherwise wait for `train.dist_timeout_min` (NCCL does not notice a dead peer)."""
+    while not stop.wait(FAILURE_POLL_S):
+        try:
+            if not rendezvous.store_reachable(store):  # a call on a dead store prints a C++ stack dump
+                raise ConnectionError("its host accepts no connection")
+            if not store.check([FAILED_KEY]):
+                continue
+            message = store.get(FAILED_KEY).decode()
+            store.add(SEEN_KEY, 1)
+            # the failing rank prints its own line first: a launcher ends every rank once this one exits
+            deadline = time.monotonic() + FAILURE_WAIT_S
+            while not store.check([REPORTED_KEY]) and time.monotonic() < deadline:
+                time.sleep(FAILURE_POLL_S / 5)
+        except Exception as err:  # the store is unreachable: its host ended (a rank that finished first, too)
+            if stop.wait(FAILURE_WAIT_S):  # this rank is finishing as well
+                return
+            message = f"the process group's store is gone ({_one_line(err)}): rank 0 or the launcher ended"
+        if stop.is_set():  # this rank failed itself meanwhile and reports on its own
+            return
+        print(f"sharpclip: rank {rank()} stops: {message}", file=sys.stderr, flush=True)
+        os._exit(1)
+
+
+@contextlib.contextmanager
+def failures_end_every_rank() -> Iterator[None]:
+    """Around the training loop on several ranks: an exception on any rank ends every rank promptly, each with one
+    line naming the first failing rank and its error (RankFailed on the failing rank; the others print it and exit
+    with status 1), instead of leaving them in a collective until the process group's timeout.
+
+    The failing rank writes its error into the process group's key-value store (one key: the first failure wins),
+    prints the line itself (a launcher may end it as soon as another rank exits, so it does not leave that to the
+    CLI), marks it reported and waits up to FAILURE_WAIT_S for the others to have seen it; a thread on every rank
+    polls the key and exits once the line is reported. Nothing changes on one process."""
+    if world_size() == 1:
+        yield
+        return
+    store = dist.distributed_c10d._get_default_store()
+    stop = threading.Event()
+    threading.Thread(target=_watch, args=(store, stop), daemon=True, name="sharpclip-failures").start()
+    try:
+        yield
+    except Exception as err:
+        stop.set()
+        first = f"rank {rank()} failed: {_one_line(err)}"
+        alive = rendezvous.store_reachable(store)  # its host (rank 0) may be what failed: no calls, no C++ dumps
+        # the store is gone (its host ended): our own line still stands
+        with contextlib.suppress(Exception), rendezvous.c10d_stderr_silenced():
+            first = store.compare_set(FAILED_KEY, "", first).decode() if alive else first  # unset: ours
+        print(f"sharpclip: {first}", file=sys.stderr, flush=True)
+        try:
+            if not alive:
+                raise ConnectionError("the store is gone")
+            with rendezvous.c10d_stderr_silenced():
+                store.set(REPORTED_KEY, "1")
+                deadline = time.monotonic() + FAILURE_WAIT_S
+                while store.add(SEEN_KEY, 0) < world_size() - 1 and time.monotonic() < deadline:
+                    time.sleep(FAILURE_POLL_S / 5)
+        except Exception:  # the store is gone (its host ended): nothing more to tell anyone
+            pass
+        raise RankFailed(first) from err
+    finally:
+        stop.set()

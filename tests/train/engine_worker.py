@@ -1,0 +1,71 @@
+"""Worker of the engine's equality test, launched by torchrun on gloo: in one launch, 3 training steps of the tiny
+CLIP through `Trainer.fit` for every accumulation mode and layout (`CASES`), each from the same initial weights;
+rank 0 writes every case's losses per step (JSON) and its whole weights after the 3 steps (safetensors).
+
+python engine_worker.py OUT_DIR
+"""
+
+import json
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch.distributed as dist
+from safetensors.torch import save_file
+
+from _support.tiny_dual import parallel_context
+from _support.tiny_run import ToyLoader, toy_model, train_config
+from sharpclip.config import LossConfig, TermConfig
+from sharpclip.train.features import build_objective
+from sharpclip.train.trainer import Trainer
+
+MODES = ("exact", "per_micro_batch")
+LAYOUTS = ("replicate", "shard", "hybrid")
+TERMS = {"hn": TermConfig("hn_clip"), "tok": TermConfig("filip", weight=0.5)}
+STEPS = 3
+CLIP = 0.01  # below every step's gradient norm: clipping scales every step (the global norm of sharded gradients)
+
+
+def train(out: Path, mode: str, layout: str, rank: int = 0, world: int = 1, ctx=None, precision: str = "fp32",
+          **overrides):  # fmt: skip
+    """3 steps of `mode` on `ctx` (None: one process holding the rows of `world` ranks in rank order); returns the
+    losses per step then the gradient norms (rank 0), and the whole weights (CPU, rank 0)."""
+    model = toy_model()
+    cfg = train_config(str(out), max_steps=STEPS, accumulation=mode, layout=layout, eval_every=0, precision=precision,
+                       grad_clip=CLIP, **overrides)  # fmt: skip
+    ranks = {"rank": rank, "world": world} if ctx is not None else {"deal": world}  # one process: the ranks' rows
+    loader = ToyLoader(model.tokenizer, batch_size=cfg.batch_size, **ranks)
+    objective = build_objective(LossConfig(terms=TERMS))
+    trainer = Trainer(model, objective, loader, cfg, out, write_model=lambda d, state=None: None, ctx=ctx)
+    trainer.fit()
+    weights = trainer.engine.full_model_state() if trainer.engine is not None else model.state_dict()
+    metrics = out / "metrics.jsonl"
+    records = [r for r in map(json.loads, metrics.read_text().splitlines()) if "loss" in r] if rank == 0 else []
+    losses = [r["loss"] for r in records] + [r["grad_norm"] for r in records]  # then the norms before clipping
+    return losses, {k: v.detach().cpu().contiguous() for k, v in weights.items()}
+
+
+def main(out: Path) -> None:
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    losses, tensors = {}, {}
+    for mode in MODES:
+        for layout in LAYOUTS:
+            ctx = parallel_context(layout, local_world=2)  # hybrid: nodes of 2 processes
+            case = f"{mode}/{layout}"
+            losses[case], weights = train(out / case.replace("/", "-"), mode, layout, rank, world, ctx)
+            tensors |= {f"{case}/{k}": v for k, v in weights.items()}
+    # bf16: FSDP2's mixed-precision policy (bf16 compute and all-gathers, fp32 reduction and master weights)
+    losses["bf16"], _ = train(out / "bf16", "exact", "shard", rank, world, parallel_context("shard"), "bf16")
+    # the gradient diagnostics of a sharded run (computed on a plain copy of the gathered weights)
+    train(out / "diagnostics", "exact", "shard", rank, world, parallel_context("shard"), diagnostics_every=2)
+    if rank == 0:
+        save_file(tensors, out / "weights.safetensors")
+        (out / "losses.json").write_text(json.dumps(losses))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
