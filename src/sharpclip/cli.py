@@ -66,21 +66,32 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     _config_args(p, "loss.terms.hn.params.gamma=0.25")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--resume", metavar="RUN", help="continue a run exactly, writing into RUN (a run directory, or "
-                      "RUN/checkpoints/step-N); key=value overrides may change the schedule and cadence")  # fmt: skip
+                      "RUN/checkpoints/step-N); key=value overrides may change the schedule and cadence; `auto`: "
+                      "start train.output_dir, or continue the run it holds (a cluster job's command)")  # fmt: skip
     mode.add_argument("--overwrite", action="store_true", help="empty a non-empty train.output_dir and start over")
 
     def run(args: argparse.Namespace) -> int:
         from sharpclip.config import split_args
+        from sharpclip.train.auto_resume import AUTO, decide
         from sharpclip.train.resume import load_resume_config
         from sharpclip.train.run import AlreadyFinished, run_train
+        from sharpclip.train.stop import STOPPED_EXIT, Stopped
 
         files, overrides = split_args(args.config_args)
-        # with --resume: the recipe if given, else the run's own config.yaml, plus any new overrides
-        cfg = load_resume_config(args.resume, files, overrides) if args.resume else _load(args)
+        resume, overwrite = args.resume, args.overwrite
+        if resume == AUTO:  # start train.output_dir or continue the run it holds (train.auto_resume)
+            start = decide(files, overrides)
+            cfg, resume, overwrite = start.cfg, start.resume, start.overwrite
+        else:  # with --resume: the recipe if given, else the run's own config.yaml, plus any new overrides
+            cfg = load_resume_config(resume, files, overrides) if resume else _load(args)
         try:
-            state = run_train(cfg, resume=args.resume, overwrite=args.overwrite)
+            state = run_train(cfg, resume=resume, overwrite=overwrite)
         except AlreadyFinished as done:  # not an error: a requeued job may resume a run that has just finished
             summary = str(done)
+        except Stopped as stopped:  # a stop signal: checkpoint written, the run continues with --resume
+            if int(os.environ.get("RANK", 0)) == 0:
+                print(str(stopped))
+            return STOPPED_EXIT
         else:
             summary = f"trained {state.step} steps ({state.seen} samples); run directory: {cfg.train.output_dir}"
         if int(os.environ.get("RANK", 0)) == 0:  # under torchrun: one summary, not one per rank

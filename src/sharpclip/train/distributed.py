@@ -388,19 +388,25 @@ class StepFlags:
         self._shapes: collectives.Shapes | None = None  # every rank's feature shapes at the last gather
         self._reuse = False  # the last agreement found no rank's shapes changed: the next gather may reuse them
         self.equal_rows = False  # every rank holds as many rows as every other at this step
+        self.requests: list[float] = []  # i40: the requests of the last agreement, summed over ranks
 
-    def agree(self, batch: object | None) -> list[bool]:
-        """Every rank's "I hold a batch", in rank order (the trainer's one host read before a step)."""
+    def agree(self, batch: object | None, requests: tuple[float, ...] = ()) -> list[bool]:
+        """Every rank's "I hold a batch", in rank order (the trainer's one host read before a step). `requests`:
+        numbers summed over ranks in the same all-reduce, left in `self.requests` (train.stop: a stop signal, rank
+        0's checkpoint clock); on one process they are this rank's own."""
+        self.requests = list(requests)  # i40: run control (train.stop) rides on the step's flags
         if world_size() == 1:
             return [batch is not None]
         shapes = batch_shapes(batch) if batch is not None else None
         w, r = world_size(), rank()
-        value = torch.zeros(3 * w, device=_flag_device())
+        value = torch.zeros(3 * w + len(requests), device=_flag_device())
         value[r] = float(batch is not None)
         value[w + r] = float(shapes != self._last)
         value[2 * w + r] = float(len(batch) if batch is not None else 0)  # type: ignore[arg-type]
+        value[3 * w :] = torch.tensor(requests, dtype=value.dtype)  # i40
         dist.all_reduce(value)
         flags = value.tolist()
+        self.requests = flags[3 * w :]  # i40
         self._reuse, self._last = not any(flags[w : 2 * w]), shapes
         self.equal_rows = len(set(flags[2 * w :])) == 1
         return [v == 1.0 for v in flags[:w]]

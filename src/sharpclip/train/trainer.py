@@ -52,6 +52,7 @@ from sharpclip.train.features import FeatureEncoder
 from sharpclip.train.logging import RunLogger, log, progress
 from sharpclip.train.optim import build_optimizer, build_scheduler, clamp_logit_scale, logit_scale_ceiling, lr_for
 from sharpclip.train.step import check_batch_split, run_step
+from sharpclip.train.stop import RunControl, Stopped, stopped_message
 
 DIVERGED_GROWTH = 10.0  # an update that multiplies the largest |weight| by this much, then only failed steps: diverged
 
@@ -128,6 +129,8 @@ class Trainer:
         self.scheduler = build_scheduler(self.optimizer, cfg.warmup_steps, self.total_steps, cfg.min_lr_ratio)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.flags = distributed.StepFlags()  # each step's agreement: every rank holds a batch; shapes unchanged
+        # i40: stop signals and clock checkpoints, agreed in the step's flags (train.stop)
+        self.control = RunControl(cfg.stop_signals, cfg.checkpoint_every_min, distributed.rank() == 0)
         # gradients averaged over ranks while the last backward runs (None on one process)
         self.grad_sync = distributed.GradSync(self.params) if distributed.world_size() > 1 else None
         self._scale_ceiling = logit_scale_ceiling(model.logit_scale)  # from the model as built, before any resume
@@ -159,8 +162,11 @@ class Trainer:
     def fit(self) -> TrainerState:
         """Train to the budget; on several ranks a failure on any rank ends every rank at once, with one line naming
         the failing rank and its error (train.distributed.failures_end_every_rank)."""
-        with distributed.failures_end_every_rank():
-            return self._fit()
+        with self.control.signals(), distributed.failures_end_every_rank():
+            state = self._fit()
+        if self.control.stopping and not self.finished():  # i40: a stop signal, its step checkpointed (train.stop)
+            raise Stopped(stopped_message(state.step, checkpoint.checkpoint_name(state.step), str(self.run_dir)))
+        return state
 
     def _fit(self) -> TrainerState:
         log.info("device %s, precision %s%s%s", devices.describe(self.device), self.cfg.precision,
@@ -175,9 +181,10 @@ class Trainer:
             f"{self.cfg.batch_size})" if world > 1 and self.cfg.accumulation == "exact" else "",
         )  # fmt: skip
         bar = progress(self.total_steps, self.state.step, self.cfg.progress and self.is_main)
-        while self._budget_left():
+        while self._budget_left() and not self.control.stopping:
             self._epoch(bar)
-        if self._epoch_open:  # resumed from a checkpoint of the last step, written before its epoch's end ran
+        # resumed from a checkpoint of the last step, written before its epoch's end ran (i40: not when stopping)
+        if self._epoch_open and not self.control.stopping:
             self._end_epoch()
         bar.close()
         self.logger.close()
@@ -236,9 +243,12 @@ class Trainer:
                     "data": f"{self._data_wait:.3f}s",
                 }
             )
-            if self.cfg.checkpoint_every and self.state.step % self.cfg.checkpoint_every == 0:
+            every = self.cfg.checkpoint_every and self.state.step % self.cfg.checkpoint_every == 0
+            if every or self.control.save_now:  # i40: a stop signal or rank 0's clock (train.stop)
                 self.save()
             checkpoint.fault_point("step", self.state.step)
+            if self.control.stopping:  # i40: the run ends here; its epoch stays open for the resume
+                return
         self._check_epoch_length(taken, announced, budget)
         self._end_epoch()
 
@@ -256,7 +266,8 @@ class Trainer:
             start = time.perf_counter()
             batch = next(batches, None)
             self._data_wait = time.perf_counter() - start
-            ready = self.flags.agree(batch)
+            ready = self.flags.agree(batch, self.control.requests())  # i40: with the stop / clock requests
+            self.control.agreed(self.flags.requests)
             if not all(ready):
                 self._ran_out = [r for r, has in enumerate(ready) if not has]
                 return
@@ -489,6 +500,7 @@ class Trainer:
                 checkpoint.mark_best(self.ckpt_dir, path, self.state.best)
             checkpoint.prune(self.ckpt_dir, self.cfg.keep_last, keep=(path,))
         distributed.barrier()
+        self.control.saved()  # i40: the checkpoint clock starts again
         return path
 
     def _log_sizes(self) -> dict[str, int]:
