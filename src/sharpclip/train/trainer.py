@@ -49,6 +49,7 @@ from sharpclip.train import resume as resume_policy
 from sharpclip.train.compile import compile_towers, dropout_rate, is_compile_error
 from sharpclip.train.diagnostics import gradient_diagnostics
 from sharpclip.train.features import FeatureEncoder
+from sharpclip.train.heartbeat import Heartbeat
 from sharpclip.train.logging import RunLogger, log, progress
 from sharpclip.train.optim import build_optimizer, build_scheduler, clamp_logit_scale, logit_scale_ceiling, lr_for
 from sharpclip.train.step import check_batch_split, run_step
@@ -131,6 +132,8 @@ class Trainer:
         self.flags = distributed.StepFlags()  # each step's agreement: every rank holds a batch; shapes unchanged
         # i40: stop signals and clock checkpoints, agreed in the step's flags (train.stop)
         self.control = RunControl(cfg.stop_signals, cfg.checkpoint_every_min, distributed.rank() == 0)
+        # i40: this rank's progress, for the failure watcher's hang check (train.heartbeat)
+        self.heartbeat = Heartbeat(cfg.hang_timeout_min, distributed.rank(), distributed.world_size())
         # gradients averaged over ranks while the last backward runs (None on one process)
         self.grad_sync = distributed.GradSync(self.params) if distributed.world_size() > 1 else None
         self._scale_ceiling = logit_scale_ceiling(model.logit_scale)  # from the model as built, before any resume
@@ -162,7 +165,7 @@ class Trainer:
     def fit(self) -> TrainerState:
         """Train to the budget; on several ranks a failure on any rank ends every rank at once, with one line naming
         the failing rank and its error (train.distributed.failures_end_every_rank)."""
-        with self.control.signals(), distributed.failures_end_every_rank():
+        with self.control.signals(), distributed.failures_end_every_rank(self.heartbeat):
             state = self._fit()
         if self.control.stopping and not self.finished():  # i40: a stop signal, its step checkpointed (train.stop)
             raise Stopped(stopped_message(state.step, checkpoint.checkpoint_name(state.step), str(self.run_dir)))
@@ -185,7 +188,8 @@ class Trainer:
             self._epoch(bar)
         # resumed from a checkpoint of the last step, written before its epoch's end ran (i40: not when stopping)
         if self._epoch_open and not self.control.stopping:
-            self._end_epoch()
+            with self.heartbeat.busy("epoch end"):  # i40
+                self._end_epoch()
         bar.close()
         self.logger.close()
         report = getattr(self.loader, "report", None)  # data.SampleLoader: samples skipped under on_bad_sample: skip
@@ -244,13 +248,16 @@ class Trainer:
                 }
             )
             every = self.cfg.checkpoint_every and self.state.step % self.cfg.checkpoint_every == 0
+            self.heartbeat.beat(self.state.step)  # i40
             if every or self.control.save_now:  # i40: a stop signal or rank 0's clock (train.stop)
-                self.save()
+                with self.heartbeat.busy("save"):
+                    self.save()
             checkpoint.fault_point("step", self.state.step)
             if self.control.stopping:  # i40: the run ends here; its epoch stays open for the resume
                 return
         self._check_epoch_length(taken, announced, budget)
-        self._end_epoch()
+        with self.heartbeat.busy("epoch end"):  # i40: validation and save
+            self._end_epoch()
 
     def _steps(self, batches: Iterator[Batch]) -> Iterator[Batch]:
         """The epoch's batches while the step budget lasts and every rank holds one.
@@ -266,6 +273,8 @@ class Trainer:
             start = time.perf_counter()
             batch = next(batches, None)
             self._data_wait = time.perf_counter() - start
+            if batch is not None:  # i40: arrived at the agreement (train.heartbeat)
+                self.heartbeat.beat(self.state.step, arrived=True)
             ready = self.flags.agree(batch, self.control.requests())  # i40: with the stop / clock requests
             self.control.agreed(self.flags.requests)
             if not all(ready):
