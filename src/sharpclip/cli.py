@@ -583,6 +583,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     debug = args.debug or os.environ.get("SHARPCLIP_DEBUG", "") not in ("", "0")
+    if args.command == "train":  # srun's tasks without torchrun: RANK from SLURM_PROCID before anything reads it
+        from sharpclip.train.slurm import adopt
+
+        adopt()
     try:
         with console_logging(getattr(args, "console_level", logging.INFO)):
             return args.handler(args)

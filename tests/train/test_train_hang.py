@@ -43,7 +43,7 @@ class _Store(dict):
 
 def test_no_stall_is_published_before_the_first_step_nor_during_a_save(monkeypatch):
     now = [100.0]
-    monkeypatch.setattr("sharpclip.train.heartbeat.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("sharpclip.train.heartbeat.clock", lambda: now[0])
     store = _Store()
     other = Heartbeat(0.01, 1, 2)
     other.beat(2, arrived=True)  # rank 1 waits at step 3's agreement, not yet armed

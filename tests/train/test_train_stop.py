@@ -67,7 +67,7 @@ def test_the_signal_handlers_are_restored_after_training(tmp_path):
 
 def test_checkpoints_by_rank_0s_clock_are_agreed_and_pruned_by_keep_last(tmp_path, monkeypatch):
     clock = iter(range(0, 10_000, 7))  # each look at the clock is 7 "seconds" later
-    monkeypatch.setattr("sharpclip.train.stop.time.monotonic", lambda: next(clock))
+    monkeypatch.setattr("sharpclip.train.stop.clock", lambda: next(clock))
     trainer = _trainer(tmp_path / "run", epochs=2, checkpoint_every_min=0.2, keep_last=1)  # every 12 s
     saves, save = [], trainer.save
     monkeypatch.setattr(trainer, "save", lambda best=False: saves.append(trainer.state.step) or save(best))
@@ -89,6 +89,25 @@ def test_a_clock_checkpoint_is_rank_0s_decision():
     assert main.save_now and not main.stopping
 
 
+def test_a_sigterm_repeated_at_once_is_the_same_request(monkeypatch):
+    """At a preemption slurmd signals every task and srun forwards its own SIGTERM too: not a second request."""
+    import signal
+
+    control = RunControl(["SIGTERM"], 0.0, is_main=True)
+    killed = []
+    monkeypatch.setattr("sharpclip.train.stop.os.kill", lambda pid, sig: killed.append(sig))
+    now = [50.0]
+    monkeypatch.setattr("sharpclip.train.stop.clock", lambda: now[0])
+    with control.signals():
+        control._handle(signal.SIGTERM, None)
+        control._handle(signal.SIGTERM, None)  # the same instant: a duplicate
+        assert killed == [] and control.requests() == (1.0, 0.0)
+        now[0] += 3
+        control._handle(signal.SIGTERM, None)  # later: the user insists
+        assert killed == [signal.SIGTERM]
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
 def test_stop_signals_are_checked():
     with pytest.raises(ConfigError, match=r"train\.stop_signals"):
         TrainConfig(stop_signals=["SIGKILL"])
@@ -97,8 +116,9 @@ def test_stop_signals_are_checked():
 @pytest.mark.slow
 def test_a_second_sigterm_ends_at_once_and_leaves_the_last_complete_checkpoint(tmp_path):
     """The first SIGTERM after step 3 asks for the stop; the second comes inside step 4's checkpoint write (files
-    written, not yet renamed): the process dies by SIGTERM, step-2 stays complete, and a resume finishes the run."""
-    env = {**ENV, "SHARPCLIP_SIGNAL": "step:3:SIGTERM;checkpoint:4:SIGTERM"}
+    written, not yet renamed), more than stop.REPEAT_S later: the process dies by SIGTERM, step-2 stays complete,
+    and a resume finishes the run."""
+    env = {**ENV, "SHARPCLIP_SIGNAL": "step:3:SIGTERM;checkpoint:4:SIGTERM", "SHARPCLIP_DELAY": "step:3:2.5"}
     cmd = [sys.executable, str(WORKER), str(tmp_path / "run"), str(tmp_path / "w.safetensors"), "checkpoint_every=2"]
     killed = subprocess.run(cmd, capture_output=True, text=True, env=env)
     assert killed.returncode == -15, killed.stderr[-3000:]

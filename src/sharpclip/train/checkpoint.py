@@ -290,7 +290,8 @@ def fault_point(where: str, step: int) -> None:
     """Fault injection for crash tests: SHARPCLIP_FAULT=<where>:<step> kills the process here with SIGKILL;
     SHARPCLIP_RAISE=<where>:<step>[:<rank>] raises a RuntimeError here (on that rank only, when one is given);
     SHARPCLIP_SIGNAL=<where>:<step>:<SIGNAL>[:<rank>][;...] sends the process that signal here (stop tests);
-    SHARPCLIP_HANG=<where>:<step>[:<rank>] sleeps here for an hour without raising (hang tests)."""
+    SHARPCLIP_HANG=<where>:<step>[:<rank>] sleeps here for an hour without raising (hang tests);
+    SHARPCLIP_DELAY=<where>:<step>:<seconds> sleeps that long here."""
     if os.environ.get("SHARPCLIP_FAULT") == f"{where}:{step}":
         os.kill(os.getpid(), 9)
     rank = os.environ.get("RANK", "0")
@@ -301,6 +302,9 @@ def fault_point(where: str, step: int) -> None:
     hang = os.environ.get("SHARPCLIP_HANG", "").split(":")  # i40
     if hang[:2] == [where, str(step)] and hang[2:] in ([], [rank]):
         time.sleep(3600)
+    delay = os.environ.get("SHARPCLIP_DELAY", "").split(":")  # i40: <where>:<step>:<seconds>
+    if delay[:2] == [where, str(step)]:
+        time.sleep(float(delay[2]))
     raised = os.environ.get("SHARPCLIP_RAISE", "").split(":")
     if raised[:2] == [where, str(step)] and raised[2:] in ([], [os.environ.get("RANK", "0")]):
         raise RuntimeError(f"injected fault at {where} {step}")

@@ -21,6 +21,8 @@ import json
 import time
 from collections.abc import Iterator
 
+clock = time.monotonic  # seconds, this host's own (tests replace it)
+
 BEAT_KEY = "sharpclip/beat/{rank}"
 
 
@@ -35,7 +37,7 @@ class Heartbeat:
         self.timeout_s, self.rank, self.world = 60.0 * timeout_min, rank, world
         self.step: int | None = None  # the last step this process took (None: none yet, detection not armed)
         self.progress = -1
-        self.since = time.monotonic()  # when the main thread last made progress
+        self.since = clock()  # when the main thread last made progress
         self.busy_with = ""  # a long pause that is not a hang (a save, a validation)
         self._published = 0.0
 
@@ -46,7 +48,7 @@ class Heartbeat:
     def beat(self, step: int, arrived: bool = False) -> None:
         """The main thread finished optimiser step `step` (or, `arrived`, holds the next batch and enters the
         agreement before step `step` + 1)."""
-        self.progress, self.since = 2 * step + int(arrived), time.monotonic()
+        self.progress, self.since = 2 * step + int(arrived), clock()
         if not arrived:
             self.step = step
 
@@ -57,7 +59,7 @@ class Heartbeat:
         try:
             yield
         finally:
-            self.busy_with, self.since = "", time.monotonic()
+            self.busy_with, self.since = "", clock()
 
     def interval(self) -> float:
         """Seconds between two publications: a tenth of the timeout, between 0.5 and 5 s."""
@@ -65,7 +67,7 @@ class Heartbeat:
 
     def check(self, store) -> str | None:
         """Publish this rank's beat; return the one-line verdict when a rank has stalled past the timeout."""
-        now = time.monotonic()
+        now = clock()
         if not self.enabled or now - self._published < self.interval():
             return None
         self._published = now

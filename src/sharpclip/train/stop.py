@@ -8,7 +8,8 @@ checkpoint of it, and `fit` raises `Stopped`, which the command turns into exit 
 sysexits' EX_TEMPFAIL: "try again later") with one line naming the checkpoint. The run then continues with
 `--resume` (or the same `--resume auto` command). A second SIGTERM while the first is being handled ends the
 process at once with the signal's default action; checkpoints are written under a temporary name and renamed, so
-the last complete one stays complete.
+the last complete one stays complete. A SIGTERM within `REPEAT_S` of the first counts as the same request: at a
+preemption SLURM signals every task and `srun` forwards the signal it received as well.
 
 Checkpoints by the clock: rank 0's clock alone decides (ranks' clocks need not agree), its "due" bit travels in the
 same all-reduce, and every rank saves at that step, beside `train.checkpoint_every`'s step-based ones; any save
@@ -26,7 +27,10 @@ from collections.abc import Iterator
 
 from sharpclip.train.logging import log
 
+clock = time.monotonic  # seconds, this host's own (tests replace it)
+
 STOPPED_EXIT = 75  # `sharpclip train` stopped by a signal after writing a checkpoint: continue it with --resume
+REPEAT_S = 2.0  # a SIGTERM this soon after the first is the same request delivered twice (slurmd and srun)
 
 
 class Stopped(Exception):
@@ -44,8 +48,9 @@ class RunControl:
     def __init__(self, signals: list[str], every_min: float, is_main: bool):
         self.names, self.every_s, self.is_main = list(signals), 60.0 * every_min, is_main
         self.received: str | None = None  # the first stop signal this rank received
+        self._received_at = 0.0
         self.stopping = self.save_now = False  # agreed at the last step
-        self._last_save = time.monotonic()
+        self._last_save = clock()
 
     @contextlib.contextmanager
     def signals(self) -> Iterator[None]:
@@ -67,14 +72,16 @@ class RunControl:
     def _handle(self, number: int, frame: object) -> None:
         name = signal.Signals(number).name
         if self.received is not None and number == signal.SIGTERM:  # the second: at once, the default action
-            signal.signal(number, signal.SIG_DFL)
-            os.kill(os.getpid(), number)
+            if clock() - self._received_at >= REPEAT_S:
+                signal.signal(number, signal.SIG_DFL)
+                os.kill(os.getpid(), number)
             return
-        self.received = self.received or name
+        if self.received is None:
+            self.received, self._received_at = name, clock()
 
     def requests(self) -> tuple[float, float]:
         """This rank's (stop, clock checkpoint due) for the step's flags; only rank 0's clock counts."""
-        due = self.is_main and self.every_s > 0 and time.monotonic() - self._last_save >= self.every_s
+        due = self.is_main and self.every_s > 0 and clock() - self._last_save >= self.every_s
         return float(self.received is not None), float(due)
 
     def agreed(self, sums: list[float]) -> None:
@@ -88,7 +95,7 @@ class RunControl:
 
     def saved(self) -> None:
         """A checkpoint was written: the clock starts again."""
-        self._last_save = time.monotonic()
+        self._last_save = clock()
         self.save_now = False
 
 
