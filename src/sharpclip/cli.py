@@ -563,8 +563,11 @@ def console_logging(level: int = logging.INFO):
     """Give every sharpclip logger (sharpclip.data, .models, .train, ...) a handler for the command's duration;
     without one, Python drops their INFO lines (unseen samples, skipped records) and prints warnings unformatted.
     `level` on rank 0 (other torchrun ranks: warnings only)."""
+    from sharpclip.progress import TerminalOnly
+
     root = logging.getLogger("sharpclip")
     handler = _Console()
+    handler.addFilter(TerminalOnly())  # training's progress lines stay off a terminal that shows the bar
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
     handler.setLevel(level if int(os.environ.get("RANK", 0)) == 0 else max(level, logging.WARNING))
     level, root.level = root.level, logging.INFO

@@ -260,7 +260,7 @@ def _requeue_safe(script: Block) -> Command:
     assert script.template
     (launch,) = [c for c in commands(script) if c.words[0] == "srun"]
     assert launch in ALL_COMMANDS
-    assert '--cpus-per-task=$SLURM_CPUS_PER_TASK' in launch.words
+    assert "--cpus-per-task=$SLURM_CPUS_PER_TASK" in launch.words
     assert sharpclip_args(launch.words)[0] == "train" and launch.words[-2:] == ("--resume", "auto")
     assert "scontrol requeue" in "\n".join(script.lines)
     check(launch)

@@ -32,13 +32,13 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
-from tqdm import tqdm
 
 from sharpclip.data.images import describe
 from sharpclip.data.schema import ArrowCell, ParquetCell
 from sharpclip.eval.embed import Embedder, ImageRef
 from sharpclip.eval.manifest import sha256_file, weights_sha256
 from sharpclip.eval.retrieval import RetrievalSet
+from sharpclip.progress import bar as progress_bar
 
 INDEX_VERSION = 1
 MANIFEST = "manifest.json"
@@ -169,7 +169,7 @@ def _chunk_done(path: Path, rows: int) -> bool:
 
 def _embed_part(folder: Path, part: str, items: Sequence[Any], embed: Any, chunk: int, progress: bool) -> None:
     starts = range(0, len(items), chunk)
-    bar = tqdm(starts, desc=f"index {part}s", unit="chunk", disable=not progress)
+    bar = progress_bar(starts, enabled=progress, desc=f"index {part}s", unit="chunk")
     for c, start in enumerate(bar):
         path = _chunk_path(folder, part, c)
         rows = list(items[start : start + chunk])

@@ -37,6 +37,7 @@ from sharpclip.losses import Objective
 from sharpclip.models.base import DualEncoder
 from sharpclip.models.factory import create_model, save_checkpoint
 from sharpclip.models.preprocessing import model_transforms
+from sharpclip.progress import TerminalOnly
 from sharpclip.train import checkpoint, distributed, run_dir, slurm, validation
 from sharpclip.train import resume as resume_policy
 from sharpclip.train.features import build_objective, check_provided
@@ -68,6 +69,8 @@ def _run_logging(directory: Path) -> Iterator[None]:
                     for h in root.handlers)  # fmt: skip
     handlers = [logging.FileHandler(directory / "train.log")] + ([] if on_stderr else [logging.StreamHandler()])
     for handler in handlers:
+        if not isinstance(handler, logging.FileHandler):  # i40: no progress line beside a bar on a terminal
+            handler.addFilter(TerminalOnly())
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
         handler.sharpclip = True  # type: ignore[attr-defined]
         root.addHandler(handler)

@@ -40,9 +40,9 @@ class Stopped(Exception):
 class RunControl:
     """The stop and clock-checkpoint requests of one rank, and what the ranks agreed on at the last step.
 
-        with control.signals(): ...     stop signals set the flag while training runs (main thread only)
-        flags.agree(batch, control.requests())   → control.agreed(flags.requests)
-        control.save_now, control.stopping       act after the step; control.saved() after any checkpoint
+    with control.signals(): ...     stop signals set the flag while training runs (main thread only)
+    flags.agree(batch, control.requests())   → control.agreed(flags.requests)
+    control.save_now, control.stopping       act after the step; control.saved() after any checkpoint
     """
 
     def __init__(self, signals: list[str], every_min: float, is_main: bool):

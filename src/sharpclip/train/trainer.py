@@ -50,6 +50,7 @@ from sharpclip.train.compile import compile_towers, dropout_rate, is_compile_err
 from sharpclip.train.diagnostics import gradient_diagnostics
 from sharpclip.train.features import FeatureEncoder
 from sharpclip.train.heartbeat import Heartbeat
+from sharpclip.train.log_lines import ProgressLines
 from sharpclip.train.logging import RunLogger, log, progress
 from sharpclip.train.optim import build_optimizer, build_scheduler, clamp_logit_scale, logit_scale_ceiling, lr_for
 from sharpclip.train.step import check_batch_split, run_step
@@ -184,6 +185,8 @@ class Trainer:
             f"{self.cfg.batch_size})" if world > 1 and self.cfg.accumulation == "exact" else "",
         )  # fmt: skip
         bar = progress(self.total_steps, self.state.step, self.cfg.progress and self.is_main)
+        # i40: a plain line every train.log_every steps (train.log_lines)
+        self.lines = ProgressLines(self.cfg.log_every, self.total_steps, self.state.step, self.state.seen, self.is_main)
         while self._budget_left() and not self.control.stopping:
             self._epoch(bar)
         # resumed from a checkpoint of the last step, written before its epoch's end ran (i40: not when stopping)
@@ -247,6 +250,7 @@ class Trainer:
                     "data": f"{self._data_wait:.3f}s",
                 }
             )
+            self.lines.step(record)  # i40
             every = self.cfg.checkpoint_every and self.state.step % self.cfg.checkpoint_every == 0
             self.heartbeat.beat(self.state.step)  # i40
             if every or self.control.save_now:  # i40: a stop signal or rank 0's clock (train.stop)
