@@ -13,8 +13,9 @@ Ranks stay in step: before each step every rank says whether it holds a batch (o
 none on one process), and when one has run out every rank ends the epoch there, with a warning. The budget is
 `train.epochs` passes (or `train.max_steps` steps), however many batches skipped samples removed; an epoch with no
 batch at all stops the run. Checkpoints hold every rank's loader position and random streams and the world size; a
-resume on another number of ranks continues at the next epoch boundary (`Trainer.resume`). With several ranks, each
-reseeds its generators with `seed + rank` once the weights are equal, so ranks draw different dropout noise.
+resume on another number of ranks continues where it stopped for map-style data (train.reshard), else at the next
+epoch boundary (`Trainer.resume`). With several ranks, each reseeds its generators with `seed + rank` once the
+weights are equal, so ranks draw different dropout noise.
 
 Numerical faults are told apart: a step with a non-finite loss or gradient is skipped (bad data, or bf16 overflow);
 an update that leaves a weight non-finite stops the run at once, before anything is checkpointed; and when every
@@ -44,7 +45,7 @@ from sharpclip.eval.guards import GUARDS_HOLD
 from sharpclip.losses import Objective
 from sharpclip.losses.monitors import MATRICES_MONITOR, SATURATED_MONITOR
 from sharpclip.models.base import DualEncoder
-from sharpclip.train import checkpoint, distributed, micro_batch
+from sharpclip.train import checkpoint, distributed, micro_batch, reshard
 from sharpclip.train import resume as resume_policy
 from sharpclip.train.compile import compile_towers, dropout_rate, is_compile_error
 from sharpclip.train.diagnostics import gradient_diagnostics
@@ -523,7 +524,8 @@ class Trainer:
 
     def resume(self, path: Path, loaded: tuple | None = None) -> None:
         """Continue exactly from checkpoint `path`: weights, optimiser, schedule, each rank's loader position and RNG
-        (on another number of ranks: from the next clean boundary, see `train.resume.change_world`).
+        (on another number of ranks: where it stopped when the loader's position is global, `train.reshard`, else from
+        the next clean boundary, `train.resume.change_world`).
 
         `loaded`: `checkpoint.load(path)` already read (and checked). The learning rate then follows this trainer's
         config at the restored step (train.resume documents what may change); the JSONL logs are cut back to what
@@ -542,7 +544,7 @@ class Trainer:
         if ranks is not None:  # the same world size: each rank continues its own position and random streams
             self.loader.load_state_dict(ranks[0])
             self._resume_rng = ranks[1]
-        else:
+        elif not reshard.continue_mid_epoch(self.state, self.cfg, saved_world, first, self.loader):  # i40: exact
             self._end_at_once = resume_policy.change_world(self.state, self.cfg, saved_world, first)
         self._reschedule()
         self._weights = largest_weight(self.params)
