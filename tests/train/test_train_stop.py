@@ -4,6 +4,7 @@ once with the last complete checkpoint intact, and checkpoints come by the clock
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from _support.tiny_files import write_generic
 from _support.tiny_run import ToyLoader, toy_model, train_config
 from sharpclip.config import ConfigError, LossConfig, ModelConfig, TermConfig, TrainConfig
 from sharpclip.models.factory import save_checkpoint
@@ -128,3 +130,29 @@ def test_a_second_sigterm_ends_at_once_and_leaves_the_last_complete_checkpoint(t
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert load_file(tmp_path / "w.safetensors")
     assert _steps(tmp_path / "run")[-1] == "step-000008"
+
+
+@pytest.mark.slow
+def test_a_signal_on_one_rank_stops_every_rank_at_the_same_step(tmp_path):
+    """SIGTERM on rank 1 only, after step 2: the request rides on the step's flags, so rank 0 stops at the same step;
+    both write their part of one checkpoint and exit 75."""
+    data = write_generic(tmp_path / "data", n=16)
+    args = ["-m", "sharpclip", "train", "model.name=tiny-clip", "data.format=generic", f"data.root={data}",
+            "data.num_workers=0", f"train.output_dir={tmp_path / 'run'}", "train.device=cpu", "train.batch_size=4",
+            "train.micro_batch_size=2", "train.max_steps=8", "train.epochs=2", "train.eval_every=0",
+            "train.progress=false", "train.dist_timeout_min=10"]  # fmt: skip
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in (0, 1):
+        env = {**ENV, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port), "SHARPCLIP_SIGNAL": "step:2:SIGTERM:1"}  # fmt: skip
+        procs.append(subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True, env=env))  # fmt: skip
+    outputs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [75, 75], outputs[0][1][-3000:] + outputs[1][1][-3000:]
+    assert "stopped by a signal after step 3; checkpoint step-000003 written" in outputs[0][0]
+    assert "another rank received a stop signal" in outputs[0][1]
+    assert "SIGTERM reached this rank" in outputs[1][1]
+    assert _steps(tmp_path / "run") == ["step-000003"]

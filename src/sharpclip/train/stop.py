@@ -88,9 +88,9 @@ class RunControl:
         """The requests summed over ranks (the step's flags): any rank's stop stops every rank; rank 0's clock."""
         stop, due = [*sums, 0.0, 0.0][:2]
         if stop > 0 and not self.stopping:
-            log.warning("a stop signal (%s) reached %s: finishing this step, writing a checkpoint, then exiting with "
-                        "status %d", self.received or "on another rank", "this rank" if self.received else "a rank",
-                        STOPPED_EXIT)  # fmt: skip
+            got = f"{self.received} reached this rank" if self.received else "another rank received a stop signal"
+            log.warning("%s: every rank finishes this step, a checkpoint is written, then the run exits with status %d",
+                        got, STOPPED_EXIT)  # fmt: skip
         self.stopping, self.save_now = stop > 0, stop > 0 or due > 0
 
     def saved(self) -> None:
