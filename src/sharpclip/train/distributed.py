@@ -21,7 +21,8 @@ pairing sees. Syncing during the last replay only is exactly what DDP with `no_s
 Every rank must enter every collective: before each step the trainer agrees the step's flags (`StepFlags`: does
 every rank hold a batch, did any rank's batch shapes change, every rank's rows) in one small all-reduce, and ends
 the epoch on all ranks together when one holds no batch; `check_shared_dir` (train.run) refuses ranks that see
-different run directories. A failure on one rank ends every rank at once (`failures_end_every_rank`);
+different run directories. A failure on one rank ends every rank at once (`failures_end_every_rank`), and so does
+a rank that stops making progress (train.heartbeat, through the same watcher);
 `train.dist_timeout_min` bounds how long a collective waits for the slowest rank.
 
 Devices: the backend follows the training device (NCCL for CUDA, gloo for the CPU), each rank binds its GPU

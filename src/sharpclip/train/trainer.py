@@ -15,7 +15,9 @@ none on one process), and when one has run out every rank ends the epoch there, 
 batch at all stops the run. Checkpoints hold every rank's loader position and random streams and the world size; a
 resume on another number of ranks continues where it stopped for map-style data (train.reshard), else at the next
 epoch boundary (`Trainer.resume`). With several ranks, each reseeds its generators with `seed + rank` once the
-weights are equal, so ranks draw different dropout noise.
+weights are equal, so ranks draw different dropout noise. A stop signal and rank 0's checkpoint clock ride on the
+step's flags (train.stop): every rank finishes its step, saves and stops, or saves, at the same step; each rank beats
+after every step, so a rank that hangs ends every rank (train.heartbeat).
 
 Numerical faults are told apart: a step with a non-finite loss or gradient is skipped (bad data, or bf16 overflow);
 an update that leaves a weight non-finite stops the run at once, before anything is checkpointed; and when every
