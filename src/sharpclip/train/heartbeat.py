@@ -98,6 +98,9 @@ def verdict(beats: list[dict], timeout_s: float) -> str | None:
 
 
 def _get_all(store, keys: list[str]) -> list[str]:
-    many = getattr(store, "multi_get", None)
-    values = many(keys) if many is not None else [store.get(k) for k in keys]
+    """Every key's value in one round trip where the store has `multi_get`, else one get each."""
+    try:
+        values = store.multi_get(keys)
+    except (AttributeError, NotImplementedError, RuntimeError):  # an older store, or a wrapper without it
+        values = [store.get(k) for k in keys]
     return [v.decode() if isinstance(v, bytes | bytearray) else bytes(v).decode() for v in values]
