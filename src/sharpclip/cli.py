@@ -83,22 +83,33 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     _config_args(p, "loss.terms.hn.params.gamma=0.25")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--resume", type=path_arg, metavar="RUN",
-                      help="continue a run exactly, writing into RUN (a run directory, or "
-                      "RUN/checkpoints/step-N); key=value overrides may change the schedule and cadence")  # fmt: skip
+                      help="continue a run exactly, writing into RUN (a run directory, or RUN/checkpoints/step-N); "
+                      "key=value overrides may change the schedule and cadence; `auto`: start train.output_dir, or "
+                      "continue the run it holds (a cluster job's command)")  # fmt: skip
     mode.add_argument("--overwrite", action="store_true", help="empty a non-empty train.output_dir and start over")
 
     def run(args: argparse.Namespace) -> int:
         from sharpclip.config import split_args
+        from sharpclip.train.auto_resume import AUTO, decide
         from sharpclip.train.resume import load_resume_config
         from sharpclip.train.run import AlreadyFinished, run_train
+        from sharpclip.train.stop import STOPPED_EXIT, Stopped
 
         files, overrides = split_args(args.config_args)
-        # with --resume: the recipe if given, else the run's own config.yaml, plus any new overrides
-        cfg = load_resume_config(args.resume, files, overrides) if args.resume else _load(args)
+        resume, overwrite = args.resume, args.overwrite
+        if resume == AUTO:  # start train.output_dir or continue the run it holds (train.auto_resume)
+            start = decide(files, overrides)
+            cfg, resume, overwrite = start.cfg, start.resume, start.overwrite
+        else:  # with --resume: the recipe if given, else the run's own config.yaml, plus any new overrides
+            cfg = load_resume_config(resume, files, overrides) if resume else _load(args)
         try:
-            state = run_train(cfg, resume=args.resume, overwrite=args.overwrite)
+            state = run_train(cfg, resume=resume, overwrite=overwrite)
         except AlreadyFinished as done:  # not an error: a requeued job may resume a run that has just finished
             summary = str(done)
+        except Stopped as stopped:  # a stop signal: checkpoint written, the run continues with --resume
+            if int(os.environ.get("RANK", 0)) == 0:
+                print(str(stopped))
+            return STOPPED_EXIT
         else:
             summary = f"trained {state.step} steps ({state.seen} samples); run directory: {cfg.train.output_dir}"
         if int(os.environ.get("RANK", 0)) == 0:  # under torchrun: one summary, not one per rank
@@ -605,8 +616,11 @@ def console_logging(level: int = logging.INFO):
     """Give every sharpclip logger (sharpclip.data, .models, .train, ...) a handler for the command's duration;
     without one, Python drops their INFO lines (unseen samples, skipped records) and prints warnings unformatted.
     `level` on rank 0 (other torchrun ranks: warnings only)."""
+    from sharpclip.progress import TerminalOnly
+
     root = logging.getLogger("sharpclip")
     handler = _Console()
+    handler.addFilter(TerminalOnly())  # training's progress lines stay off a terminal that shows the bar
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
     handler.setLevel(level if int(os.environ.get("RANK", 0)) == 0 else max(level, logging.WARNING))
     level, root.level = root.level, logging.INFO
@@ -625,6 +639,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     debug = args.debug or os.environ.get("SHARPCLIP_DEBUG", "") not in ("", "0")
+    if args.command == "train":  # srun's tasks without torchrun: RANK from SLURM_PROCID before anything reads it
+        from sharpclip.train.slurm import adopt
+
+        adopt()
     try:
         with console_logging(getattr(args, "console_level", logging.INFO)):
             return args.handler(args)

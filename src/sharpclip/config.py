@@ -147,6 +147,9 @@ RANGES: dict[str, Range] = {
     "train.grad_clip": _COUNT,
     "train.dist_timeout_min": _TIMEOUT_MIN,
     "train.checkpoint_every": _COUNT,
+    "train.checkpoint_every_min": _COUNT,
+    "train.log_every": _COUNT,
+    "train.hang_timeout_min": _COUNT,
     "train.keep_last": _POSITIVE,
     "train.eval_every": _COUNT,
     "train.diagnostics_every": _COUNT,
@@ -192,6 +195,15 @@ def check_declared(section: Any, prefix: str) -> None:
 def _check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ConfigError(f"{key}: {value!r} is not one of {', '.join(choices)}")
+
+
+STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT")  # what train.stop_signals may name (train.stop)
+
+
+def _check_signals(key: str, names: list[str]) -> None:
+    unknown = [n for n in names if n not in STOP_SIGNALS]
+    if unknown or not isinstance(names, list):
+        raise ConfigError(f"{key}: {unknown or names!r} not among {', '.join(STOP_SIGNALS)}; give a list of them")
 
 
 DEVICE_SPEC = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")  # what sharpclip.devices.resolve_device accepts
@@ -514,18 +526,32 @@ class TrainConfig:
     # minutes a collective may wait for the slowest rank before the run stops (torch's default is 10): rank 0
     # counts shards and writes checkpoints while the others wait, which takes minutes for large data or models
     dist_timeout_min: float = 60.0
-    layout: str = "replicate"  # how parameters are laid out over ranks: replicate (every rank holds all, DDP's semantics) | hybrid (sharded within a node, replicated across nodes) | shard (sharded over all ranks)
+    # how parameters are laid out over ranks: replicate (every rank holds all, DDP's semantics) | hybrid (sharded
+    # within a node, replicated across nodes) | shard (sharded over all ranks)
+    layout: str = "replicate"
     precision: str = "fp32"  # fp32 | bf16 (autocast on the towers; losses in fp32)
     tf32: bool = True  # TF32 matmuls on CUDA (fp32 accumulation); no effect on the CPU
     compile: bool = False  # torch.compile the two towers (the first steps pay for compilation)
     grad_checkpointing: bool = False  # recompute each tower layer in backward (activation memory of one layer)
     checkpoint_every: int = 0  # optimiser steps between checkpoints (0: at the end of each epoch only)
+    # minutes between checkpoints, by rank 0's clock (0: off), beside train.checkpoint_every: a job that stops keeps
+    # at most this much work since its last checkpoint
+    checkpoint_every_min: float = 0.0
     keep_last: int = 2  # newest checkpoints kept (>= 1), besides the best
+    # signals that end the run cleanly: every rank finishes its step, a checkpoint is written, exit status 75
+    # (SIGTERM, SIGUSR1, SIGUSR2, SIGINT; [] keeps the default actions); a second SIGTERM ends the process at once
+    stop_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
+    # minutes a rank may make no progress within training before every rank stops with one line naming it (0: off;
+    # saves and validations are bounded by train.dist_timeout_min instead)
+    hang_timeout_min: float = 10.0
     eval_every: int = 1  # epochs between evaluations (0: never)
     best_metric: str = "mean_R@1"  # the evaluation number that picks the best checkpoint (higher is better)
     diagnostics_every: int = 0  # optimiser steps between gradient diagnostics (0: off)
     nan_patience: int = 5  # consecutive non-finite steps (skipped) before the run stops
-    progress: bool = True  # a progress bar on stderr (ETA, loss, samples/s); the log lines are written either way
+    progress: bool = True  # a progress bar on stderr when it is a terminal (ETA, loss, samples/s)
+    # optimiser steps between plain progress lines in train.log (step, epoch, loss terms, lr, samples/s, data-wait
+    # share, ETA), also on stderr when it is not a terminal or the bar is off (0: none)
+    log_every: int = 50
     tensorboard: bool = False  # also write TensorBoard scalars to RUN/tensorboard (extra [tensorboard])
     wandb: bool = False  # also log to Weights & Biases, the run stored under RUN/wandb (extra [wandb])
     wandb_project: str = "sharpclip"  # the W&B project name
@@ -583,6 +609,7 @@ class TrainConfig:
             )
         if self.guards and not self.eval_every:
             raise ConfigError("train.guards are evaluated with the validation: set train.eval_every >= 1")
+        _check_signals("train.stop_signals", self.stop_signals)
 
 
 # data options one suite reads itself, beside DataConfig's fields (eval.benchmarks): SPEC's subsets to score

@@ -233,19 +233,57 @@ def test_continuations_comments_elisions_and_torchrun_are_read_as_the_shell_does
     ]
 
 
-def test_the_gpu_page_holds_a_checked_sbatch_script_for_one_node_of_eight_gpus() -> None:
-    """The SLURM script: directives first, then its template comment, then torchrun inside srun with a rendezvous;
-    its commands are among those checked above (torchrun's options and sharpclip's words both parsed)."""
-    (script,) = [b for b in blocks(ROOT / "docs" / "gpus.md") if b.lines and b.lines[0].startswith("#!")]
+SLURM_SCRIPTS = sorted((ROOT / "examples" / "slurm").glob("*.sbatch"))
+
+
+def _script(name: str) -> Block:
+    (script,) = [b for b in blocks(ROOT / "docs" / "gpus.md") if b.lines and name in "\n".join(b.lines[:12])
+                 and b.lines[0].startswith("#!")]  # fmt: skip
+    return script
+
+
+def test_each_cluster_script_is_shown_whole_on_the_gpu_page() -> None:
+    """examples/slurm/*.sbatch are the scripts docs/gpus.md shows, line for line, so the checks of the page's
+    commands (torchrun's options, sharpclip's words) are checks of the files."""
+    shown = {"\n".join(b.lines) for b in blocks(ROOT / "docs" / "gpus.md") if b.lines and b.lines[0].startswith("#!")}
+    assert [p.name for p in SLURM_SCRIPTS] == ["train.sbatch", "train_torchrun.sbatch"]
+    for path in SLURM_SCRIPTS:
+        assert path.read_text(encoding="utf-8").rstrip("\n") in shown, f"{path.name} differs from docs/gpus.md"
+
+
+def _requeue_safe(script: Block) -> Command:
+    """The directives and the one srun line of a requeue-safe script: signal before the time limit, requeue, the
+    task's CPUs passed to srun, --resume auto; returns the srun command."""
+    directives = {line.split()[1] for line in script.lines if line.startswith("#SBATCH")}
+    assert {"--requeue", "--open-mode=append"} <= directives
+    assert any(d.startswith("--signal=B:USR1@") for d in directives)
+    assert script.template
+    (launch,) = [c for c in commands(script) if c.words[0] == "srun"]
+    assert launch in ALL_COMMANDS
+    assert "--cpus-per-task=$SLURM_CPUS_PER_TASK" in launch.words
+    assert sharpclip_args(launch.words)[0] == "train" and launch.words[-2:] == ("--resume", "auto")
+    assert "scontrol requeue" in "\n".join(script.lines)
+    check(launch)
+    return launch
+
+
+def test_the_gpu_page_holds_a_checked_one_task_per_gpu_script_without_torchrun() -> None:
+    script = _script("train.sbatch RECIPE")
+    directives = {line.split()[1] for line in script.lines if line.startswith("#SBATCH")}
+    assert {"--nodes=1", "--ntasks-per-node=8", "--gpus-per-node=8"} <= directives
+    launch = _requeue_safe(script)
+    assert "torchrun" not in launch.words and launch.words[launch.words.index("-m") - 1] == "python"
+
+
+def test_the_gpu_page_holds_a_checked_torchrun_script_for_one_node_of_eight_gpus() -> None:
+    """One task per node: torchrun inside srun with a c10d rendezvous, its options parsed by torchrun's parser."""
+    script = _script("train_torchrun.sbatch")
     directives = {line.split()[1] for line in script.lines if line.startswith("#SBATCH")}
     assert {"--nodes=1", "--ntasks-per-node=1", "--gpus-per-node=8"} <= directives
-    assert script.template
-    (launch,) = [c for c in commands(script) if "torchrun" in c.words]
-    assert launch.words[0] == "srun" and launch in ALL_COMMANDS
-    launcher = torchrun_parser().parse_args(list(launch.words[2:]))
+    launch = _requeue_safe(script)
+    launcher = torchrun_parser().parse_args(list(launch.words[launch.words.index("torchrun") + 1 :]))
     assert (launcher.nproc_per_node, launcher.rdzv_backend, launcher.module) == ("8", "c10d", True)
-    assert sharpclip_args(launch.words)[0] == "train"
-    check(launch)
+    assert "TORCHELASTIC_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1" in "\n".join(script.lines)
 
 
 def test_a_batch_script_is_a_template_only_with_the_comment_after_its_directives() -> None:

@@ -28,6 +28,8 @@ def test_demo_quick_writes_every_row(tmp_path, capsys):
         assert arm.name in report["results"], arm.name
         assert f"| {arm.label} |" in markdown, arm.label
         assert arm.label in printed
+        # a line as each arm starts and as it ends, even without the bar (--no-progress, a redirected stdout)
+        assert f"{arm.label} (seed 0): training " in printed and f"{arm.label} (seed 0): done, mean R@1" in printed
         seed = report["results"][arm.name]["seeds"]["0"]
         assert {"t2i_R@1", "i2t_R@10", "within_mean_R@1", "mmvp", "pairwise_sim"} <= set(seed["test"])
         assert 0 <= seed["test"]["zeroshot_top1"] <= 100 and seed["test"]["zeroshot_images"] == 64  # the guard

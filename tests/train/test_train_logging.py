@@ -105,7 +105,8 @@ def test_wandb_gets_the_config_on_a_fresh_run_and_each_step_one_epoch(tmp_path, 
     assert any("eval/mean_R@1" in numbers for numbers, _ in fake.logs)
 
 
-def test_the_progress_bar_shows_throughput_and_data_wait_beside_the_loss(tmp_path, capsys):
+def test_the_progress_bar_shows_throughput_and_data_wait_beside_the_loss(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("sharpclip.progress.on_terminal", lambda: True)  # bars draw on a terminal only
     model = toy_model()
     cfg = train_config(str(tmp_path / "run"), epochs=1, batch_size=8, micro_batch_size=8, progress=True)
     loader = ToyLoader(model.tokenizer, n=16, batch_size=8)

@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from _support.tiny_files import write_generic
 
@@ -69,11 +71,12 @@ def test_per_micro_batch_on_two_processes_trains_the_rows_and_losses_of_one(tmp_
 
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", ["replicate", "shard"])
-def test_exact_on_two_processes_matches_one_and_resumes_on_one_process_with_the_same_epochs(tmp_path, layout):
+def test_exact_on_two_processes_matches_one_and_resumes_mid_epoch_on_one_process(tmp_path, layout):
     """Exact accumulation, 4 steps an epoch, 2 epochs. Two processes killed after the checkpoint of step 3 trained
-    steps 1-3 with the 1-process run's rows and losses; resumed on 1 process (another world size: the rest of epoch 0
-    is skipped) its epoch 1 trains the 1-process run's epoch 1, batch for batch. Under train.layout=shard the
-    checkpoint holds the weights and optimiser state gathered from the shards, which one process loads."""
+    steps 1-3 with the 1-process run's rows and losses; resumed on 1 process (another world size) it continues
+    epoch 0 at its 4th global batch (train.reshard: the packing is global) and trains every later step with the
+    1-process run's rows, ending with its weights (to the tolerance of 1 against 2 processes). Under
+    train.layout=shard the checkpoint holds the state saved from the shards, which one process loads."""
     args = ["train.epochs=2", "train.checkpoint_every=3", "train.keep_last=5"]
     ref = _train(tmp_path, "one", 1, *args)
     assert ref.returncode == 0, ref.stderr[-3000:]
@@ -85,6 +88,13 @@ def test_exact_on_two_processes_matches_one_and_resumes_on_one_process_with_the_
     assert [_losses(tmp_path / "two")[s] for s in (1, 2, 3)] == pytest.approx([one[s] for s in (1, 2, 3)], rel=1e-5)
     resumed = _train(tmp_path, "resumed", 1, "--resume", str(tmp_path / "two"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resumed on 1 ranks, saved on 2" in resumed.stderr
+    assert "resumed on 1 ranks, saved on 2 (per-rank batch 8, was 4): epoch 0 continues after its 3 global" in (
+        resumed.stderr
+    )
     after = _rows(tmp_path / "ids_resumed", 1)
-    assert [ids for epoch, ids in after.values() if epoch == 1] == [ids for e, ids in one_rows.values() if e == 1]
+    assert sorted(after) == [4, 5, 6, 7, 8]
+    assert {s: after[s] for s in after} == {s: one_rows[s] for s in after}  # step 4 is epoch 0's last batch
+    assert _losses(tmp_path / "two") == pytest.approx(one, rel=1e-4, abs=1e-6)
+    weights = load_file(tmp_path / "two" / "checkpoints" / "step-000008" / "model.safetensors")
+    for key, value in load_file(tmp_path / "one" / "checkpoints" / "step-000008" / "model.safetensors").items():
+        assert torch.allclose(weights[key], value, atol=2e-5, rtol=1e-4), key

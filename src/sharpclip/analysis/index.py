@@ -49,7 +49,6 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor
-from tqdm import tqdm
 
 from sharpclip import owned_files
 from sharpclip.data.images import describe
@@ -57,6 +56,7 @@ from sharpclip.data.schema import ArrowCell, ParquetCell
 from sharpclip.eval.embed import Embedder, ImageRef
 from sharpclip.eval.manifest import sha256_file, weights_sha256
 from sharpclip.eval.retrieval import RetrievalSet
+from sharpclip.progress import bar as progress_bar
 
 INDEX_VERSION = 2  # 2: chunk digests in the manifest, files owned through owned_files' record
 MANIFEST = "manifest.json"
@@ -257,7 +257,7 @@ def _chunk_done(path: Path, rows: int) -> bool:
 
 def _embed_part(folder: Path, part: str, items: Sequence[Any], embed: Any, chunk: int, progress: bool) -> None:
     starts = range(0, len(items), chunk)
-    bar = tqdm(starts, desc=f"index {part}s", unit="chunk", disable=not progress)
+    bar = progress_bar(starts, enabled=progress, desc=f"index {part}s", unit="chunk")
     for c, start in enumerate(bar):
         path = _chunk_path(folder, part, c)
         rows = list(items[start : start + chunk])

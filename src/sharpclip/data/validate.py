@@ -19,14 +19,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
 from sharpclip.config import DataConfig, SynthDenseConfig, check_typed_overrides, load_config
 from sharpclip.data import data_root, read_samples
 from sharpclip.data.formats import ultraedit, webdataset
 from sharpclip.data.formats.hf import is_save_to_disk, resolve_hub_folder
 from sharpclip.data.images import ImageLoadError, image_bytes, load_image
 from sharpclip.data.schema import BadSample, BadSampleReport, EditSample, ImageSource, Sample
+from sharpclip.progress import bar as progress_bar
 
 CONTEXTS = (77, 248)
 SHARDS_SHOWN = 8  # shards named in the summary line (all are in the JSON report)
@@ -221,7 +220,7 @@ def validate(
         rep.samples = len(samples)
         images, captions = _images_and_captions(samples)
         rep.images, bad = len(images), list(report.items)
-        bar = tqdm(images, desc="decode images", unit="image", disable=not progress, dynamic_ncols=True)
+        bar = progress_bar(images, enabled=progress, desc="decode images", unit="image")
         checked = (_check_image(src, s, bad, cfg.max_image_pixels) for src, s in bar)
         digests = [hashlib.sha1(b).hexdigest() for b in checked if b is not None]
         id_images = sample_images(samples)
@@ -246,7 +245,7 @@ def _stream_shards(cfg: DataConfig, split: str, rep: ValidationReport, report: B
     """Per shard: samples read, each image decoded and hashed; bad samples are named by shard and key."""
     captions, digests, bad, images, id_images = [], [], [], 0, []
     urls = webdataset.shard_urls(cfg, split)
-    bar = tqdm(urls, desc="read shards", unit="shard", disable=not progress, dynamic_ncols=True)
+    bar = progress_bar(urls, enabled=progress, desc="read shards", unit="shard")
     for url in bar:
         count = 0
         for raw in webdataset.check_fields(webdataset.iter_raw(url, report), cfg, url):

@@ -27,13 +27,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
 from sharpclip import owned_files
 from sharpclip.config import ModelConfig
@@ -63,6 +63,7 @@ from sharpclip.demo.stages import (
     validation_corpus,
 )
 from sharpclip.models.factory import create_model
+from sharpclip.progress import bar as progress_bar
 
 WISE_ALPHAS = {False: (0.0, 0.25, 0.5, 0.75, 1.0), True: (0.0, 0.5, 1.0)}  # --full, --quick
 GEOMETRY_SUMMARY = (
@@ -171,11 +172,13 @@ def run_arms(p: Profile, plan: list[Arm], init: Init, data: Any, validate: Any, 
     run_dirs: dict[str, Path] = {}
     geometry: dict[str, dict] = {}
     jobs = [(seed, arm) for arm in plan for seed in range(opts.seeds)]  # arm by arm: a partial run has whole rows
-    bar = tqdm(jobs, desc="demo", unit="run", disable=not opts.progress, dynamic_ncols=True)
+    bar = progress_bar(jobs, enabled=opts.progress, desc="demo", unit="run")
     for seed, arm in bar:
         bar.set_description(f"seed {seed} {arm.label}")
         run_dir = out / "runs" / f"seed{seed}" / arm.name
         cfg = arm_config(p, arm, init.model_dir, Path(data.root), run_dir, seed, opts.progress)
+        _say(bar, f"{arm.label} (seed {seed}): training {cfg.train.max_steps or cfg.train.epochs} "
+                  f"{'steps' if cfg.train.max_steps else 'epochs'} into {run_dir}")  # fmt: skip
         model, seconds = run_arm(cfg, validate)
         test = evaluate_model(model, data, scale=p.scale)
         entry = results.setdefault(arm.name, {"label": arm.label, "seeds": {}})
@@ -184,10 +187,16 @@ def run_arms(p: Profile, plan: list[Arm], init: Init, data: Any, validate: Any, 
             run_dirs[arm.name], geometry[arm.name] = run_dir, test["geometry"]  # short names: figure axis labels
         # what is measured survives an interrupted demo (demo.report can tabulate it: report.markdown_table)
         owned_files.write_text(out / "results.partial.json", json.dumps(results, indent=2, default=str) + "\n", "--out")
-        bar.write(f"{arm.label} (seed {seed}): mean R@1 {test['mean_R@1']:.1f}, within-family "
+        _say(bar, f"{arm.label} (seed {seed}): done, mean R@1 {test['mean_R@1']:.1f}, within-family "
                   f"{test['within_mean_R@1']:.1f}, MMVP {test['mmvp']:.1f}  [{seconds:.0f} s]")  # fmt: skip
     bar.close()
     return results, run_dirs, geometry
+
+
+def _say(bar: Any, line: str) -> None:
+    """One line on stdout, above the bar if one shows, flushed at once (a redirected stdout is block-buffered)."""
+    bar.write(line)
+    sys.stdout.flush()
 
 
 def paper_spread_plan(plan: list[Arm], init_test: dict[str, Any]) -> list[Arm]:

@@ -111,7 +111,7 @@ def _train_overrides(
     values = dict(
         output_dir=out, seed=seed, max_steps=steps, epochs=10**6, batch_size=batch, micro_batch_size=micro or batch,
         accumulation="per_micro_batch", lr=lr, warmup_steps=max(1, steps // 20), checkpoint_every=0, keep_last=1,
-        progress=progress,
+        progress=progress, stop_signals=[],  # a demo stopped by a signal starts its arm over: no stop checkpoint
     )  # fmt: skip
     return _dotted("train", values)
 

@@ -23,11 +23,11 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from PIL import Image, UnidentifiedImageError
 from torch import Tensor
-from tqdm import tqdm
 
 from sharpclip.data.files import NotRegularFileError, open_regular
 from sharpclip.data.images import load_image as load_source
 from sharpclip.data.images import request_draft, to_rgb
+from sharpclip.progress import bar as progress_bar
 
 
 @dataclass(frozen=True)
@@ -216,7 +216,7 @@ class ModelEmbedder:
 
     def _batches(self, items: Sequence[Any], what: str) -> Any:
         starts = range(0, len(items), self.batch_size)
-        return tqdm(starts, desc=f"embed {what}", disable=not self.progress, unit="batch")
+        return progress_bar(starts, enabled=self.progress, desc=f"embed {what}", unit="batch")
 
     def _autocast(self) -> Any:
         enabled = self.precision == "bf16"
@@ -230,7 +230,7 @@ class ModelEmbedder:
             _Pixels(refs, self.preprocess, self.draft_size), batch_size=self.batch_size, num_workers=workers,
             pin_memory=self.device.type == "cuda", prefetch_factor=4 if workers else None, collate_fn=_stack,
         )  # fmt: skip
-        bar = tqdm(loader, desc="embed images", disable=not self.progress, unit="batch")
+        bar = progress_bar(loader, enabled=self.progress, desc="embed images", unit="batch")
         out = []
         for pixels in bar:
             if isinstance(pixels, _Failed):

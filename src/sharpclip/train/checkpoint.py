@@ -27,6 +27,8 @@ import os
 import random
 import re
 import shutil
+import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -286,9 +288,23 @@ def _remove(path: Path) -> None:
 
 def fault_point(where: str, step: int) -> None:
     """Fault injection for crash tests: SHARPCLIP_FAULT=<where>:<step> kills the process here with SIGKILL;
-    SHARPCLIP_RAISE=<where>:<step>[:<rank>] raises a RuntimeError here (on that rank only, when one is given)."""
+    SHARPCLIP_RAISE=<where>:<step>[:<rank>] raises a RuntimeError here (on that rank only, when one is given);
+    SHARPCLIP_SIGNAL=<where>:<step>:<SIGNAL>[:<rank>][;...] sends the process that signal here (stop tests);
+    SHARPCLIP_HANG=<where>:<step>[:<rank>] sleeps here for an hour without raising (hang tests);
+    SHARPCLIP_DELAY=<where>:<step>:<seconds> sleeps that long here."""
     if os.environ.get("SHARPCLIP_FAULT") == f"{where}:{step}":
         os.kill(os.getpid(), 9)
+    rank = os.environ.get("RANK", "0")
+    for entry in filter(None, os.environ.get("SHARPCLIP_SIGNAL", "").split(";")):
+        at, name, only = entry.split(":")[:2], entry.split(":")[2], entry.split(":")[3:]
+        if at == [where, str(step)] and only in ([], [rank]):
+            os.kill(os.getpid(), getattr(signal, name))
+    hang = os.environ.get("SHARPCLIP_HANG", "").split(":")
+    if hang[:2] == [where, str(step)] and hang[2:] in ([], [rank]):
+        time.sleep(3600)
+    delay = os.environ.get("SHARPCLIP_DELAY", "").split(":")  # <where>:<step>:<seconds>
+    if delay[:2] == [where, str(step)]:
+        time.sleep(float(delay[2]))
     raised = os.environ.get("SHARPCLIP_RAISE", "").split(":")
     if raised[:2] == [where, str(step)] and raised[2:] in ([], [os.environ.get("RANK", "0")]):
         raise RuntimeError(f"injected fault at {where} {step}")

@@ -22,7 +22,7 @@ from torch import Tensor
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from sharpclip import collectives
-from sharpclip.train import rendezvous
+from sharpclip.train import rendezvous, slurm
 
 T = TypeVar("T")
 
@@ -32,13 +32,15 @@ rank, world_size = collectives.rank, collectives.world_size
 
 
 def init_from_env(device: torch.device | None = None, timeout_min: float | None = None) -> bool:
-    """Join the process group that torchrun describes in the environment; False when not launched by torchrun.
+    """Join the process group that torchrun (or srun, train.slurm) describes in the environment; False when not
+    launched by either.
 
     device: the training device of this rank; a CUDA device is made current (with or without torchrun: the pin
     thread and every allocation without an explicit device then go to it, not to GPU 0) and the backend is NCCL,
     otherwise gloo (the default device: CUDA's when available). timeout_min: how long a collective may wait for the
     slowest rank (train.dist_timeout_min; None: torch's default of 10 minutes).
     """
+    slurm.adopt()  # srun's one task per rank without torchrun: RANK, WORLD_SIZE, ... from SLURM_* (train.slurm)
     if device is not None and device.type == "cuda":
         torch.cuda.set_device(device)  # before the first allocation: NCCL's communicator and every tensor go here
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ or is_distributed():

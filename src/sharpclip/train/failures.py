@@ -17,6 +17,7 @@ from sharpclip.train import rendezvous
 from sharpclip.train.distributed import rank, world_size
 
 FAILED_KEY, SEEN_KEY, REPORTED_KEY = "sharpclip/failed", "sharpclip/failure_seen", "sharpclip/failure_reported"
+HUNG_KEY = "sharpclip/hung"  # the failure is a hang (train.heartbeat), seen by every rank
 FAILURE_POLL_S = 0.5  # how often each rank looks for another rank's failure
 FAILURE_WAIT_S = 10.0  # how long a failing rank waits for the others to have reported it before it exits
 
@@ -30,14 +31,20 @@ def _one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {' '.join(str(err).split())}"[:500]
 
 
-def _watch(store, stop: threading.Event) -> None:
+def _watch(store, stop: threading.Event, heartbeat=None) -> None:
     """Until `stop`: when another rank's failure appears in the store (or the store, hosted by rank 0 or by
     torchrun's agent, is gone), print its one line and end this process now: it may be blocked in a collective
-    that would otherwise wait for `train.dist_timeout_min` (NCCL does not notice a dead peer)."""
+    that would otherwise wait for `train.dist_timeout_min` (NCCL does not notice a dead peer). `heartbeat`
+    (train.heartbeat): this rank's progress is published, and a rank stalled past its timeout is a failure too."""
     while not stop.wait(FAILURE_POLL_S):
         try:
             if not rendezvous.store_reachable(store):  # a call on a dead store prints a C++ stack dump
                 raise ConnectionError("its host accepts no connection")
+            hung = heartbeat.check(store) if heartbeat is not None else None  # a hung rank (train.heartbeat)
+            if hung is not None:
+                store.compare_set(FAILED_KEY, "", hung)
+                store.set(HUNG_KEY, "1")  # every rank (the hung one too) counts itself seen before exiting
+                store.set(REPORTED_KEY, "1")  # the line is the detector's: no failing rank will print it
             if not store.check([FAILED_KEY]):
                 continue
             message = store.get(FAILED_KEY).decode()
@@ -53,11 +60,17 @@ def _watch(store, stop: threading.Event) -> None:
         if stop.is_set():  # this rank failed itself meanwhile and reports on its own
             return
         print(f"sharpclip: rank {rank()} stops: {message}", file=sys.stderr, flush=True)
+        with contextlib.suppress(Exception):  # after a hang no failing rank waits; the store's host (rank 0
+            # without torchrun) stays until every rank has read the line
+            if store.check([HUNG_KEY]):
+                deadline = time.monotonic() + FAILURE_WAIT_S
+                while store.add(SEEN_KEY, 0) < world_size() and time.monotonic() < deadline:
+                    time.sleep(FAILURE_POLL_S / 5)
         os._exit(1)
 
 
 @contextlib.contextmanager
-def failures_end_every_rank() -> Iterator[None]:
+def failures_end_every_rank(heartbeat=None) -> Iterator[None]:
     """Around the training loop on several ranks: an exception on any rank ends every rank promptly, each with one
     line naming the first failing rank and its error (RankFailed on the failing rank; the others print it and exit
     with status 1), instead of leaving them in a collective until the process group's timeout.
@@ -65,13 +78,16 @@ def failures_end_every_rank() -> Iterator[None]:
     The failing rank writes its error into the process group's key-value store (one key: the first failure wins),
     prints the line itself (a launcher may end it as soon as another rank exits, so it does not leave that to the
     CLI), marks it reported and waits up to FAILURE_WAIT_S for the others to have seen it; a thread on every rank
-    polls the key and exits once the line is reported. Nothing changes on one process."""
+    polls the key and exits once the line is reported. Nothing changes on one process.
+
+    `heartbeat` (train.heartbeat.Heartbeat): the same thread publishes this rank's progress and ends every rank,
+    with one line naming the stalled rank, when one makes no progress for train.hang_timeout_min."""
     if world_size() == 1:
         yield
         return
     store = dist.distributed_c10d._get_default_store()
     stop = threading.Event()
-    threading.Thread(target=_watch, args=(store, stop), daemon=True, name="sharpclip-failures").start()
+    threading.Thread(target=_watch, args=(store, stop, heartbeat), daemon=True, name="sharpclip-failures").start()
     try:
         yield
     except Exception as err:

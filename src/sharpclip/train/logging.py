@@ -23,7 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from tqdm.auto import tqdm
+from tqdm import tqdm
+
+from sharpclip.progress import bar as progress_bar
 
 log = logging.getLogger("sharpclip.train")
 
@@ -141,5 +143,6 @@ def _wandb_id(run_dir: Path) -> str:
 
 
 def progress(total: int, initial: int, enabled: bool) -> tqdm:
-    """A progress bar over optimiser steps with ETA; the postfix shows the current loss."""
-    return tqdm(total=total, initial=initial, disable=not enabled, unit="step", dynamic_ncols=True)
+    """A progress bar over optimiser steps with ETA, on a terminal only (sharpclip.progress); the postfix shows the
+    current loss."""
+    return progress_bar(total=total, initial=initial, enabled=enabled, unit="step")

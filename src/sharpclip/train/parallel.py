@@ -49,17 +49,23 @@ class Agreement:
         self.rows: list[int] = []
         self.edits: list[int] = []
         self.widths: list[dict[str, int]] = []
+        self.requests: list[float] = []  # run-control numbers summed over ranks (train.stop: a stop, the clock)
 
-    def agree(self, batch: object | None, device: torch.device) -> list[bool]:
+    def agree(self, batch: object | None, device: torch.device, requests: tuple[float, ...] = ()) -> list[bool]:
+        """`requests`: numbers summed over ranks in the same all-reduce, left in `self.requests`."""
         w, fields = self.world, len(WIDTHS)
-        value = torch.zeros((3 + fields) * w, dtype=torch.float64, device=device)
+        value = torch.zeros((3 + fields) * w + len(requests), dtype=torch.float64, device=device)
         if batch is not None:
             edits = getattr(batch, "edit_source", None)
             mine = [1.0, len(batch), 0 if edits is None else len(edits)]  # type: ignore[arg-type]
             mine += [_width(batch, name) for name in WIDTHS]
             value[torch.arange(3 + fields) * w + self.rank] = torch.tensor(mine, dtype=torch.float64).to(device)
+        if requests:
+            value[(3 + fields) * w :] = torch.tensor(requests, dtype=torch.float64).to(device)
         dist.all_reduce(value)
-        numbers = [int(v) for v in value.tolist()]  # the one host read
+        everything = value.tolist()  # the one host read
+        numbers = [int(v) for v in everything[: (3 + fields) * w]]
+        self.requests = everything[(3 + fields) * w :]
         per = [numbers[k * w : (k + 1) * w] for k in range(3 + fields)]
         self.batch = batch
         self.held, self.rows, self.edits = [v == 1 for v in per[0]], per[1], per[2]
@@ -170,11 +176,21 @@ class ParallelContext:
             self.engine.finish_step()
 
     # -- the step's agreement and gather ---------------------------------------------------------------------
-    def agree(self, batch: object | None, device: torch.device | None = None) -> list[bool]:
-        """Every rank's "I hold a batch", in rank order (one all-reduce and one host read; none on one process)."""
+    def agree(
+        self, batch: object | None, device: torch.device | None = None, requests: tuple[float, ...] = ()
+    ) -> list[bool]:
+        """Every rank's "I hold a batch", in rank order (one all-reduce and one host read; none on one process).
+        `requests`: run-control numbers (train.stop) summed over ranks in the same all-reduce, then in
+        `self.requests`; on one process they are this rank's own."""
         if not self.several:
+            self.agreement.requests = list(requests)
             return [batch is not None]
-        return self.agreement.agree(batch, device or _flag_device())
+        return self.agreement.agree(batch, device or _flag_device(), requests)
+
+    @property
+    def requests(self) -> list[float]:
+        """The run-control numbers of the last agreement, summed over ranks."""
+        return self.agreement.requests
 
     def agreed(self, batch: object) -> Agreement:
         """The agreement of `batch`'s step (made here when the caller did not: every rank runs the step)."""

@@ -38,7 +38,8 @@ from sharpclip.losses import Objective
 from sharpclip.models.base import DualEncoder
 from sharpclip.models.factory import create_model, save_checkpoint
 from sharpclip.models.preprocessing import model_transforms
-from sharpclip.train import checkpoint, distributed, rank_agreement, run_dir, validation
+from sharpclip.progress import TerminalOnly
+from sharpclip.train import checkpoint, distributed, rank_agreement, run_dir, slurm, validation
 from sharpclip.train import resume as resume_policy
 from sharpclip.train.features import build_objective, check_provided
 from sharpclip.train.logging import log
@@ -70,6 +71,8 @@ def _run_logging(directory: Path, ctx: ParallelContext) -> Iterator[None]:
                     for h in root.handlers)  # fmt: skip
     handlers = [logging.FileHandler(directory / "train.log")] + ([] if on_stderr else [logging.StreamHandler()])
     for handler in handlers:
+        if not isinstance(handler, logging.FileHandler):  # no progress line beside a bar on a terminal
+            handler.addFilter(TerminalOnly())
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
         handler.sharpclip = True  # type: ignore[attr-defined]
         root.addHandler(handler)
@@ -241,6 +244,7 @@ def run_train(cfg: Config, resume: str | Path | None = None, overwrite: bool = F
     run continues when `cfg` raises train.epochs or train.max_steps (the learning-rate schedule is rebuilt for the
     new total); with nothing left to do it raises `AlreadyFinished` and writes nothing.
     """
+    slurm.adopt()  # srun without torchrun: LOCAL_RANK (the device) and the rank from SLURM_* (train.slurm)
     device = devices.resolve_device(cfg.train.device, "train.device")
     devices.configure_tf32(device, cfg.train.tf32)  # before any model runs (the guards' initial evaluation too)
     distributed.init_from_env(device, cfg.train.dist_timeout_min)

@@ -13,8 +13,11 @@ Ranks stay in step: before each step every rank says whether it holds a batch (o
 none on one process), and when one has run out every rank ends the epoch there, with a warning. The budget is
 `train.epochs` passes (or `train.max_steps` steps), however many batches skipped samples removed; an epoch with no
 batch at all stops the run. Checkpoints hold every rank's loader position and random streams and the world size; a
-resume on another number of ranks continues at the next epoch boundary (`Trainer.resume`). With several ranks, each
-reseeds its generators with `seed + rank` once the weights are equal, so ranks draw different dropout noise.
+resume on another number of ranks continues where it stopped for map-style data (train.reshard), else at the next
+epoch boundary (`Trainer.resume`). With several ranks, each reseeds its generators with `seed + rank` once the
+weights are equal, so ranks draw different dropout noise. A stop signal and rank 0's checkpoint clock ride on the
+step's flags (train.stop): every rank finishes its step, saves and stops, or saves, at the same step; each rank beats
+after every step, so a rank that hangs ends every rank (train.heartbeat).
 
 Numerical faults are told apart: a step with a non-finite loss or gradient is skipped (bad data, or bf16 overflow);
 an update that leaves a weight non-finite stops the run at once, before anything is checkpointed; and when every
@@ -46,16 +49,19 @@ from sharpclip.eval.guards import GUARDS_HOLD
 from sharpclip.losses import Objective
 from sharpclip.losses.monitors import MATRICES_MONITOR, SATURATED_MONITOR
 from sharpclip.models.base import DualEncoder
-from sharpclip.train import checkpoint, failures, micro_batch
+from sharpclip.train import checkpoint, failures, micro_batch, reshard
 from sharpclip.train import resume as resume_policy
 from sharpclip.train.compile import compile_blocks, dropout_rate, is_compile_error
 from sharpclip.train.diagnostics import gradient_diagnostics
 from sharpclip.train.engine import by_name, load_named_optimizer_state, local, optimizer_state_fqn
 from sharpclip.train.features import FeatureEncoder
+from sharpclip.train.heartbeat import Heartbeat
+from sharpclip.train.log_lines import ProgressLines
 from sharpclip.train.logging import RunLogger, log, progress
 from sharpclip.train.optim import build_optimizer, build_scheduler, clamp_logit_scale, logit_scale_ceiling, lr_for
 from sharpclip.train.parallel import ParallelContext
 from sharpclip.train.step import check_batch_split, run_step
+from sharpclip.train.stop import RunControl, Stopped, stopped_message
 
 DIVERGED_GROWTH = 10.0  # an update that multiplies the largest |weight| by this much, then only failed steps: diverged
 
@@ -146,6 +152,10 @@ class Trainer:
         self.total_steps = cfg.max_steps or cfg.epochs * len(loader)
         self.scheduler = build_scheduler(self.optimizer, cfg.warmup_steps, self.total_steps, cfg.min_lr_ratio)
         self.params = [p for p in model.parameters() if p.requires_grad]  # sharded ones on several processes
+        # stop signals and clock checkpoints, agreed in the step's agreement (train.stop)
+        self.control = RunControl(cfg.stop_signals, cfg.checkpoint_every_min, self.ctx.is_main)
+        # this rank's progress, for the failure watcher's hang check (train.heartbeat)
+        self.heartbeat = Heartbeat(cfg.hang_timeout_min, self.ctx.rank, self.ctx.world)
         self._scale_ceiling = logit_scale_ceiling(model.logit_scale)  # from the model as built, before any resume
         self.state = TrainerState()
         self._resume_rng: dict | None = None  # RNG states to restore once the resumed epoch's iterator exists
@@ -169,8 +179,11 @@ class Trainer:
     def fit(self) -> TrainerState:
         """Train to the budget; on several ranks a failure on any rank ends every rank at once, with one line naming
         the failing rank and its error (train.failures.failures_end_every_rank)."""
-        with failures.failures_end_every_rank():
-            return self._fit()
+        with self.control.signals(), failures.failures_end_every_rank(self.heartbeat):
+            state = self._fit()
+        if self.control.stopping and not self.finished():  # a stop signal, its step checkpointed (train.stop)
+            raise Stopped(stopped_message(state.step, checkpoint.checkpoint_name(state.step), str(self.run_dir)))
+        return state
 
     def _fit(self) -> TrainerState:
         log.info("device %s, precision %s%s%s", devices.describe(self.device), self.cfg.precision,
@@ -185,10 +198,14 @@ class Trainer:
             f"{self.cfg.batch_size})" if world > 1 and self.cfg.accumulation == "exact" else "",
         )  # fmt: skip
         bar = progress(self.total_steps, self.state.step, self.cfg.progress and self.is_main)
-        while self._budget_left():
+        # a plain line every train.log_every steps (train.log_lines)
+        self.lines = ProgressLines(self.cfg.log_every, self.total_steps, self.state.step, self.state.seen, self.is_main)
+        while self._budget_left() and not self.control.stopping:
             self._epoch(bar)
-        if self._epoch_open:  # resumed from a checkpoint of the last step, written before its epoch's end ran
-            self._end_epoch()
+        # resumed from a checkpoint of the last step, written before its epoch's end ran (not when stopping)
+        if self._epoch_open and not self.control.stopping:
+            with self.heartbeat.busy("epoch end"):
+                self._end_epoch()
         bar.close()
         self.logger.close()
         report = getattr(self.loader, "report", None)  # data.SampleLoader: samples skipped under on_bad_sample: skip
@@ -246,11 +263,18 @@ class Trainer:
                     "data": f"{self._data_wait:.3f}s",
                 }
             )
-            if self.cfg.checkpoint_every and self.state.step % self.cfg.checkpoint_every == 0:
-                self.save()
+            self.lines.step(record)
+            every = self.cfg.checkpoint_every and self.state.step % self.cfg.checkpoint_every == 0
+            self.heartbeat.beat(self.state.step)
+            if every or self.control.save_now:  # a stop signal or rank 0's clock (train.stop)
+                with self.heartbeat.busy("save"):
+                    self.save()
             checkpoint.fault_point("step", self.state.step)
+            if self.control.stopping:  # the run ends here; its epoch stays open for the resume
+                return
         self._check_epoch_length(taken, announced, budget)
-        self._end_epoch()
+        with self.heartbeat.busy("epoch end"):  # validation and save
+            self._end_epoch()
 
     def _steps(self, batches: Iterator[Batch]) -> Iterator[Batch]:
         """The epoch's batches while the step budget lasts and every rank holds one.
@@ -266,7 +290,10 @@ class Trainer:
             start = time.perf_counter()
             batch = next(batches, None)
             self._data_wait = time.perf_counter() - start
-            ready = self.ctx.agree(batch)
+            if batch is not None:  # arrived at the agreement (train.heartbeat)
+                self.heartbeat.beat(self.state.step, arrived=True)
+            ready = self.ctx.agree(batch, requests=self.control.requests())  # with the stop / clock requests
+            self.control.agreed(self.ctx.requests)
             if not all(ready):
                 self._ran_out = [r for r, has in enumerate(ready) if not has]
                 return
@@ -521,6 +548,7 @@ class Trainer:
                 checkpoint.mark_best(self.ckpt_dir, path, self.state.best)
             checkpoint.prune(self.ckpt_dir, self.cfg.keep_last, keep=(path,))
         self.ctx.barrier()
+        self.control.saved()  # the checkpoint clock starts again
         return path
 
     def _log_sizes(self) -> dict[str, int]:
@@ -530,7 +558,8 @@ class Trainer:
 
     def resume(self, path: Path, loaded: tuple | None = None) -> None:
         """Continue exactly from checkpoint `path`: weights, optimiser, schedule, each rank's loader position and RNG
-        (on another number of ranks: from the next clean boundary, see `train.resume.change_world`).
+        (on another number of ranks: where it stopped when the loader's position is global, `train.reshard`, else from
+        the next clean boundary, `train.resume.change_world`).
 
         `loaded`: `checkpoint.load(path)` already read (and checked). The learning rate then follows this trainer's
         config at the restored step (train.resume documents what may change); the JSONL logs are cut back to what
@@ -554,7 +583,9 @@ class Trainer:
         if ranks is not None:  # the same world size: each rank continues its own position and random streams
             self.loader.load_state_dict(ranks[0])
             self._resume_rng = ranks[1]
-        else:
+        elif not reshard.continue_mid_epoch(
+            self.state, self.cfg, saved_world, first, self.loader, self.ctx.rank, self.ctx.world
+        ):  # exact
             self._end_at_once = resume_policy.change_world(self.state, self.cfg, saved_world, first)
         self._reschedule()
         self._weights = float(self._max_abs())

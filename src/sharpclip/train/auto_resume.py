@@ -1,0 +1,53 @@
+"""`sharpclip train RECIPE ... --resume auto`: one command that starts a run or continues it, for a job that a
+cluster may stop and start again (requeue) any number of times.
+
+`train.output_dir` (from the recipe and overrides) decides:
+
+- absent or empty: a fresh run, as `sharpclip train RECIPE ...`;
+- a run directory with a complete checkpoint: `--resume` of that directory with the recipe and overrides layered
+  over its saved config, with every refusal of `--resume RUN` (a changed model, data, objective, batch, ... is an
+  error listing saved → new); a run that has already finished prints its one line and exits 0;
+- a run directory with no complete checkpoint yet (the job stopped before its first one): started over
+  (`--overwrite`, which deletes only what a run writes), after the same check of its saved config.yaml, if it has
+  one, so a different experiment is refused rather than wiped;
+- anything else (a folder that is not a run directory): a fresh run, which refuses it with its usual message.
+
+Every rank reads the folder before any rank writes into it (the writes wait for every rank to join the process
+group), so every rank decides the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from sharpclip.config import Config, load_config
+from sharpclip.train import checkpoint, run_dir
+from sharpclip.train import resume as resume_policy
+from sharpclip.train.logging import log
+
+AUTO = "auto"  # the --resume value that means "start or continue train.output_dir"
+
+
+@dataclass
+class Start:
+    """How `train --resume auto` opens its run: the config, the run to continue (None: start), and whether the
+    folder is emptied first."""
+
+    cfg: Config
+    resume: Path | None
+    overwrite: bool
+
+
+def decide(files: list[str], overrides: list[str]) -> Start:
+    """The start of `sharpclip train FILES OVERRIDES --resume auto` (see the module docstring)."""
+    fresh = load_config(files, overrides)
+    directory = Path(fresh.train.output_dir)
+    if not run_dir.contents(directory) or not run_dir.is_run_dir(directory):
+        return Start(fresh, None, False)
+    if checkpoint.latest(directory / run_dir.CHECKPOINTS) is not None:
+        return Start(resume_policy.load_resume_config(directory, files, overrides), directory, False)
+    if (directory / resume_policy.RESOLVED_CONFIG).is_file():
+        resume_policy.reconcile(directory, fresh)  # a different experiment is refused, not wiped
+    log.warning("--resume auto: %s holds a run that stopped before its first checkpoint; starting it over", directory)
+    return Start(fresh, None, True)
