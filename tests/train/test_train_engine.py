@@ -154,3 +154,35 @@ def test_auto_micro_batches_under_a_sharded_layout_are_refused_in_one_line(tmp_p
     with pytest.raises(ConfigError, match=r"^train.micro_batch_size: auto .* train.layout=shard cannot run .*"
                                           r"or use train.layout=replicate$"):  # fmt: skip
         Trainer(model, objective, ToyLoader(model.tokenizer), cfg, tmp_path, lambda d: None, ctx=ctx)
+
+
+@pytest.mark.slow
+def test_a_sharded_run_validates_and_checkpoints_as_one_process_does(tmp_path):
+    """`sharpclip train` on 2 gloo ranks with train.layout=shard and validation every epoch (each rank embeds its
+    share of 21 images through the sharded towers): the same validation metrics as one process, and checkpoints
+    written from the gathered weights."""
+    from _support.tiny_files import write_generic
+
+    data = write_generic(tmp_path / "data", n=21)
+    args = ["model.name=tiny-clip", "data.num_workers=0", "train.device=cpu", "train.eval_every=1", "train.lr=1e-3",
+            "train.progress=false", "train.dist_timeout_min=1", "data.format=generic", f"data.root={data}",
+            "train.batch_size=8", "train.micro_batch_size=2", "train.epochs=2"]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    for name, launcher, extra in (("one", [sys.executable], []), ("two", torchrun, ["train.layout=shard"])):
+        cmd = [*launcher, "-m", "sharpclip", "train", *args, *extra, f"train.output_dir={tmp_path / name}"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    evals = {}
+    for name in ("one", "two"):
+        records = map(json.loads, (tmp_path / name / "metrics.jsonl").read_text().splitlines())
+        evals[name] = [r for r in records if "eval/mean_R@1" in r]
+    assert len(evals["two"]) == len(evals["one"]) == 2
+    for two, one in zip(evals["two"], evals["one"], strict=True):
+        assert two == pytest.approx(one, rel=1e-6)
+    assert sorted(p.name for p in (tmp_path / "two" / "checkpoints").iterdir()) == ["best.json", "step-000002",
+                                                                                    "step-000004"]  # fmt: skip
+    one = load_file(tmp_path / "one" / "checkpoints" / "step-000004" / "model.safetensors")
+    two = load_file(tmp_path / "two" / "checkpoints" / "step-000004" / "model.safetensors")
+    scale = max(float(v.abs().max()) for v in one.values() if v.is_floating_point())  # as in the test above
+    assert one.keys() == two.keys() and all(torch.allclose(two[k], one[k], rtol=1e-5, atol=1e-5 * scale) for k in one)

@@ -17,6 +17,7 @@ a lock keeps a second run out), and a resume is reconciled with the saved config
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import secrets
@@ -121,8 +122,8 @@ def guarded_validator(
     eval_cfg = replace(cfg.eval, precision=cfg.train.precision, num_workers=cfg.data.num_workers)  # training's
 
     def report(model: DualEncoder) -> dict:  # every rank embeds its share, rank 0 scores: its report on every rank
-        score = validation.scores_here()
-        return validation.from_rank0(lambda: evaluate_guards(model, guards, eval_cfg, data, validation.shard, score))
+        score, wrap = validation.scores_here(ctx), functools.partial(validation.shard, ctx=ctx)
+        return validation.from_rank0(lambda: evaluate_guards(model, guards, eval_cfg, data, wrap, score), ctx)
 
     if path.is_file():
         initial = json.loads(path.read_text())
@@ -223,8 +224,9 @@ def build_trainer(cfg: Config, evaluate: Evaluate | None = None, ctx: ParallelCo
             held_out = checked_validation_samples(data, getattr(getattr(loader, "dataset", None), "samples", None))
             evaluate = validation.shared(retrieval_validator(
                 held_out, data.eval_split, data.image_alpha, num_workers=loader.num_workers,
-                precision=cfg.train.precision, wrap=validation.shard, score=validation.scores_here(),
-            ))  # fmt: skip
+                precision=cfg.train.precision, wrap=functools.partial(validation.shard, ctx=ctx),
+                score=validation.scores_here(ctx),
+            ), ctx)  # fmt: skip
         if cfg.train.guards:
             evaluate = guarded_validator(evaluate, model, cfg, data, Path(cfg.train.output_dir), ctx)
 

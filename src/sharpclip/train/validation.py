@@ -10,6 +10,7 @@ decision; an error rank 0 meets while scoring (non-finite embeddings) is raised 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -17,28 +18,36 @@ import torch
 from torch import Tensor
 
 from sharpclip.eval.embed import Embedder, ShardedEmbedder
-from sharpclip.train import distributed
+from sharpclip.train.parallel import ParallelContext
 
 T = TypeVar("T")
 
 
-def gather_rows(rows: Tensor) -> list[Tensor]:
+def _context(ctx: ParallelContext | None) -> ParallelContext:
+    """The run's parallel context (None: this process in the default process group)."""
+    return ctx if ctx is not None else ParallelContext.from_process_group()
+
+
+def gather_rows(rows: Tensor, ctx: ParallelContext | None = None) -> list[Tensor]:
     """Every rank's `rows` (CPU tensors of any row count), in rank order, on rank 0; [] on the other ranks; [rows]
     on one process."""
-    if distributed.world_size() == 1:
+    ctx = _context(ctx)
+    if not ctx.several:
         return [rows]
-    return [torch.as_tensor(t) for t in distributed.to_rank0(rows.detach().cpu())]
+    return [torch.as_tensor(t) for t in ctx.to_rank0(rows.detach().cpu())]
 
 
-def shard(embedder: Embedder) -> Embedder:
+def shard(embedder: Embedder, ctx: ParallelContext | None = None) -> Embedder:
     """`embedder` sharded over the ranks, the embeddings gathered to rank 0 (the embedder itself on one process)."""
-    world = distributed.world_size()
-    return embedder if world == 1 else ShardedEmbedder(embedder, distributed.rank(), world, gather_rows)
+    ctx = _context(ctx)
+    if not ctx.several:
+        return embedder
+    return ShardedEmbedder(embedder, ctx.rank, ctx.world, functools.partial(gather_rows, ctx=ctx))
 
 
-def scores_here() -> bool:
+def scores_here(ctx: ParallelContext | None = None) -> bool:
     """Whether this rank scores the gathered embeddings: rank 0 (the only process when not distributed)."""
-    return distributed.rank() == 0
+    return _context(ctx).is_main
 
 
 def _kind(err: Exception) -> type[Exception]:
@@ -47,15 +56,16 @@ def _kind(err: Exception) -> type[Exception]:
     return ValueError if isinstance(err, ValueError) else RuntimeError
 
 
-def from_rank0(evaluate: Callable[[], T]) -> T:
+def from_rank0(evaluate: Callable[[], T], ctx: ParallelContext | None = None) -> T:
     """`evaluate()` on every rank, and rank 0's result on every rank (one object broadcast of trusted, in-process
     data). `evaluate` embeds this rank's share through `shard` on every rank and scores on rank 0 only
     (`scores_here`); what the other ranks return is dropped. An exception rank 0 raises is raised on every rank."""
-    if distributed.world_size() == 1:
+    ctx = _context(ctx)
+    if not ctx.several:
         return evaluate()
-    if not scores_here():
+    if not ctx.is_main:
         evaluate()
-        result, error = distributed.from_rank0(None)
+        result, error = ctx.from_rank0(None)
         if error is not None:
             kind, message = error
             raise kind(message)
@@ -63,11 +73,13 @@ def from_rank0(evaluate: Callable[[], T]) -> T:
     try:
         result = evaluate()
     except Exception as err:
-        distributed.from_rank0((None, (_kind(err), f"rank 0: {err}")))
+        ctx.from_rank0((None, (_kind(err), f"rank 0: {err}")))
         raise
-    return distributed.from_rank0((result, None))[0]
+    return ctx.from_rank0((result, None))[0]
 
 
-def shared(evaluate: Callable[[T], dict[str, float]]) -> Callable[[T], dict[str, float]]:
+def shared(
+    evaluate: Callable[[T], dict[str, float]], ctx: ParallelContext | None = None
+) -> Callable[[T], dict[str, float]]:
     """`evaluate(model)` run as `from_rank0` runs it: rank 0's metrics on every rank."""
-    return lambda model: from_rank0(lambda: evaluate(model))
+    return lambda model: from_rank0(lambda: evaluate(model), ctx)
