@@ -41,7 +41,7 @@ import logging
 import os
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +58,7 @@ from sharpclip.eval.embed import Embedder, ImageRef
 from sharpclip.eval.manifest import sha256_file, weights_sha256
 from sharpclip.eval.retrieval import RetrievalSet
 
-INDEX_VERSION = 2  # 2: chunk digests in the manifest, files owned through owned_files' record
+INDEX_VERSION = 3  # 2: chunk digests in the manifest, files owned through owned_files' record; 3: resolved paths
 MANIFEST = "manifest.json"
 LOCK = ".sharpclip-index.lock"
 CHUNK_NAME = re.compile(r"(image|text)-\d{5}\.safetensors")
@@ -87,6 +87,16 @@ def source_key(source: Any) -> str:
     if isinstance(source, bytes):
         return "sha256:" + hashlib.sha256(source).hexdigest()
     return describe(source)
+
+
+def resolved_key(source: Any) -> str:
+    """`source_key` with the file's path resolved (absolute, links followed): one image has one key whichever working
+    directory, relative path or link reached it, as the index's folder digest does."""
+    if isinstance(source, ImageRef):
+        return source_key(replace(source, path=str(Path(source.path).resolve())))
+    if isinstance(source, ParquetCell | ArrowCell):
+        return source_key(replace(source, file=str(Path(source.file).resolve())))
+    return str(Path(source).resolve()) if isinstance(source, str | Path) else source_key(source)
 
 
 def source_file(source: Any) -> Path | None:
@@ -137,10 +147,10 @@ def dataset_record(dataset: RetrievalSet, spec: dict[str, Any], hash_files: bool
     return {
         "name": dataset.name,
         "spec": spec,
-        "items": [source_key(s) for s in dataset.images],
+        "items": [resolved_key(s) for s in dataset.images],
         "captions": list(dataset.captions),
         "caption_to_image": list(dataset.caption_to_image),
-        "files": {str(p): file_record(p) if hash_files else None for p in dataset_files(dataset)},
+        "files": {str(p.resolve()): file_record(p) if hash_files else None for p in dataset_files(dataset)},
     }
 
 
