@@ -314,6 +314,7 @@ class BuildLock:
         except OSError as err:
             raise owned_files.NotOurs(f"{self.path}: cannot open the index's lock ({err.strerror}); "
                                       f"choose another {FLAG} folder") from None  # fmt: skip
+        self._refuse_foreign()
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -327,6 +328,17 @@ class BuildLock:
         os.ftruncate(self._fd, 0)
         os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
         return self
+
+    def _refuse_foreign(self) -> None:
+        """Refuse (NotOurs) a file under the lock's name that sharpclip's lock cannot be: a hard link (another name
+        shares its bytes) or text other than a pid; it is written in place, so it must be the lock alone."""
+        st, text = os.fstat(self._fd), os.pread(self._fd, 64, 0)
+        if st.st_nlink == 1 and re.fullmatch(rb"\d*\n?", text):
+            return
+        os.close(self._fd)
+        why = "a hard link to another file" if st.st_nlink != 1 else "it holds other text"
+        raise owned_files.NotOurs(f"{self.path}: not a lock sharpclip wrote ({why}); nothing there is touched: "
+                                  f"choose another {FLAG} folder")  # fmt: skip
 
     def __exit__(self, *exc: object) -> None:
         os.close(self._fd)
