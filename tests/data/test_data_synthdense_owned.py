@@ -52,3 +52,10 @@ def test_an_empty_or_absent_folder_is_generated(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     for root in (tmp_path / "empty", tmp_path / "absent"):
         assert corpus.ensure(root, SMALL) == root and (root / "manifest.json").is_file()
+
+
+def test_another_process_starting_the_same_generation_is_not_refused(tmp_path: Path) -> None:
+    root = tmp_path / "synth"
+    root.mkdir()
+    (root / f".{corpus.GENERATING[:-5]}.99999-abcdef.tmp.json").write_text("{}")  # its marker, not yet renamed
+    assert corpus.ensure(root, SMALL) == root and (root / "manifest.json").is_file()

@@ -227,6 +227,7 @@ def refuse_foreign(root: Path) -> None:
     if (root.exists() or root.is_symlink()) and not root.is_dir():
         raise ValueError(f"{root}: not a folder; choose another data.root (the demo: another --out)")
     names = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+    names = [n for n in names if n != owned_files.REGISTRY and not owned_files.is_temporary(n)]  # a start in flight
     if names and not owned_files.is_ours(root / GENERATING):
         raise ValueError(
             f"{root}: holds {', '.join(names[:3])} but no SynthDense manifest.json: not a corpus sharpclip generated, "
