@@ -39,3 +39,42 @@ def test_sharpclips_own_lock_is_taken_again(tmp_path: Path) -> None:
     (folder / ix.LOCK).write_text("12345\n")  # left by an earlier build
     with ix.BuildLock(folder):
         assert (folder / ix.LOCK).read_text() == f"{os.getpid()}\n"
+
+
+def _built(tmp_path: Path) -> Path:
+    from PIL import Image
+
+    from sharpclip.cli import main
+
+    images = tmp_path / "es"
+    images.mkdir()
+    for i in range(3):
+        Image.new("RGB", (32, 32), (60 * i, 80, 120)).save(images / f"{i}.jpg")
+        (images / f"{i}.txt").write_text(f"square {i}")
+    assert main(["search", "--model", "tiny-clip", "--images", str(images), "--index", str(tmp_path / "idx"),
+                 "eval.progress=false"]) == 0  # fmt: skip
+    (manifest,) = (tmp_path / "idx").rglob(ix.MANIFEST)
+    return manifest.parent
+
+
+def test_a_refused_rebuild_deletes_nothing_and_a_linked_manifest_is_named_a_link(tmp_path: Path, capsys) -> None:
+    from sharpclip.cli import main
+
+    folder = _built(tmp_path)
+    copy = tmp_path / "copy.safetensors"
+    copy.write_bytes((folder / "image-00000.safetensors").read_bytes())
+    (folder / "image-00000.safetensors").unlink()
+    (folder / "image-00000.safetensors").symlink_to(copy)
+    before = sorted(p.name for p in folder.iterdir())
+    argv = ["search", "--model", "tiny-clip", "--images", str(tmp_path / "es"), "--index", str(tmp_path / "idx")]
+    capsys.readouterr()
+    assert main([*argv, "--rebuild"]) == 2
+    err = capsys.readouterr().err
+    assert "symbolic link" in err and "another --index" in err
+    assert sorted(p.name for p in folder.iterdir()) == before  # the manifest is still there: nothing deleted
+    (folder / "image-00000.safetensors").unlink()
+    (folder / "image-00000.safetensors").write_bytes(copy.read_bytes())
+    (folder / ix.MANIFEST).rename(tmp_path / "manifest.json")
+    (folder / ix.MANIFEST).symlink_to(tmp_path / "manifest.json")
+    assert main([*argv, "--text", "square"]) == 2
+    assert "manifest.json is a symbolic link" in capsys.readouterr().err

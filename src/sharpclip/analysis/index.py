@@ -371,6 +371,9 @@ def build_index(
 def _own_manifest(folder: Path) -> dict[str, Any] | None:
     """The folder's manifest when sharpclip wrote it and nobody changed it since; None when there is none."""
     path = folder / MANIFEST
+    if path.is_symlink():
+        raise owned_files.NotOurs(f"{path} is a symbolic link, not an index manifest sharpclip wrote; nothing there is "
+                                  f"touched: move it away, or choose another {FLAG} folder")  # fmt: skip
     manifest = read_manifest(folder)
     if manifest is not None and not owned_files.is_ours(path):
         if owned_files.record(path) is None:
@@ -422,8 +425,13 @@ def remove_index(folder: Path) -> None:
             f"it is not an index, nothing deleted: choose another {FLAG} folder"
         )
     with BuildLock(folder, wait=False):
-        for path in [manifest, *_own_chunks(folder)]:
-            owned_files.remove(path, "--rebuild", listed=True)
+        paths = [manifest, *_own_chunks(folder)]
+        for path in paths:  # every one checked before the first is deleted: a refusal leaves the index whole
+            if path.is_symlink() or (path.exists() and not path.is_file()):
+                raise owned_files.NotOurs(f"--rebuild: {path} is a symbolic link or a folder, not a file "
+                                          f"sharpclip wrote; nothing deleted: move it away, or choose another {FLAG}")
+        for path in paths:
+            owned_files.remove(path, FLAG, listed=True)
 
 
 def model_record(name: str, model: torch.nn.Module, preprocess: Any, tokenizer: Any) -> dict[str, Any]:
@@ -449,7 +457,9 @@ def _read_chunk(path: Path, rec: dict[str, Any] | None, rows: int, dim: int) -> 
     advice = "rebuild the index (--rebuild)"
     if rec is None:
         raise IndexMismatch(f"{path}: the manifest records no such chunk; {advice}")
-    if not path.is_file() or path.is_symlink():
+    if path.is_symlink():
+        raise IndexMismatch(f"{path}: a symbolic link, not the chunk sharpclip wrote; move it away, then {advice}")
+    if not path.is_file():
         raise IndexMismatch(f"{path}: the index chunk is gone; {advice}")
     st = path.stat()
     if (st.st_size, st.st_mtime_ns) != (rec["size"], rec["mtime_ns"]) and sha256_file(path) != rec["sha256"]:
