@@ -243,6 +243,10 @@ def writing(path: str | Path, flag: str = "") -> Iterator[Path]:
         _update(path.parent, {path.name: [*old, rec]}, flag)  # both sharpclip's while the rename is in flight
         os.replace(tmp, path)
         _update(path.parent, {path.name: rec}, flag)
+    except OSError as err:
+        if err.filename is not None or err.errno is None:
+            raise
+        raise OSError(err.errno, f"cannot write {path}: {err.strerror}") from None  # a full disk names the file
     finally:
         tmp.unlink(missing_ok=True)
 
