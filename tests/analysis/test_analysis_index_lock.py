@@ -78,3 +78,21 @@ def test_a_refused_rebuild_deletes_nothing_and_a_linked_manifest_is_named_a_link
     (folder / ix.MANIFEST).symlink_to(tmp_path / "manifest.json")
     assert main([*argv, "--text", "square"]) == 2
     assert "manifest.json is a symbolic link" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage", ["garbage", "folder"])
+def test_a_damaged_record_is_named_by_a_query_and_by_rebuild(tmp_path: Path, damage: str, capsys) -> None:
+    from sharpclip.cli import main
+    from sharpclip.owned_files import REGISTRY
+
+    folder = _built(tmp_path)
+    (folder / REGISTRY).unlink()
+    (folder / REGISTRY).mkdir() if damage == "folder" else (folder / REGISTRY).write_text("garbage{")
+    before = sorted(p.name for p in folder.iterdir())
+    argv = ["search", "--model", "tiny-clip", "--images", str(tmp_path / "es"), "--index", str(tmp_path / "idx")]
+    capsys.readouterr()
+    for extra in (["--text", "square"], ["--rebuild"]):
+        assert main([*argv, *extra]) == 2
+        err = capsys.readouterr().err
+        assert f"{REGISTRY}: not sharpclip's record of its files" in err and err.count("\n") == 1, err
+    assert sorted(p.name for p in folder.iterdir()) == before

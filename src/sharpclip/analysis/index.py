@@ -376,6 +376,8 @@ def _own_manifest(folder: Path) -> dict[str, Any] | None:
                                   f"touched: move it away, or choose another {FLAG} folder")  # fmt: skip
     manifest = read_manifest(folder)
     if manifest is not None and not owned_files.is_ours(path):
+        if why := owned_files.registry_error(folder):
+            raise owned_files.NotOurs(f"{why}; nothing there is touched")
         if owned_files.record(path) is None:
             raise owned_files.NotOurs(f"{path}: not an index manifest sharpclip wrote (not in {owned_files.REGISTRY}); "
                                       f"nothing there is touched: choose another {FLAG} folder")  # fmt: skip
@@ -419,6 +421,8 @@ def remove_index(folder: Path) -> None:
     if not folder.exists():
         return
     manifest = folder / MANIFEST
+    if why := owned_files.registry_error(folder):
+        raise owned_files.NotOurs(f"--rebuild: {why}; nothing deleted")
     if owned_files.record(manifest) is None:
         raise owned_files.NotOurs(
             f"--rebuild: {folder} holds no index manifest sharpclip wrote (none listed in {owned_files.REGISTRY}); "
