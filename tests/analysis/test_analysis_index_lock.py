@@ -1,6 +1,8 @@
-"""The index's build lock (`.sharpclip-index.lock`) is the one file sharpclip writes in place (its pid): a file of
-that name that is not a lock of sharpclip's (a hard link to a user's file, a user's text) is refused in one line and
-left byte-identical, never truncated."""
+"""The index folder's files that are not chunks: the build lock (`.sharpclip-index.lock`) is the one file sharpclip
+writes in place (its pid), so a file of that name that is not a lock of sharpclip's (a hard link to a user's file, a
+user's text) is refused in one line and left byte-identical, never truncated; `--rebuild` checks every file before it
+deletes the first (a linked chunk refuses it whole); a linked manifest and a damaged `.sharpclip-files.json` are
+named for what they are."""
 
 from __future__ import annotations
 
