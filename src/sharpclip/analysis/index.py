@@ -432,8 +432,10 @@ def remove_index(folder: Path) -> None:
         paths = [manifest, *_own_chunks(folder)]
         for path in paths:  # every one checked before the first is deleted: a refusal leaves the index whole
             if path.is_symlink() or (path.exists() and not path.is_file()):
-                raise owned_files.NotOurs(f"--rebuild: {path} is a symbolic link or a folder, not a file "
-                                          f"sharpclip wrote; nothing deleted: move it away, or choose another {FLAG}")
+                raise owned_files.NotOurs(
+                    f"--rebuild: {path} is a symbolic link or a folder, not a file "
+                    f"sharpclip wrote; nothing deleted: move it away, or choose another {FLAG}"
+                )
         for path in paths:
             owned_files.remove(path, FLAG, listed=True)
 
