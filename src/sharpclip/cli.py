@@ -343,6 +343,10 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
 
         try:
             model, out = model_source(args.model, args.best) if args.model else (None, None)
+            if out and not args.out:  # <run>/eval/<checkpoint>: folders sharpclip names, never written through a link
+                from sharpclip.eval.report import check_report_folder
+
+                check_report_folder(out, Path(args.model).expanduser())
             flags = {"model.name": model, "eval.data_root": args.data_root, "eval.output_dir": args.out or out}
             overrides = [f"{k}={v}" for k, v in flags.items() if v is not None]
             if args.suite:

@@ -815,10 +815,11 @@ def _not_a_mapping(file: Path) -> str | None:
 
 
 def split_args(args: list[str] | tuple[str, ...]) -> tuple[list[str], list[str]]:
-    """Command-line words -> (YAML files, key=value overrides): a word with '=' is an override."""
+    """Command-line words -> (YAML files, key=value overrides): a word with '=' is an override; a file's `~` is the
+    home folder, also when the shell left it alone (quoted)."""
     overrides = [a for a in args if "=" in a]
     check_typed_overrides(overrides)
-    return [a for a in args if "=" not in a], overrides
+    return [os.path.expanduser(a) for a in args if "=" not in a], overrides
 
 
 def check_typed_overrides(overrides: list[str] | tuple[str, ...]) -> None:

@@ -25,6 +25,7 @@ API (everything else is private)::
     write_text(path, text, flag)         # the same for text (write_bytes for bytes); returns path
     is_ours(path) / record(path)         # whether path is ours; its registry record ({size, mtime_ns, sha256})
     listed(folder)                       # the names the folder's registry lists
+    registry_error(folder)               # why the folder's registry is not sharpclip's (None when it is or is absent)
     is_temporary(name)                   # whether a name is one of sharpclip's temporary names (a write in flight)
     remove(path, flag, listed=False)     # delete a file of ours (refuses any other; see its docstring)
 
@@ -106,6 +107,16 @@ def record(path: str | Path) -> dict[str, Any] | None:
     except NotOurs:
         return None
     return found[-1] if found else None
+
+
+def registry_error(folder: str | Path) -> str | None:
+    """Why `folder`'s registry is not sharpclip's record (damaged, a link, another tool's file), one line naming it;
+    None when there is none or it is sharpclip's."""
+    try:
+        _read_registry(Path(folder))
+    except NotOurs as err:
+        return str(err)
+    return None
 
 
 def listed(folder: str | Path) -> set[str]:
@@ -243,6 +254,10 @@ def writing(path: str | Path, flag: str = "") -> Iterator[Path]:
         _update(path.parent, {path.name: [*old, rec]}, flag)  # both sharpclip's while the rename is in flight
         os.replace(tmp, path)
         _update(path.parent, {path.name: rec}, flag)
+    except OSError as err:
+        if err.filename is not None or err.errno is None:
+            raise
+        raise OSError(err.errno, f"cannot write {path}: {err.strerror}") from None  # a full disk names the file
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -88,3 +88,25 @@ def test_cli_blend_writes_a_loadable_checkpoint_and_refuses_a_non_empty_target(t
     assert main(["blend", str(init), str(tmp_path / "run"), "--alpha", "0.5", "--to", str(out), "--force"]) == 2
     assert "thesis.tex" in capsys.readouterr().err and (out / "thesis.tex").is_file()
     assert main(["blend", str(init), str(tmp_path / "run"), "--alpha", "1.5", "--to", str(tmp_path / "x")]) == 2
+
+
+def test_force_never_deletes_a_users_file_inside_a_blends_folder(tmp_path: Path) -> None:
+    from sharpclip.analysis.wise_ft import BLEND_RECORD, _record, prepare_target
+
+    out = tmp_path / "wise"
+    (out / "best_alpha").mkdir(parents=True)
+    (out / "best_alpha" / "model.safetensors").write_bytes(b"blend weights")
+    (out / "wise_ft.json").write_text("{}")
+    _record(out, [])  # as a sweep leaves it
+    assert prepare_target(out, force=True) == out and not any(out.iterdir())  # its own output: replaced
+    (out / "best_alpha").mkdir()
+    (out / "best_alpha" / "model.safetensors").write_bytes(b"blend weights")
+    _record(out, [])
+    (out / "best_alpha" / "notes.txt").write_text("my notes on this alpha")  # the user's, since
+    with pytest.raises(ValueError, match=r"best_alpha/notes\.txt"):
+        prepare_target(out, force=True)
+    assert (out / "best_alpha" / "notes.txt").read_text() == "my notes on this alpha"
+    (out / "best_alpha" / "notes.txt").unlink()
+    (out / BLEND_RECORD).write_text('{"written": ["best_alpha", "sharpclip_blend.json"]}')  # an older record
+    with pytest.raises(ValueError, match=r"best_alpha/model\.safetensors"):
+        prepare_target(out, force=True)

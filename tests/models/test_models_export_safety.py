@@ -172,3 +172,16 @@ def test_a_pickle_payload_in_a_transformers_folder_is_refused_in_one_line_withou
     assert main(["eval", "--model", str(folder), "--suite", "retrieval"]) == 2
     out = capsys.readouterr().err
     assert "hold objects other than tensors" in out and "weights_only" not in out and not marker.exists()
+
+
+def test_force_never_deletes_outside_the_target_by_a_hand_edited_record(ckpt, tmp_path):
+    target = tmp_path / "hf"
+    export_model(ckpt, target)
+    (tmp_path / "thesis.tex").write_text("years of work")
+    (tmp_path / "abs.txt").write_text("mine too")
+    record = json.loads((target / EXPORT_RECORD).read_text())
+    record["files"] += ["../thesis.tex", str(tmp_path / "abs.txt")]  # names that climb out of the export's folder
+    (target / EXPORT_RECORD).write_text(json.dumps(record))
+    with pytest.raises(ExportError, match="refusing to delete"):
+        export_model(ckpt, target, force=True)
+    assert (tmp_path / "thesis.tex").read_text() == "years of work" and (tmp_path / "abs.txt").read_text() == "mine too"

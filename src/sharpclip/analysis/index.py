@@ -41,7 +41,7 @@ import logging
 import os
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +58,7 @@ from sharpclip.eval.manifest import sha256_file, weights_sha256
 from sharpclip.eval.retrieval import RetrievalSet
 from sharpclip.progress import bar as progress_bar
 
-INDEX_VERSION = 2  # 2: chunk digests in the manifest, files owned through owned_files' record
+INDEX_VERSION = 3  # 2: chunk digests in the manifest, files owned through owned_files' record; 3: resolved paths
 MANIFEST = "manifest.json"
 LOCK = ".sharpclip-index.lock"
 CHUNK_NAME = re.compile(r"(image|text)-\d{5}\.safetensors")
@@ -87,6 +87,16 @@ def source_key(source: Any) -> str:
     if isinstance(source, bytes):
         return "sha256:" + hashlib.sha256(source).hexdigest()
     return describe(source)
+
+
+def resolved_key(source: Any) -> str:
+    """`source_key` with the file's path resolved (absolute, links followed): one image has one key whichever working
+    directory, relative path or link reached it, as the index's folder digest does."""
+    if isinstance(source, ImageRef):
+        return source_key(replace(source, path=str(Path(source.path).resolve())))
+    if isinstance(source, ParquetCell | ArrowCell):
+        return source_key(replace(source, file=str(Path(source.file).resolve())))
+    return str(Path(source).resolve()) if isinstance(source, str | Path) else source_key(source)
 
 
 def source_file(source: Any) -> Path | None:
@@ -137,10 +147,10 @@ def dataset_record(dataset: RetrievalSet, spec: dict[str, Any], hash_files: bool
     return {
         "name": dataset.name,
         "spec": spec,
-        "items": [source_key(s) for s in dataset.images],
+        "items": [resolved_key(s) for s in dataset.images],
         "captions": list(dataset.captions),
         "caption_to_image": list(dataset.caption_to_image),
-        "files": {str(p): file_record(p) if hash_files else None for p in dataset_files(dataset)},
+        "files": {str(p.resolve()): file_record(p) if hash_files else None for p in dataset_files(dataset)},
     }
 
 
@@ -304,6 +314,7 @@ class BuildLock:
         except OSError as err:
             raise owned_files.NotOurs(f"{self.path}: cannot open the index's lock ({err.strerror}); "
                                       f"choose another {FLAG} folder") from None  # fmt: skip
+        self._refuse_foreign()
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -317,6 +328,17 @@ class BuildLock:
         os.ftruncate(self._fd, 0)
         os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
         return self
+
+    def _refuse_foreign(self) -> None:
+        """Refuse (NotOurs) a file under the lock's name that sharpclip's lock cannot be: a hard link (another name
+        shares its bytes) or text other than a pid; it is written in place, so it must be the lock alone."""
+        st, text = os.fstat(self._fd), os.pread(self._fd, 64, 0)
+        if st.st_nlink == 1 and re.fullmatch(rb"\d*\n?", text):
+            return
+        os.close(self._fd)
+        why = "a hard link to another file" if st.st_nlink != 1 else "it holds other text"
+        raise owned_files.NotOurs(f"{self.path}: not a lock sharpclip wrote ({why}); nothing there is touched: "
+                                  f"choose another {FLAG} folder")  # fmt: skip
 
     def __exit__(self, *exc: object) -> None:
         os.close(self._fd)
@@ -349,8 +371,13 @@ def build_index(
 def _own_manifest(folder: Path) -> dict[str, Any] | None:
     """The folder's manifest when sharpclip wrote it and nobody changed it since; None when there is none."""
     path = folder / MANIFEST
+    if path.is_symlink():
+        raise owned_files.NotOurs(f"{path} is a symbolic link, not an index manifest sharpclip wrote; nothing there is "
+                                  f"touched: move it away, or choose another {FLAG} folder")  # fmt: skip
     manifest = read_manifest(folder)
     if manifest is not None and not owned_files.is_ours(path):
+        if why := owned_files.registry_error(folder):
+            raise owned_files.NotOurs(f"{why}; nothing there is touched")
         if owned_files.record(path) is None:
             raise owned_files.NotOurs(f"{path}: not an index manifest sharpclip wrote (not in {owned_files.REGISTRY}); "
                                       f"nothing there is touched: choose another {FLAG} folder")  # fmt: skip
@@ -394,14 +421,23 @@ def remove_index(folder: Path) -> None:
     if not folder.exists():
         return
     manifest = folder / MANIFEST
+    if why := owned_files.registry_error(folder):
+        raise owned_files.NotOurs(f"--rebuild: {why}; nothing deleted")
     if owned_files.record(manifest) is None:
         raise owned_files.NotOurs(
             f"--rebuild: {folder} holds no index manifest sharpclip wrote (none listed in {owned_files.REGISTRY}); "
             f"it is not an index, nothing deleted: choose another {FLAG} folder"
         )
     with BuildLock(folder, wait=False):
-        for path in [manifest, *_own_chunks(folder)]:
-            owned_files.remove(path, "--rebuild", listed=True)
+        paths = [manifest, *_own_chunks(folder)]
+        for path in paths:  # every one checked before the first is deleted: a refusal leaves the index whole
+            if path.is_symlink() or (path.exists() and not path.is_file()):
+                raise owned_files.NotOurs(
+                    f"--rebuild: {path} is a symbolic link or a folder, not a file "
+                    f"sharpclip wrote; nothing deleted: move it away, or choose another {FLAG}"
+                )
+        for path in paths:
+            owned_files.remove(path, FLAG, listed=True)
 
 
 def model_record(name: str, model: torch.nn.Module, preprocess: Any, tokenizer: Any) -> dict[str, Any]:
@@ -427,7 +463,9 @@ def _read_chunk(path: Path, rec: dict[str, Any] | None, rows: int, dim: int) -> 
     advice = "rebuild the index (--rebuild)"
     if rec is None:
         raise IndexMismatch(f"{path}: the manifest records no such chunk; {advice}")
-    if not path.is_file() or path.is_symlink():
+    if path.is_symlink():
+        raise IndexMismatch(f"{path}: a symbolic link, not the chunk sharpclip wrote; move it away, then {advice}")
+    if not path.is_file():
         raise IndexMismatch(f"{path}: the index chunk is gone; {advice}")
     st = path.stat()
     if (st.st_size, st.st_mtime_ns) != (rec["size"], rec["mtime_ns"]) and sha256_file(path) != rec["sha256"]:

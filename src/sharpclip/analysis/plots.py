@@ -39,9 +39,11 @@ LOG_FLOOR = 1e-10  # zeros on log axes are drawn here (the paper clamps the same
 
 
 def outputs(out: str | Path) -> list[Path]:
-    """The files a figure function writes for `out`: `<out>.png` and `<out>.json`."""
-    out = Path(out).with_suffix("")
-    return [out.with_suffix(".png"), out.with_suffix(".json")]
+    """The files a figure function writes for `out`: `<out>.png` and `<out>.json` (a `.png` or `.json` ending of
+    `out` is dropped first; any other dot is part of the name, as in a run folder `lr1e-4.seed0`)."""
+    out = Path(out)
+    stem = out.with_suffix("") if out.suffix in (".png", ".json") else out
+    return [stem.with_name(stem.name + ".png"), stem.with_name(stem.name + ".json")]
 
 
 def _save(fig: Any, numbers: dict[str, Any], out: str | Path, flag: str = "--out") -> tuple[Path, Path]:

@@ -87,7 +87,7 @@ def prepare_target(directory: str | Path, force: bool) -> Path:
         raise ValueError(f"--to {directory}: folder is not empty; choose another or pass --force to replace it")
     if found:
         ours = _earlier_blend(directory)
-        extra = [n for n in found if n not in ours or (directory / n).is_symlink()]
+        extra = [n for n in found if n not in ours or (directory / n).is_symlink()] + _unrecorded_inside(directory)
         if extra:
             shown = ", ".join(extra[:5]) + (", ..." if len(extra) > 5 else "")
             raise ValueError(
@@ -101,6 +101,18 @@ def prepare_target(directory: str | Path, force: bool) -> Path:
     return directory
 
 
+def _unrecorded_inside(directory: Path) -> list[str]:
+    """Files inside the folders of `directory` (`best_alpha/`, ...) that its blend record does not list: a file the
+    user put into a blend's folder since (an older record listing none: every one)."""
+    try:
+        inside = {str(n) for n in json.loads((directory / BLEND_RECORD).read_text()).get("inside", [])}
+    except (OSError, ValueError, AttributeError, TypeError):
+        inside = set()
+    folders = [p for p in directory.iterdir() if p.is_dir() and not p.is_symlink()]
+    found = sorted(str(f.relative_to(directory)) for d in folders for f in d.rglob("*") if not f.is_dir())
+    return [f for f in found if f not in inside]
+
+
 def _earlier_blend(directory: Path) -> set[str]:
     try:
         return {str(n) for n in json.loads((directory / BLEND_RECORD).read_text())["written"]} | {BLEND_RECORD}
@@ -110,7 +122,8 @@ def _earlier_blend(directory: Path) -> set[str]:
 
 def _record(out: Path, written: list[Path]) -> list[Path]:
     names = sorted(p.name for p in out.iterdir())
-    (out / BLEND_RECORD).write_text(json.dumps({"written": names}, indent=2) + "\n")
+    inside = sorted(str(f.relative_to(out)) for f in out.rglob("*") if f.parent != out and not f.is_dir())
+    (out / BLEND_RECORD).write_text(json.dumps({"written": names, "inside": inside}, indent=2) + "\n")
     return written
 
 

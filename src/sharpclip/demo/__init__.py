@@ -38,7 +38,7 @@ import torch
 from sharpclip import owned_files
 from sharpclip.config import ModelConfig
 from sharpclip.data.synthdense.corpus import ensure
-from sharpclip.demo import regime, report, wise_ft
+from sharpclip.demo import compare, regime, report, wise_ft
 from sharpclip.demo.compare import write_qualitative
 from sharpclip.demo.measure import evaluate_model, training_stats
 from sharpclip.demo.plan import (
@@ -218,12 +218,23 @@ def command_line(opts: DemoOptions) -> str:
     return " ".join(w for w in words if w)
 
 
+REPORT_FILES = ("report.md", "report.json", "results.partial.json", "demo_meta.json")
+
+
+def check_outputs(out: Path) -> None:
+    """Refuse (owned_files.NotOurs, one line naming the file and --out) a report file in `out` that sharpclip did not
+    write, or a `compare_infonce_hn` there that is a link: before hours of training, not after."""
+    owned_files.check([out / name for name in REPORT_FILES], "--out")
+    compare.check_folder(out)
+
+
 def run_demo(opts: DemoOptions) -> dict[str, Any]:
     """Everything of the module docstring; returns {"results", "claims", "files", "meta"}."""
     start = time.perf_counter()
     p = profile_for(opts)
     plan = select(opts)
     out = Path(opts.out)
+    check_outputs(out)  # before anything is generated or trained
     out.mkdir(parents=True, exist_ok=True)
     data, validation, data_seconds = prepare_data(p, out)
     sizes = f"{p.train_families} training scenes + {p.train_detail_pairs} detail pairs, {p.test_families} × 6 test, "

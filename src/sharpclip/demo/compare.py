@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from sharpclip import owned_files
 from sharpclip.analysis.compare import Side, compare_rankings, write_compare
 from sharpclip.config import DataConfig, ModelConfig
 from sharpclip.data import read_samples
@@ -22,6 +23,14 @@ from sharpclip.train.checkpoint import resolve_source
 
 ARMS = (("infonce", "InfoNCE"), ("hn", "HN-CLIP"))  # (arm name in demo.plan, label on the page)
 FOLDER = "compare_infonce_hn"
+
+
+def check_folder(out: Path) -> None:
+    """Refuse (owned_files.NotOurs, one line) a `<out>/compare_infonce_hn` that is a symbolic link or a file: a folder
+    sharpclip names is never written through a link; writes nothing."""
+    folder = out / FOLDER
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        owned_files.folder(folder, "--out", derived=True)  # raises its one line
 
 
 def write_qualitative(run_dirs: dict[str, Path], data: DataConfig, out: Path, k: int = 5, n: int = 6) -> list[Path]:
@@ -36,4 +45,5 @@ def write_qualitative(run_dirs: dict[str, Path], data: DataConfig, out: Path, k:
         with torch.no_grad():
             sides.append(Side(label, embed.images(dataset.images), embed.texts(dataset.captions)))
     result = compare_rankings(sides[0], sides[1], dataset.caption_to_image, k, n)
+    check_folder(out)
     return write_compare(result, dataset, out / FOLDER)

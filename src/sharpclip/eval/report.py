@@ -71,9 +71,17 @@ def markdown_report(results: dict[str, dict[str, Any]], ks: list[int]) -> str:
 REPORT_FILES = ("eval_report.json", "eval_report.md", "eval_manifest.json")
 
 
-def check_report_folder(out_dir: str | Path) -> None:
-    """Refuse (one line naming the file and --out) a report file in `out_dir` that sharpclip did not write."""
-    owned_files.check([Path(out_dir) / name for name in REPORT_FILES], "--out")
+def check_report_folder(out_dir: str | Path, derived: Path | None = None) -> None:
+    """Refuse (one line naming the file and --out) a report file in `out_dir` that sharpclip did not write, and, when
+    sharpclip chose the folder below `derived` (a run's `eval/<checkpoint>`), a symbolic link among those folders."""
+    out = Path(out_dir)
+    if derived is not None:
+        for folder in [out, *out.parents]:
+            if folder == derived or derived not in folder.parents:
+                break
+            if folder.is_symlink():
+                owned_files.folder(folder, "--out", derived=True)  # raises its one line
+    owned_files.check([out / name for name in REPORT_FILES], "--out")
 
 
 def write_report(result: SuiteResult, manifest: dict[str, Any], out_dir: str | Path, ks: list[int]) -> list[Path]:

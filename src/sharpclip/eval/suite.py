@@ -120,7 +120,8 @@ def run_eval(cfg: Any, model: Any = None) -> list[Path]:
     evaluated), every suite is first checked against the images of its training split: shared images refuse the
     run unless data.overlap=warn."""
     out_dir = cfg.eval.output_dir or str(Path(cfg.train.output_dir) / "eval")
-    check_report_folder(out_dir)  # a report file there that sharpclip did not write: refused before evaluating
+    derived = Path(cfg.train.output_dir) if not cfg.eval.output_dir else None
+    check_report_folder(out_dir, derived)  # a report file there that sharpclip did not write: refused before evaluating
     device = resolve_device(cfg.eval.device, "eval.device")
     configure_tf32(device, cfg.train.tf32)  # before any model runs; the manifest records it
     if model is None:

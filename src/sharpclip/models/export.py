@@ -104,6 +104,8 @@ def earlier_export(folder: Path) -> list[str] | None:
         files = [str(f) for f in record["files"]]
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    if any(Path(f).name != f or f in ("", ".", "..") for f in files):  # a name that leaves the folder: not an export's
+        return None
     return [*files, EXPORT_RECORD]
 
 

@@ -84,8 +84,20 @@ def agreement(teacher: HFDualEncoder, student: HFDualEncoder, captions: Sequence
     return 1.0 - distill_cosine(t, s).item()
 
 
+def check_target(directory: Path) -> None:
+    """Refuse (ValueError, one line) a `--to` that is a link, a file or a non-empty folder: the student's checkpoint
+    (config.json, model.safetensors, ...) is never written over or beside files sharpclip did not write there."""
+    if directory.is_symlink() or (directory.exists() and not directory.is_dir()):
+        raise ValueError(f"--to {directory}: a symbolic link or a file; give a new or empty folder for the student")
+    found = sorted(p.name for p in directory.iterdir()) if directory.is_dir() else []
+    if found:
+        shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
+        raise ValueError(f"--to {directory}: not empty ({shown}); give a new or empty folder for the student")
+
+
 def run_distill(cfg: Config, captions_file: str | Path, out_dir: str | Path) -> str:
     """The `sharpclip distill` command: 5% of the captions (at least one) are held out for the closing report."""
+    check_target(Path(out_dir))  # before anything is loaded or trained
     device = devices.resolve_device(cfg.train.device, "train.device")
     devices.configure_tf32(device, cfg.train.tf32)  # before any model runs
     distributed.init_from_env(device, cfg.train.dist_timeout_min)

@@ -31,6 +31,7 @@ import socket
 import time
 from pathlib import Path
 
+from sharpclip import owned_files
 from sharpclip.train.logging import log
 
 LOCK = ".sharpclip.lock"
@@ -68,7 +69,17 @@ def foreign(path: Path) -> list[str]:
     ckpts = path / CHECKPOINTS
     if ckpts.is_dir() and not ckpts.is_symlink():
         found += [f"{CHECKPOINTS}/{p.name}" for p in sorted(ckpts.iterdir()) if not _is_checkpoint_entry(p)]
-    return sorted(found)
+    return sorted(found + _foreign_reports(path))
+
+
+def _foreign_reports(path: Path) -> list[str]:
+    """Files under the run's eval/ that sharpclip's reports did not write (their folders' `owned_files` records
+    say): a user's notes beside `eval/<checkpoint>/eval_report.md` are never deleted with the folder."""
+    folder = path / "eval"
+    if not folder.is_dir() or folder.is_symlink():
+        return []
+    files = [p for p in sorted(folder.rglob("*")) if p.is_symlink() or not p.is_dir()]
+    return [str(p.relative_to(path)) for p in files if p.name != owned_files.REGISTRY and not owned_files.is_ours(p)]
 
 
 def _is_checkpoint_entry(p: Path) -> bool:

@@ -13,6 +13,7 @@ from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
 
+from sharpclip import owned_files
 from sharpclip.config import SynthDenseConfig
 from sharpclip.data.synthdense.captions import coarse_caption, dense_caption, family, noisy_details, vocabulary
 from sharpclip.data.synthdense.edits import EDIT_KINDS, MMVP_PATTERNS, make_edit, mmvp_pair
@@ -35,6 +36,7 @@ VERSION = 3  # bump when the output for a given config changes (2: caption_layou
 SPLITS = ("train", "test", "pretrain", "edits", "mmvp", "zeroshot")  # one JSONL file and one image folder each
 ZEROSHOT_CLASSES = tuple(f"{c}_{s}" for c in COLOURS for s in SHAPES)  # folder names; "_" reads as a space
 ZEROSHOT_PROMPTS = "zeroshot_prompts.txt"  # the coarse captions' template, one line: eval.prompts
+GENERATING = "synthdense.generating.json"  # written first, removed once manifest.json is written: a build in progress
 
 
 def _rng(seed: int, split: str, index: int) -> random.Random:
@@ -200,6 +202,7 @@ def manifest(cfg: SynthDenseConfig) -> dict:
 def generate(root: str | Path, cfg: SynthDenseConfig) -> Path:
     """Write the corpus under `root` (layout: the package docstring); returns root. Output depends only on `cfg`."""
     root = Path(root)
+    owned_files.write_text(root / GENERATING, json.dumps(manifest(cfg)) + "\n", "data.root")  # ours, until done
     for split in SPLITS:
         (root / "images" / split).mkdir(parents=True, exist_ok=True)
     jobs = _jobs(cfg)
@@ -213,7 +216,23 @@ def generate(root: str | Path, cfg: SynthDenseConfig) -> Path:
     (root / "vocab.txt").write_text("\n".join(vocabulary()) + "\n", encoding="utf-8")
     (root / ZEROSHOT_PROMPTS).write_text("a picture of a {}.\n", encoding="utf-8")
     (root / "manifest.json").write_text(json.dumps(manifest(cfg), indent=2) + "\n", encoding="utf-8")
+    owned_files.remove(root / GENERATING, "data.root")
     return root
+
+
+def refuse_foreign(root: Path) -> None:
+    """Refuse (ValueError, one line) to generate into a folder that holds anything but an interrupted generation of
+    sharpclip's own (its `GENERATING` record): a user's data folder given as data.root (or a demo's --out holding a
+    `synthdense/` of the user's) is never written over."""
+    if (root.exists() or root.is_symlink()) and not root.is_dir():
+        raise ValueError(f"{root}: not a folder; choose another data.root (the demo: another --out)")
+    names = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+    names = [n for n in names if n != owned_files.REGISTRY and not owned_files.is_temporary(n)]  # a start in flight
+    if names and not owned_files.is_ours(root / GENERATING):
+        raise ValueError(
+            f"{root}: holds {', '.join(names[:3])} but no SynthDense manifest.json: not a corpus sharpclip generated, "
+            "nothing there is touched; choose another data.root (the demo: another --out), or an empty folder"
+        )
 
 
 def ensure(root: str | Path, cfg: SynthDenseConfig) -> Path:
@@ -235,4 +254,5 @@ def ensure(root: str | Path, cfg: SynthDenseConfig) -> Path:
             f"{path}: SynthDense there was generated with a different config ({found.get('config')}); "
             "use another data.root or delete the folder to regenerate"
         )
+    refuse_foreign(root)
     return generate(root, cfg)
