@@ -1,5 +1,5 @@
 """Worker of the multi-rank host-read count, launched by torchrun on gloo: three trainer steps per case, through the
-trainer's own loop pieces (`Trainer._steps`, which agrees the step's flags, then `Trainer._train_step`); the reads
+trainer's own loop pieces (`Trainer._steps`, which makes the step's agreement, then `Trainer._train_step`); the reads
 and `torch.tensor(device=...)` copies inside each step after the first are counted by call site; rank 0 writes
 every rank's counts (JSON).
 

@@ -130,7 +130,8 @@ class CachedFeatures:
     def backward(self, no_sync: NoSyncFn = contextlib.nullcontext) -> None:
         """Step 3, once the loss was backpropagated to `leaves`: each micro-batch's share of ∂L/∂θ into `.grad`.
 
-        no_sync: context that suspends DDP's gradient all-reduce; entered for every replay but the last.
+        no_sync: context that suspends the gradient reduction (the engine's `ParallelContext.accumulating`, or DDP's
+        `no_sync`); entered for every replay but the last.
         """
         grads = {
             k: _split_like(v.grad, [p[k] for p in self.shapes]) for k, v in self.leaves.items() if v.grad is not None

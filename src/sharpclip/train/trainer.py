@@ -6,10 +6,11 @@ runs the step, skips non-finite steps, clips, steps the optimiser and the schedu
 that the weights are still finite, logs, checkpoints, evaluates, and on request records gradient diagnostics.
 
 Before the loop the trainer puts everything that computes on `train.device`: the model and the feature encoder's
-frozen towers (batches follow in train.features, the one place that moves them); it compiles the towers under
-`train.compile` and turns on activation checkpointing under `train.grad_checkpointing`.
+frozen towers (batches follow in train.features, the one place that moves them); it turns on activation
+checkpointing under `train.grad_checkpointing`, compiles every transformer block under `train.compile`, and on
+several processes puts the model under the engine (train.engine: FSDP2, `train.layout`) before building AdamW.
 
-Ranks stay in step: before each step every rank says whether it holds a batch (one all-reduce of the step's flags;
+Ranks stay in step: before each step every rank says whether it holds a batch (one all-reduce of the step's agreement;
 none on one process), and when one has run out every rank ends the epoch there, with a warning. The budget is
 `train.epochs` passes (or `train.max_steps` steps), however many batches skipped samples removed; an epoch with no
 batch at all stops the run. Checkpoints hold every rank's loader position and random streams and the world size; a
