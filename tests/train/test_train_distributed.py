@@ -160,3 +160,28 @@ def test_per_micro_batch_refuses_a_batch_that_does_not_split_over_the_ranks(batc
         return
     with pytest.raises(ConfigError, match=r"train\.batch_size .* train\.micro_batch_size"):
         check_batch_split(batch, micro, "per_micro_batch", world)
+
+
+def test_a_per_sample_objective_splits_its_micro_batch_over_ranks_in_equal_shares():
+    """CLIP-IN's distillation (one micro-batch of 160, a per-sample loss) on 8 processes: 20 rows a rank, whose
+    mean over ranks is the micro-batch's mean; a share that does not divide the micro-batch is still refused."""
+    check_batch_split(160, 160, "per_micro_batch", 8, per_sample=True)
+    check_batch_split(160, 80, "per_micro_batch", 8, per_sample=True)
+    with pytest.raises(ConfigError, match="whole micro-batches"):
+        check_batch_split(160, 160, "per_micro_batch", 8)  # a contrastive matrix cannot span ranks
+    with pytest.raises(ConfigError, match="whole micro-batches"):
+        check_batch_split(160, 48, "per_micro_batch", 8, per_sample=True)  # 20-row shares do not make 48
+
+
+def test_a_refused_split_names_the_nearest_settings_that_run():
+    """HN-CLIP's 128 as 8 micro-batches of 16 on 16 processes: 8 processes, a batch of 256, or exact all run."""
+    with pytest.raises(ConfigError) as err:
+        check_batch_split(128, 16, "per_micro_batch", 16)
+    message = str(err.value)
+    assert "8 processes" in message and "train.batch_size=256" in message and "train.accumulation=exact" in message
+    check_batch_split(128, 16, "per_micro_batch", 8)
+    check_batch_split(256, 16, "per_micro_batch", 16)
+    check_batch_split(128, 16, "exact", 16)
+    with pytest.raises(ConfigError) as err:
+        check_batch_split(48, 16, "per_micro_batch", 5)  # no smaller count of processes fits either
+    assert "train.batch_size=80" in str(err.value)

@@ -8,8 +8,11 @@ from pathlib import Path
 import pytest
 
 from sharpclip.cli import main
-from sharpclip.config import load_config
+from sharpclip.config import ConfigError, LossConfig, load_config
+from sharpclip.train.distill import DISTILL_TERMS
+from sharpclip.train.features import build_objective
 from sharpclip.train.run import run_train
+from sharpclip.train.step import check_batch_split
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 TWIN = CONFIGS / "tiny_synthdense.yaml"
@@ -102,3 +105,21 @@ def test_torchrun_two_processes_through_the_cli(synthdense_root, tmp_path):
     assert len(trained) == 2 and all(r["samples_per_s"] > 0 for r in trained)
     assert "16-row contrastive matrix" not in proc.stderr  # per_micro_batch recipe: the log names the real size
     assert "accumulation per_micro_batch: 4-row contrastive matrix" in (out / "train.log").read_text()
+
+
+def test_the_recipes_on_common_gpu_counts_run_or_name_the_nearest_setting():
+    """configs/clipin_distill.yaml (a per-sample loss) runs on 8 GPUs; each HN-CLIP recipe runs on 8, and on 16 is
+    refused in one line naming settings that run (8 processes, a batch of 256, or exact accumulation)."""
+    distill = load_config([CONFIGS / "clipin_distill.yaml"], []).train
+    per_sample = build_objective(LossConfig(terms=DISTILL_TERMS), monitor=False).per_sample
+    assert per_sample
+    check_batch_split(distill.batch_size, distill.micro_batch_size, distill.accumulation, 8, per_sample)
+    for name in ("hnclip_docci.yaml", "hnclip_dci.yaml", "hnclip_vg_to_urban1k.yaml", "lora_hn.yaml"):
+        cfg = load_config([CONFIGS / name], [])
+        objective = build_objective(cfg.loss)
+        assert not objective.per_sample, name
+        train = cfg.train
+        check_batch_split(train.batch_size, train.micro_batch_size, train.accumulation, 8, objective.per_sample)
+        with pytest.raises(ConfigError, match=r"8 processes, or train\.batch_size=256, or train\.accumulation=exact"):
+            check_batch_split(train.batch_size, train.micro_batch_size, train.accumulation, 16, objective.per_sample)
+        check_batch_split(train.batch_size, train.micro_batch_size, "exact", 16, objective.per_sample)

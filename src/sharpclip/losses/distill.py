@@ -14,7 +14,7 @@ from torch import Tensor
 from sharpclip.losses.registry import register
 
 
-@register("distill_cosine")
+@register("distill_cosine", per_sample=True)
 def distill_cosine(teacher: Tensor, student: Tensor, rows: slice | None = None) -> Tensor:
     """1 − cosine between teacher and student embeddings, averaged over the batch (CLIP-IN eq. 7).
 

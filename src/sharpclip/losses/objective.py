@@ -89,6 +89,12 @@ class Objective:
         out["loss"] = total  # type: ignore[assignment]
         return out
 
+    @property
+    def per_sample(self) -> bool:
+        """Whether every computed term is a mean over rows of a per-row value (registry's `per_sample`): the
+        objective of a micro-batch split into equal parts is then the mean of the parts' objectives."""
+        return all(t.spec.per_sample for t in self.terms if not t.diagnostic and t.weight != 0)
+
     def diagnose(self, features: Mapping[str, Tensor]) -> dict[str, Tensor]:
         """The diagnostic terms' values on `features` (no gradient), flattened: {name: 0-dim tensor}. They stay on
         the features' device, so that evaluating them between forward and backward waits for nothing."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import inspect
 import typing
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from torch import Tensor
@@ -33,6 +33,8 @@ class LossSpec:
     optional_inputs: tuple[str, ...]  # tensor inputs that may be absent (None)
     params: dict[str, Any]  # hyperparameters and their defaults
     param_types: dict[str, Any]  # hyperparameters and their annotated types (float, int | None, ...)
+    # a mean over rows of a per-row value (no row sees another): a micro-batch then splits over ranks exactly
+    per_sample: bool = False
 
     @property
     def summary(self) -> str:
@@ -58,13 +60,14 @@ def spec_of(name: str, fn: LossFn) -> LossSpec:
     return LossSpec(name, fn, tuple(inputs), tuple(optional), params, types)
 
 
-def register(name: str) -> Callable[[LossFn], LossFn]:
-    """Decorator: make `fn` available to configs as `loss: <name>`."""
+def register(name: str, per_sample: bool = False) -> Callable[[LossFn], LossFn]:
+    """Decorator: make `fn` available to configs as `loss: <name>`. per_sample: the loss is the mean of a value
+    computed for each row alone (a distillation), not a matrix over the batch's rows (every contrastive loss)."""
 
     def deco(fn: LossFn) -> LossFn:
         if name in _REGISTRY:
             raise ValueError(f"loss {name!r} is already registered (by {_REGISTRY[name].fn.__module__})")
-        _REGISTRY[name] = spec_of(name, fn)
+        _REGISTRY[name] = replace(spec_of(name, fn), per_sample=per_sample)
         return fn
 
     return deco

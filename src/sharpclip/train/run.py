@@ -194,10 +194,11 @@ def build_trainer(cfg: Config, evaluate: Evaluate | None = None, ctx: ParallelCo
     world, rank = ctx.world, ctx.rank
     if cfg.train.batch_size % world:
         raise ConfigError(f"train.batch_size ({cfg.train.batch_size}) must be divisible by the {world} processes")
-    check_batch_split(cfg.train.batch_size, cfg.train.micro_batch_size, cfg.train.accumulation, world)
+    objective = check_config(cfg)  # every input against the feature table, every parameter typed, formats known
+    check_batch_split(cfg.train.batch_size, cfg.train.micro_batch_size, cfg.train.accumulation, world,
+                      objective.per_sample)  # fmt: skip
     device = devices.resolve_device(cfg.train.device, "train.device")
     devices.check_precision(cfg.train.precision, device, "train.precision")  # before the model is built
-    objective = check_config(cfg)  # every input against the feature table, every parameter typed, formats known
     checkpoint.seed_rngs(cfg.train.seed)  # the same weights on every rank (then broadcast from rank 0 anyway)
     model = create_model(cfg.model).to(device)
     log_model(model, cfg.model.name)

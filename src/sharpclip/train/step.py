@@ -71,15 +71,33 @@ def split_rows(batch: Batch, size: int) -> list[Batch]:
     return parts
 
 
-def check_batch_split(batch_size: int, micro_batch_size: int, accumulation: str, world: int) -> None:
+def check_batch_split(
+    batch_size: int, micro_batch_size: int, accumulation: str, world: int, per_sample: bool = False
+) -> None:
     """Refuse, under per_micro_batch, a global batch that does not split into W·k micro-batches (W ranks, k on each):
-    every matrix must be `micro_batch_size` rows at every world size."""
-    if accumulation == "per_micro_batch" and batch_size % (world * micro_batch_size):
-        raise ConfigError(
-            f"train.batch_size ({batch_size}) must be a multiple of train.micro_batch_size ({micro_batch_size}) "
-            f"times the {world} processes under train.accumulation: per_micro_batch, so that every process holds "
-            "whole micro-batches; change train.batch_size or train.micro_batch_size"
-        )
+    every matrix must be `micro_batch_size` rows at every world size. A per-sample objective (`Objective.per_sample`,
+    a distillation) has no matrix: a micro-batch may then span ranks in equal shares (a rank's share of the batch
+    divides the micro-batch), and the mean of the shares' losses is the micro-batch's loss."""
+    if accumulation != "per_micro_batch" or not batch_size % (world * micro_batch_size):
+        return
+    share = batch_size // world if not batch_size % world else 0
+    if per_sample and share and not micro_batch_size % share:
+        return
+    raise ConfigError(
+        f"train.batch_size ({batch_size}) must be a multiple of train.micro_batch_size ({micro_batch_size}) times the "
+        f"{world} processes under train.accumulation: per_micro_batch, so that every process holds whole "
+        f"micro-batches (each its own contrastive matrix); {_nearest_split(batch_size, micro_batch_size, world)}"
+    )
+
+
+def _nearest_split(batch_size: int, micro_batch_size: int, world: int) -> str:
+    """The settings nearest to a refused split that run: fewer processes, a larger batch, or exact accumulation."""
+    fits = [w for w in range(world - 1, 0, -1) if not batch_size % (w * micro_batch_size)]
+    step = world * micro_batch_size
+    larger = -(-batch_size // step) * step
+    options = [f"{fits[0]} processes" if fits else "", f"train.batch_size={larger}",
+               "train.accumulation=exact (the whole batch's matrix, any micro-batch per process)"]  # fmt: skip
+    return "nearest that run: " + ", or ".join(o for o in options if o)
 
 
 @dataclass

@@ -135,7 +135,7 @@ class Trainer:
             raise ValueError("the feature encoder must encode the model being trained")
         self.encoder.to(self.device)
         self.micro = cfg.micro_batch_size  # auto: sized on the first batch (train.micro_batch)
-        check_batch_split(cfg.batch_size, cfg.micro_batch_size, cfg.accumulation, self.ctx.world)
+        check_batch_split(cfg.batch_size, cfg.micro_batch_size, cfg.accumulation, self.ctx.world, objective.per_sample)
         micro_batch.check_layout(cfg, self.ctx)
         # a plain copy for the gradient diagnostics, which need each rank's own gradients (the engine reduces them)
         self._plain = copy.deepcopy(model) if cfg.diagnostics_every and self.ctx.several else None
