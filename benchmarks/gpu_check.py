@@ -16,7 +16,7 @@ Parts, in this order, each in its own process; every JSON line a part prints is 
    more the NCCL equality test among them), a row per test as it ends;
 4. `multi_gpu` (2 GPUs or more): `gpu_ranks.py` on one process and under torchrun on 2 GPUs (and on all of them
    when more, if they divide the batch of 128): losses, gradient norms and gradient digests of 1 GPU against W
-   GPUs (an `equality` row), img/s in all and per GPU for each count (`speed` rows).
+   GPUs (an `equality` row), img/s in all and per GPU for each count and layout (`speed` rows).
 
 With 2 GPUs or more `multi_gpu` runs first, with at least 40 % of the budget: 1 GPU = W GPUs on the engine is the
 row a multi-GPU machine exists to give, and the cold compile can wait.
@@ -302,7 +302,8 @@ def sum_multi_gpu(rows: list[dict]) -> dict:
         out |= {f"{k}@{r['worlds'][1]}": r[k] for k in ("loss_rel_diff", "grad_digest_rel_diff") if k in r}
     for r in rows:
         if r.get("kind") == "speed":
-            out[f"img_per_s_per_gpu@{r['world']}"] = r["img_per_s_per_gpu"]
+            layout = f"/{r['layout']}" if r["world"] > 1 else ""
+            out[f"img_per_s_per_gpu@{r['world']}{layout}"] = r["img_per_s_per_gpu"]
     return out
 
 

@@ -12,8 +12,9 @@ the same seeded weights, exact accumulation in micro-batches of 32 rows, HN-CLIP
 1. `check`: 2 steps at fp32 with TF32 off: each step's loss and gradient norm and, after step 1, a digest of the
    averaged gradient (per trainable tensor: its norm, and its dot product with a seeded standard-normal tensor of
    its shape), which gpu_check.py compares between world sizes;
-2. `speed`: `--steps` steps at bf16 (TF32 on, eager towers): the median step time after the first, img/s in all
-   and per GPU, peak memory.
+2. `speed`: `--steps` steps at bf16 (TF32 on, eager towers) for each layout of `--layouts` (train.layout; on one
+   process only `replicate`, the engine's absence): the median step time after the first, img/s in all and per
+   GPU, peak memory, one row per layout.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from sharpclip import devices
 from sharpclip.config import LossConfig, TrainConfig
 from sharpclip.train import distributed
 from sharpclip.train.features import build_objective
+from sharpclip.train.parallel import ParallelContext
 from sharpclip.train.step import split_rows
 from sharpclip.train.trainer import Trainer
 
@@ -73,9 +75,19 @@ def shards(batch_size: int, device: torch.device) -> list:
     return out
 
 
-def phase(name: str, model_name: str, device: torch.device, batch_size: int, steps: int, precision: str) -> None:
-    """`steps` trainer steps of one phase from the seeded weights; rank 0 prints a row per step (and the summary)."""
-    world, main = distributed.world_size(), distributed.rank() == 0
+def phase(
+    name: str,
+    model_name: str,
+    device: torch.device,
+    batch_size: int,
+    steps: int,
+    precision: str,
+    layout: str = "replicate",
+) -> None:
+    """`steps` trainer steps of one phase from the seeded weights under `layout`; rank 0 prints a row per step
+    (and the summary)."""
+    ctx = ParallelContext.from_process_group(layout)
+    world, main = ctx.world, ctx.is_main
     torch.manual_seed(0)  # the same weights on every rank and at every world size
     model = build_on(device, model_name)
     objective = build_objective(LossConfig(terms=OBJECTIVES[OBJECTIVE]))
@@ -85,7 +97,7 @@ def phase(name: str, model_name: str, device: torch.device, batch_size: int, ste
         cfg = TrainConfig(output_dir=out, max_steps=steps, batch_size=batch_size, micro_batch_size=micro,
                           accumulation="exact", precision=precision, tf32=name == "speed", device=device.type,
                           progress=False, eval_every=0, checkpoint_every=0, warmup_steps=1)  # fmt: skip
-        trainer = Trainer(model, objective, MemoryLoader(batches), cfg, Path(out), lambda d: None)
+        trainer = Trainer(model, objective, MemoryLoader(batches), cfg, Path(out), lambda d: None, ctx=ctx)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         times = []
@@ -97,7 +109,7 @@ def phase(name: str, model_name: str, device: torch.device, batch_size: int, ste
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             times.append(time.perf_counter() - start)
-            row = {"kind": f"{name}_step", "world": world, "step": k + 1, "loss": record.get("loss"),
+            row = {"kind": f"{name}_step", "world": world, "layout": layout, "step": k + 1, "loss": record.get("loss"),
                    "grad_norm": record.get("grad_norm"), "step_s": round(times[-1], 4)}  # fmt: skip
             if name == "check" and k == 0:
                 row |= digest([p for p in model.parameters() if p.requires_grad])  # averaged on every rank
@@ -106,8 +118,8 @@ def phase(name: str, model_name: str, device: torch.device, batch_size: int, ste
         trainer.logger.close()
     if name == "speed" and main:
         seconds = statistics.median(times[1:] or times)
-        emit({"kind": "speed", "world": world, "model": model_name, "batch": batch_size, "precision": precision,
-              "step_s": round(seconds, 4), "img_per_s": round(batch_size / seconds, 1),
+        emit({"kind": "speed", "world": world, "layout": layout, "model": model_name, "batch": batch_size,
+              "precision": precision, "step_s": round(seconds, 4), "img_per_s": round(batch_size / seconds, 1),
               "img_per_s_per_gpu": round(batch_size / seconds / world, 1), **memory(device)})  # fmt: skip
 
 
@@ -116,6 +128,7 @@ def main() -> None:
     parser.add_argument("--model", default="l14", help="l14 | b16 (gpu_step.py's shapes)")
     parser.add_argument("--steps", type=int, default=10, help="steps of the speed phase")
     parser.add_argument("--dry-run", action="store_true", help="CPU, gloo, tiny CLIP, batch 16, fp32, 77 positions")
+    parser.add_argument("--layouts", default="replicate,shard", help="train.layout values of the speed phase")
     args = parser.parse_args()
     if args.dry_run:
         dry_run_settings()
@@ -132,7 +145,9 @@ def main() -> None:
         emit({"kind": "ranks", "world": distributed.world_size(), "backend": distributed.backend(),
               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"})  # fmt: skip
     phase("check", model_name, device, batch_size, 2, "fp32")
-    phase("speed", model_name, device, batch_size, args.steps, speed_precision)
+    layouts = args.layouts.split(",") if distributed.world_size() > 1 else ["replicate"]
+    for layout in layouts:
+        phase("speed", model_name, device, batch_size, args.steps, speed_precision, layout)
     distributed.shutdown()
 
 
