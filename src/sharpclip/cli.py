@@ -62,7 +62,12 @@ def _add_config(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="fine-tune a model (any recipe of both papers; torchrun for several processes)")
+    p = sub.add_parser(
+        "train", help="fine-tune a model (any recipe of both papers; torchrun for several processes)",
+        epilog="Settings are key=value words (train.lr=1e-4 data.root=DIR model.name=RUN_OR_MODEL): `sharpclip config "
+        "--explain train` lists a section's keys, `sharpclip config --explain KEY` explains one (also other tools' "
+        "names: train.learning_rate, train.wd); docs/config.md lists them all.",
+    )  # fmt: skip
     _config_args(p, "loss.terms.hn.params.gamma=0.25")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--resume", metavar="RUN", help="continue a run exactly, writing into RUN (a run directory, or "

@@ -121,11 +121,14 @@ class Trainer:
         self.encoder.to(self.device)
         self.micro = cfg.micro_batch_size  # auto: sized on the first batch (train.micro_batch)
         check_batch_split(cfg.batch_size, cfg.micro_batch_size, cfg.accumulation, distributed.world_size())
-        self.optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, cfg.module_lr)
+        betas = (cfg.beta1, cfg.beta2)
+        self.optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, cfg.module_lr, betas, cfg.eps)
         if len(loader) == 0:
             raise ValueError(f"the training data yields no batch of {cfg.batch_size} rows: lower train.batch_size")
         self.total_steps = cfg.max_steps or cfg.epochs * len(loader)
-        self.scheduler = build_scheduler(self.optimizer, cfg.warmup_steps, self.total_steps, cfg.min_lr_ratio)
+        self.scheduler = build_scheduler(
+            self.optimizer, cfg.warmup_steps, self.total_steps, cfg.min_lr_ratio, cfg.schedule
+        )
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.flags = distributed.StepFlags()  # each step's agreement: every rank holds a batch; shapes unchanged
         # gradients averaged over ranks while the last backward runs (None on one process)
