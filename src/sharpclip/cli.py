@@ -430,10 +430,13 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rebuild", action="store_true", help="delete and rebuild the indexes (only their own files)")
 
     def run(args: argparse.Namespace) -> int:
-        from sharpclip.analysis.compare import run_compare
+        from sharpclip.analysis.compare import run_compare, totals_text
 
         cfg = _load(args, [f"eval.data_root={args.data_root}"] * bool(args.data_root))
-        written = run_compare(cfg, args.model, args.suite, args.index, args.out, args.top, args.queries, args.rebuild)
+        written, result = run_compare(
+            cfg, args.model, args.suite, args.index, args.out, args.top, args.queries, args.rebuild
+        )
+        print(totals_text(result))
         print("\n".join(f"wrote {p}" for p in written))
         return 0
 
