@@ -239,6 +239,7 @@ def run_train(cfg: Config, resume: str | Path | None = None, overwrite: bool = F
     distributed.init_from_env(device, cfg.train.dist_timeout_min)
     directory, named = resume_policy.locate(resume) if resume is not None else (Path(cfg.train.output_dir), None)
     mode = "resume" if resume is not None else "overwrite" if overwrite else "fresh"
+    created = mode == "fresh" and not directory.exists()  # a failed start removes a folder it made, once empty
     try:
         changed, lock = _open(cfg, directory, mode, named)
         try:
@@ -252,6 +253,10 @@ def run_train(cfg: Config, resume: str | Path | None = None, overwrite: bool = F
         finally:
             if lock is not None:
                 lock.release()
+    except BaseException:
+        if created and distributed.rank() == 0:
+            run_dir.remove_if_empty(directory)
+        raise
     finally:
         distributed.shutdown()
 
