@@ -23,6 +23,23 @@ from collections.abc import Sequence
 from pathlib import Path
 
 
+def path_arg(text: str) -> str:
+    """The type of every path flag and argument: `~` and `~user` expanded, as a shell expands a word's leading `~`
+    but not the one after `--flag=` (the test walks every subcommand's parser for flags without it)."""
+    return os.path.expanduser(text)
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1 (`-k 0` and `-k -5` are refused by argparse with a usage line)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not >= 1")
+    return value
+
+
 def _config_args(p: argparse.ArgumentParser, example: str = "train.lr=1e-4") -> None:
     p.add_argument(
         "config_args", nargs="*", metavar="CONFIG_OR_OVERRIDE",
@@ -70,7 +87,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     _config_args(p, "loss.terms.hn.params.gamma=0.25")
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--resume", metavar="RUN", help="continue a run exactly, writing into RUN (a run directory, or "
+    mode.add_argument("--resume", type=path_arg, metavar="RUN",
+                      help="continue a run exactly, writing into RUN (a run directory, or "
                       "RUN/checkpoints/step-N); key=value overrides may change the schedule and cadence")  # fmt: skip
     mode.add_argument("--overwrite", action="store_true", help="empty a non-empty train.output_dir and start over")
 
@@ -97,11 +115,14 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="the quickstart: every objective fine-tuned and compared on SynthDense, on CPU")
-    p.add_argument("--out", default="runs/demo", help="run directory: data, runs, report.md, report.json, figures")
+    p.add_argument(
+        "--out", type=path_arg, default="runs/demo", help="run directory: data, runs, report.md, report.json, figures"
+    )
     p.add_argument("--quick", action="store_true", help="tiny sizes (about 1 minute; the CI end-to-end test)")
     p.add_argument("--full", action="store_true", help="add the ablations: frozen Ḡ, γ sweep, LoRA ± boost, scale")
     p.add_argument("--seeds", type=int, default=1, help="fine-tuning seeds per arm (mean ± spread when > 1)")
-    p.add_argument("--cache", default="", help="where the pre-trained init is kept (default $SHARPCLIP_CACHE or "
+    p.add_argument("--cache", type=path_arg, default="",
+                   help="where the pre-trained init is kept (default $SHARPCLIP_CACHE or "
                    "~/.cache/sharpclip)")  # fmt: skip
     p.add_argument("--arms", default="", help="comma-separated arms to run (InfoNCE always runs), e.g. hn,hn_frozen")
     p.add_argument("--steps", type=int, default=0, help="fine-tuning steps per arm instead of the mode's")
@@ -156,8 +177,10 @@ def _add_objectives(sub: argparse._SubParsersAction) -> None:
 
 def _add_export(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="write a transformers folder (AutoModel-loadable) and check it reloads exactly")
-    p.add_argument("source", metavar="RUN_OR_CHECKPOINT", help="run directory, sharpclip checkpoint or HF folder")
-    p.add_argument("--to", required=True, metavar="DIR", help="output folder")
+    p.add_argument(
+        "source", type=path_arg, metavar="RUN_OR_CHECKPOINT", help="run directory, sharpclip checkpoint or HF folder"
+    )
+    p.add_argument("--to", type=path_arg, required=True, metavar="DIR", help="output folder")
     p.add_argument("--vision-only", action="store_true", help="export the vision tower alone (CLIPVisionModel)")
     p.add_argument("--best", action="store_true", help="a run directory's best checkpoint (best.json), not its newest")
     p.add_argument("--force", action="store_true", help="empty a non-empty --to folder first")
@@ -179,10 +202,14 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
 
 def _add_blend(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("blend", help="WiSE-FT: blend a fine-tuned model with its initialisation (one α, or a sweep)")
-    p.add_argument("init", metavar="INIT", help="the initialisation the run started from (any model.name form)")
-    p.add_argument("finetuned", metavar="FINETUNED", help="a run directory or one of its checkpoints")
+    p.add_argument(
+        "init", type=path_arg, metavar="INIT", help="the initialisation the run started from (any model.name form)"
+    )
+    p.add_argument("finetuned", type=path_arg, metavar="FINETUNED", help="a run directory or one of its checkpoints")
     _config_args(p, "eval.data_root=/data/benchmarks (the suites --sweep evaluates)")
-    p.add_argument("--to", required=True, metavar="DIR", help="output folder (must be empty unless --force)")
+    p.add_argument(
+        "--to", type=path_arg, required=True, metavar="DIR", help="output folder (must be empty unless --force)"
+    )
     how = p.add_mutually_exclusive_group(required=True)
     how.add_argument("--alpha", type=float, help="θ = (1 − α)·θ_init + α·θ_finetuned, written as a checkpoint")
     how.add_argument("--sweep", metavar="A,B,…", help="evaluate these αs: trade-off curve and the best guarded α")
@@ -214,8 +241,12 @@ def _add_blend(sub: argparse._SubParsersAction) -> None:
 def _add_distill(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("distill", help="distil the text tower into a RoPE text tower (CLIP-IN eq. 7 / TULIP)")
     _config_args(p, "model.name=/models/clip-vit-large-patch14; the model section names the teacher")
-    p.add_argument("--captions", required=True, metavar="FILE", help="text file, one (long) caption per line")
-    p.add_argument("--to", required=True, metavar="DIR", help="where to write the student's sharpclip checkpoint")
+    p.add_argument(
+        "--captions", type=path_arg, required=True, metavar="FILE", help="text file, one (long) caption per line"
+    )
+    p.add_argument(
+        "--to", type=path_arg, required=True, metavar="DIR", help="where to write the student's sharpclip checkpoint"
+    )
 
     def run(args: argparse.Namespace) -> int:
         from sharpclip.train.distill import run_distill
@@ -228,13 +259,15 @@ def _add_distill(sub: argparse._SubParsersAction) -> None:
 
 def _add_validate_data(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("validate-data", help="check a dataset: counts, bad samples, duplicates, token lengths")
-    p.add_argument("target", metavar="CONFIG_OR_PATH", help="a YAML recipe (its data section) or a data folder/file")
+    p.add_argument(
+        "target", type=path_arg, metavar="CONFIG_OR_PATH", help="a YAML recipe (its data section) or a data folder/file"
+    )
     p.add_argument("overrides", nargs="*", help="dotted overrides for a recipe, e.g. data.root=/data/docci")
     p.set_defaults(words_dest="overrides")
     p.add_argument("--format", help="the data format (default: the recipe's, or detected from the folder)")
     p.add_argument("--split", help="the split to check (default: the train split; test for test-only formats)")
-    p.add_argument("--tokenizer", help="a local HF tokenizer folder for exact token counts")
-    p.add_argument("--json", metavar="FILE", help="write the JSON report here instead of printing it")
+    p.add_argument("--tokenizer", type=path_arg, help="a local HF tokenizer folder for exact token counts")
+    p.add_argument("--json", type=path_arg, metavar="FILE", help="write the JSON report here instead of printing it")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
 
     def run(args: argparse.Namespace) -> int:
@@ -244,6 +277,10 @@ def _add_validate_data(sub: argparse._SubParsersAction) -> None:
         from sharpclip.models.tokenizer import token_counter
 
         try:
+            if args.json:  # a file there that sharpclip did not write is refused before the data is read
+                from sharpclip import owned_files
+
+                owned_files.check([args.json], "--json")
             cfg = v.config_for(args.target, args.overrides, args.format)
             counter, name = token_counter(cfg.format, args.tokenizer)
             report = v.validate(cfg, args.split or v.default_split(cfg), counter, name, progress=args.progress)
@@ -253,8 +290,7 @@ def _add_validate_data(sub: argparse._SubParsersAction) -> None:
         print(report.summary())
         text = json.dumps(report.to_json(), indent=2)
         if args.json:
-            with open(args.json, "w", encoding="utf-8") as f:
-                f.write(text + "\n")
+            owned_files.write_text(args.json, text + "\n", "--json")
         else:
             print(text)
         return 0 if report.ok else 1
@@ -287,12 +323,13 @@ def suite_names(text: str) -> list[str]:
 def _add_eval(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="evaluate a model on benchmark suites: JSON + markdown report and eval manifest")
     _config_args(p, "eval.recall_k=[1,5,10]")
-    p.add_argument("--model", help="model to evaluate (sets model.name): a run directory (its newest complete "
+    p.add_argument("--model", type=path_arg,
+                   help="model to evaluate (sets model.name): a run directory (its newest complete "
                    "checkpoint), a checkpoint, an HF or open_clip folder, or a tiny preset")  # fmt: skip
     p.add_argument("--best", action="store_true", help="a run directory's best checkpoint (best.json), not its newest")
     p.add_argument("--suite", help="comma-separated suites, e.g. docci,urban1k,mmvp (sets eval.suites)")
-    p.add_argument("--data-root", help="folder holding one sub-folder per suite (sets eval.data_root)")
-    p.add_argument("--out", help="report folder (sets eval.output_dir)")
+    p.add_argument("--data-root", type=path_arg, help="folder holding one sub-folder per suite (sets eval.data_root)")
+    p.add_argument("--out", type=path_arg, help="report folder (sets eval.output_dir)")
 
     def run(args: argparse.Namespace) -> int:
         from sharpclip.eval.suite import run_eval
@@ -317,17 +354,22 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
 
 def _add_analyze(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("analyze", help="figures of finished runs (Fig. 4, convergence), caption geometry, feature maps")
-    p.add_argument("runs", nargs="*", metavar="RUN", help="run directories (diagnostics.jsonl, metrics.jsonl)")
-    p.add_argument("--out", default="figures", help="where the PNG, JSON and markdown files go")
+    p.add_argument(
+        "runs", type=path_arg, nargs="*", metavar="RUN", help="run directories (diagnostics.jsonl, metrics.jsonl)"
+    )
+    p.add_argument("--out", type=path_arg, default="figures", help="where the PNG, JSON and markdown files go")
     p.add_argument("--metric", default="R@1", help="convergence metrics: keys ending in this (e.g. t2i/R@1)")
     p.add_argument("--sample-efficiency", action="store_true",
                    help="the RUNs (trained with data.train_fraction or train_count): best validation mean_R@1 "
                    "against the training fraction, one line per method")  # fmt: skip
     p.add_argument("--geometry", metavar="SUITES", help="comma-separated retrieval suites: caption geometry")
-    p.add_argument("--model", action="append", default=[], help="text encoder for --geometry (sets model.name); one "
+    p.add_argument("--model", type=path_arg, action="append", default=[],
+                   help="text encoder for --geometry (sets model.name); one "
                    "or two for --feature-map (run directory, checkpoint, HF folder or tiny preset)")  # fmt: skip
-    p.add_argument("--data-root", help="folder holding one sub-folder per suite, for --geometry")
-    p.add_argument("--feature-map", metavar="IMAGE", help="patch feature map of --text over IMAGE (CLIP-IN Fig. 3)")
+    p.add_argument("--data-root", type=path_arg, help="folder holding one sub-folder per suite, for --geometry")
+    p.add_argument(
+        "--feature-map", type=path_arg, metavar="IMAGE", help="patch feature map of --text over IMAGE (CLIP-IN Fig. 3)"
+    )
     p.add_argument("--text", default="", help="the caption --feature-map scores every patch against")
     p.add_argument("--dense", choices=("maskclip", "value"), default="maskclip", help="--feature-map's dense "
                    "features: MaskCLIP's (the block's residual and MLP kept) or the value path alone")  # fmt: skip
@@ -364,8 +406,9 @@ def _add_analyze(sub: argparse._SubParsersAction) -> None:
                 )
                 print((Path(args.out) / "caption_geometry.md").read_text(encoding="utf-8"))  # margin in logits too
             if args.feature_map:
-                from sharpclip.analysis.feature_map import load_models, run_feature_map
+                from sharpclip.analysis.feature_map import check_outputs, load_models, run_feature_map
 
+                check_outputs(Path(args.out))  # before any model is loaded
                 written += run_feature_map(load_models(args.model), args.feature_map, args.text, args.out, args.dense)
         except (OSError, ValueError) as err:
             print(f"sharpclip analyze: {err}", file=sys.stderr)
@@ -382,18 +425,28 @@ def _add_analyze(sub: argparse._SubParsersAction) -> None:
 def _add_search(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("search", help="index a dataset or image folder with one or two models; query by text or image")
     _config_args(p, "data.format=generic data.root=/data/mine")
-    p.add_argument("--model", action="append", required=True, metavar="MODEL",
+    p.add_argument("--model", type=path_arg, action="append", required=True, metavar="MODEL",
                    help="a run directory, checkpoint, export/HF folder or tiny model; twice: side by side")  # fmt: skip
     what = p.add_mutually_exclusive_group()
-    what.add_argument("--images", metavar="DIR", help="a folder of images (captions from same-named .txt files)")
+    what.add_argument(
+        "--images", type=path_arg, metavar="DIR", help="a folder of images (captions from same-named .txt files)"
+    )
     what.add_argument("--suite", help="a retrieval suite of `sharpclip eval` (default: the config's data section)")
-    p.add_argument("--data-root", help="folder holding one sub-folder per suite (sets eval.data_root)")
-    p.add_argument("--index", default="search-index", metavar="DIR", help="where indexes live: DIR/<data>/<model>/")
+    p.add_argument("--data-root", type=path_arg, help="folder holding one sub-folder per suite (sets eval.data_root)")
+    p.add_argument(
+        "--index",
+        type=path_arg,
+        default="search-index",
+        metavar="DIR",
+        help="where indexes live: DIR/<data>-<digest>/<model>-<digest>/",
+    )
     query = p.add_mutually_exclusive_group()
     query.add_argument("--text", help="query caption")
-    query.add_argument("--image", metavar="FILE", help="query image")
-    p.add_argument("-k", "--top", type=int, default=10, help="results per model (default 10)")
-    p.add_argument("--html", metavar="FILE", help="also write an HTML page (thumbnails in FILE's folder)")
+    query.add_argument("--image", type=path_arg, metavar="FILE", help="query image")
+    p.add_argument("-k", "--top", type=positive_int, default=10, help="results per model (default 10)")
+    p.add_argument(
+        "--html", type=path_arg, metavar="FILE", help="also write an HTML page (thumbnails in FILE's folder)"
+    )
     p.add_argument("--rebuild", action="store_true", help="delete and rebuild the indexes (only their own files)")
 
     def run(args: argparse.Namespace) -> int:
@@ -401,6 +454,10 @@ def _add_search(sub: argparse._SubParsersAction) -> None:
 
         overrides = [f"eval.data_root={args.data_root}"] * bool(args.data_root)
         cfg = _load(args, overrides)
+        if args.html:  # refused before any index is built or any file written
+            s.Page(args.html, "", flag="--html").claim()
+        if args.image is not None:
+            s.check_query_image(args.image)
         dataset, spec = s.read_gallery(cfg, args.images, args.suite)
         if args.text is None and args.image is None:  # build (or resume) the indexes only
             for name in args.model:
@@ -420,13 +477,19 @@ def _add_search(sub: argparse._SubParsersAction) -> None:
 def _add_compare(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare", help="two models' retrievals side by side: the queries whose ranks differ most")
     _config_args(p, "eval.data_root=/data/benchmarks")
-    p.add_argument("--model", action="append", required=True, metavar="MODEL", help="twice: --model A --model B")
+    p.add_argument(
+        "--model", type=path_arg, action="append", required=True, metavar="MODEL", help="twice: --model A --model B"
+    )
     p.add_argument("--suite", help="a retrieval suite of `sharpclip eval` (default: the config's data section)")
-    p.add_argument("--data-root", help="folder holding one sub-folder per suite (sets eval.data_root)")
-    p.add_argument("--index", default="search-index", metavar="DIR", help="where indexes live (shared with search)")
-    p.add_argument("--out", default="compare", help="folder for compare.html (+ thumbnails), compare.png, .json")
-    p.add_argument("-k", "--top", type=int, default=5, help="images shown per model and query (default 5)")
-    p.add_argument("-n", "--queries", type=int, default=6, help="queries shown per direction (default 6)")
+    p.add_argument("--data-root", type=path_arg, help="folder holding one sub-folder per suite (sets eval.data_root)")
+    p.add_argument(
+        "--index", type=path_arg, default="search-index", metavar="DIR", help="where indexes live (shared with search)"
+    )
+    p.add_argument(
+        "--out", type=path_arg, default="compare", help="folder for compare.html (+ thumbnails), compare.png, .json"
+    )
+    p.add_argument("-k", "--top", type=positive_int, default=5, help="images shown per model and query (default 5)")
+    p.add_argument("-n", "--queries", type=positive_int, default=6, help="queries shown per direction (default 6)")
     p.add_argument("--rebuild", action="store_true", help="delete and rebuild the indexes (only their own files)")
 
     def run(args: argparse.Namespace) -> int:
@@ -520,17 +583,7 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = Non
         parser.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     if extra:
         setattr(args, dest, [*getattr(args, dest), *extra])
-    for name in PATH_FLAGS:  # `--out=~/x` reaches us unexpanded (the shell expands only a word's leading ~)
-        value = getattr(args, name, None)
-        if isinstance(value, str):
-            setattr(args, name, os.path.expanduser(value))
-        elif isinstance(value, list):
-            setattr(args, name, [os.path.expanduser(v) for v in value])
     return args
-
-
-PATH_FLAGS = ("resume", "out", "cache", "source", "to", "init", "finetuned", "captions", "target", "tokenizer", "json",
-              "model", "data_root", "runs")  # fmt: skip
 
 
 def flag_hint(unknown: list[str], words: list[str], command: str) -> str:

@@ -124,6 +124,7 @@ def test_cli_analyze_runs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None
     assert main(["analyze", str(run), "--out", str(tmp_path / "figs")]) == 0
     names = sorted(p.name for p in (tmp_path / "figs").iterdir())
     assert names == [
+        ".sharpclip-files.json",  # sharpclip's record of what it wrote (owned_files)
         "convergence.json",
         "convergence.md",
         "convergence.png",

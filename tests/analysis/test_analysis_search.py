@@ -19,6 +19,7 @@ from sharpclip.cli import main
 from sharpclip.config import load_config
 from sharpclip.eval.metrics import pairs_from_caption_index, query_ranks
 from sharpclip.eval.suite import run_eval
+from sharpclip.owned_files import NotOurs
 
 
 def _unit(n: int, d: int, seed: int) -> torch.Tensor:
@@ -133,9 +134,9 @@ def test_changed_model_or_files_are_refused_in_one_line(data: Path, tmp_path: Pa
         ix.build_index(tmp_path / "i", Counting(vectors), _record(), dataset, spec, progress=False)
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "mine.txt").write_text("user data")
-    with pytest.raises(ix.IndexMismatch, match="not empty"):
+    with pytest.raises(NotOurs, match="not empty and not an index sharpclip wrote"):
         ix.build_index(tmp_path / "other", Counting(vectors), _record(), dataset, spec, progress=False)
-    with pytest.raises(ix.IndexMismatch, match="not an index"):
+    with pytest.raises(NotOurs, match="not an index, nothing deleted"):
         s.remove_index(tmp_path / "other")
     assert (tmp_path / "other" / "mine.txt").read_text() == "user data"
 

@@ -37,7 +37,8 @@ def test_public_functions_of_data_eval_models_have_docstrings():
 LAYERS = (
     ("config",),  # typed settings, read by everything
     ("config_reference",),  # every key's description, from config.py's comments (docs/config.md, config --explain)
-    ("devices", "collectives"),  # the machine: devices, precision, worker counts; collectives across processes
+    ("devices", "collectives", "owned_files"),  # the machine: devices, precision, worker counts; collectives across
+    # processes; which output files sharpclip may replace (the files it wrote)
     ("data",),  # samples, preprocessing operations, batches
     ("models", "losses"),  # dual encoders (and what they decide about their inputs); pure loss math
     ("eval",),  # embedders, metrics, benchmarks, reports

@@ -390,8 +390,9 @@ def test_a_killed_report_rewrite_never_leaves_a_mix_that_looks_complete(tmp_path
     it with a manifest that names the hashes of the two files beside it."""
     import hashlib
     import os
+    from pathlib import Path
 
-    from sharpclip.eval import report as report_module
+    from sharpclip import owned_files
     from sharpclip.eval.suite import SuiteResult
 
     def result(score: float) -> SuiteResult:
@@ -399,19 +400,19 @@ def test_a_killed_report_rewrite_never_leaves_a_mix_that_looks_complete(tmp_path
 
     out = tmp_path / "out"
     write_report(result(1.0), {"model": {"name": "A"}}, out, [1])
-    calls, replace = [], os.replace
+    replace = os.replace
 
-    def killed_after_the_first(src, dst):
-        calls.append(dst)
-        if len(calls) == 2:
+    def killed_before_the_markdown(src, dst):
+        if Path(dst).name == "eval_report.md":
             raise KeyboardInterrupt  # SIGINT between the report's rename and the markdown's
         replace(src, dst)
 
-    monkeypatch.setattr(report_module.os, "replace", killed_after_the_first)
+    monkeypatch.setattr(owned_files.os, "replace", killed_before_the_markdown)
     with pytest.raises(KeyboardInterrupt):
         write_report(result(2.0), {"model": {"name": "B"}}, out, [1])
     assert not (out / "eval_manifest.json").exists()  # model A's manifest never stands beside model B's numbers
-    assert sorted(p.name for p in out.iterdir()) == ["eval_report.json", "eval_report.md"]  # no temporary left
+    names = sorted(p.name for p in out.iterdir())  # no temporary left; sharpclip's record of its files beside them
+    assert names == [owned_files.REGISTRY, "eval_report.json", "eval_report.md"]
     monkeypatch.undo()
     paths = write_report(result(2.0), {"model": {"name": "B"}}, out, [1])
     manifest = json.loads(paths[2].read_text())

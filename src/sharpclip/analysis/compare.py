@@ -13,6 +13,9 @@ a tenth of the worse rank (10 → 9, 31 → 30), and the page says when every mo
 caption, each model's top-k images (ground truth framed), the ground truth's rank under
 each, and each model's hardest caption negative, the caption of another image with the highest cosine to q under that
 model's text tower, with its cosine under both towers (what HN-CLIP's margin γ·Ḡ reads).
+
+The three files (and `compare_files/`) are written by `sharpclip.owned_files`' rule, checked before any index is
+built: a file there that sharpclip did not write is refused in one line naming it and `--out`.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import matplotlib.pyplot as plt
 import torch
 from torch import Tensor
 
+from sharpclip import owned_files
 from sharpclip.analysis.index import top_k
 from sharpclip.analysis.pages import Markup, Page, escape, load_any, marked_differences, tag
 from sharpclip.analysis.search import open_searcher, read_gallery
@@ -174,7 +178,7 @@ def _model_block(page: Page, m: dict[str, Any], case: dict[str, Any], dataset: R
 def write_page(result: dict[str, Any], dataset: RetrievalSet, out: Path, figure: Path | None = None) -> Path:
     """compare.html: per direction, per query, the caption and each model's column."""
     a, b = result["models"]
-    page = Page(out, f"Qualitative retrieval: {a} vs {b} on {dataset.name}", thumb_size=96)  # 5 per row and column
+    page = Page(out, f"Qualitative retrieval: {a} vs {b} on {dataset.name}", thumb_size=96, flag="--out")  # 5 a row
     page.paragraph(f"{result['queries']} caption queries over {len(dataset.images)} images. Shown: the queries whose "
                    f"ground-truth rank differs most between the two models (top {result['k']} per model, the ground "
                    "truth framed in green; rank 1 is an R@1 hit).", note=True)  # fmt: skip
@@ -257,21 +261,30 @@ def write_figure(result: dict[str, Any], dataset: RetrievalSet, out: Path, per_d
             sub.text(0.01, 0.5, item, fontsize=9, fontweight="bold", ha="left", va="center")
         else:
             _case_row(sub, item, dataset, k)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    try:
+        with owned_files.writing(out, "--out") as tmp:
+            fig.savefig(tmp, dpi=110)
+    finally:
+        plt.close(fig)
     return out
 
 
 def write_compare(result: dict[str, Any], dataset: RetrievalSet, out_dir: str | Path) -> list[Path]:
     """compare.json (the cases with captions), compare.png and compare.html (+ compare_files/) into `out_dir`."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    check_outputs(out_dir)
     figure = write_figure(result, dataset, out_dir / "compare.png")
     numbers = {**result, "captions": {c["query"]: dataset.captions[c["query"]]
                                        for key in ("b_better", "a_better") for c in result[key]}}  # fmt: skip
-    (out_dir / "compare.json").write_text(json.dumps(numbers, indent=1) + "\n", encoding="utf-8")
-    return [write_page(result, dataset, out_dir / "compare.html", figure), figure, out_dir / "compare.json"]
+    js = owned_files.write_text(out_dir / "compare.json", json.dumps(numbers, indent=1) + "\n", "--out")
+    return [write_page(result, dataset, out_dir / "compare.html", figure), figure, js]
+
+
+def check_outputs(out_dir: Path) -> None:
+    """Refuse (one line) an --out that is a file, or that holds a compare.html, .png, .json or compare_files that
+    sharpclip did not write; writes nothing."""
+    owned_files.check([out_dir / f"compare.{ext}" for ext in ("json", "png")], "--out")
+    Page(out_dir / "compare.html", "", flag="--out").claim()
 
 
 def short_names(models: Sequence[str]) -> list[str]:
@@ -289,6 +302,7 @@ def run_compare(
     written and the result (its "totals" for the terminal)."""
     if len(models) != 2:
         raise ValueError(f"compare takes two models (--model A --model B), got {len(models)}")
+    check_outputs(Path(out_dir))  # before any index is built
     dataset, spec = read_gallery(cfg, suite=suite)
     if not dataset.captions:
         raise ValueError(f"{dataset.name}: no captions to query with; compare needs an image-caption suite")

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from matplotlib.patches import Rectangle
 
+from sharpclip import owned_files
 from sharpclip.analysis.dense import patch_similarity
 from sharpclip.analysis.pages import Markup, Page, escape, tag
 from sharpclip.config import load_config
@@ -97,8 +98,11 @@ def plot_feature_maps(image: Any, maps: list[FeatureMap], caption: str, out: Pat
     fig.tight_layout(rect=(0, 0, 1, 0.9))  # the caption above the panel titles
     fig.suptitle(f"“{caption}”", fontsize=10, y=0.98)
     png = out / f"{STEM}.png"
-    fig.savefig(png, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    try:
+        with owned_files.writing(png, "--out") as tmp:
+            fig.savefig(tmp, dpi=120, bbox_inches="tight")
+    finally:
+        plt.close(fig)
     return png
 
 
@@ -108,7 +112,7 @@ def _record(fm: FeatureMap) -> dict[str, Any]:
 
 def write_page(out: Path, caption: str, image_name: str, maps: list[FeatureMap], path: str, png: Path) -> Path:
     """feature_map.html through `pages.Page`: self-contained (the PNG by relative link, no network), text escaped."""
-    page = Page(out / f"{STEM}.html", "Patch feature map")
+    page = Page(out / f"{STEM}.html", "Patch feature map", flag="--out")
     page.add(tag("p", caption, class_="query"))
     page.paragraph(
         f"Image: {image_name}. Dense features: {path} (Zhou et al.'s value path); colours are each map's cosines "
@@ -147,13 +151,18 @@ def run_feature_map(
         raise ValueError("--feature-map needs --text CAPTION: the caption to map over the image")
     if not 1 <= len(models) <= 2:
         raise ValueError(f"--feature-map draws one or two models side by side; got {len(models)}")
+    out = Path(out_dir)
+    check_outputs(out)
     image = load_image(image_path)
     maps = [compute_feature_map(model, label, image, caption, path) for label, model in models]
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     png = plot_feature_maps(image, maps, caption, out)
     numbers = {"caption": caption, "image": str(image_path), "path": path}
     numbers["models"] = {m.label: _record(m) for m in maps}
-    js = out / f"{STEM}.json"
-    js.write_text(json.dumps(numbers, indent=2) + "\n")
+    js = owned_files.write_text(out / f"{STEM}.json", json.dumps(numbers, indent=2) + "\n", "--out")
     return [png, js, write_page(out, caption, Path(image_path).name, maps, path, png)]
+
+
+def check_outputs(out: Path) -> None:
+    """Refuse (one line) an --out holding a feature_map.png, .json or .html that sharpclip did not write."""
+    owned_files.check([out / f"{STEM}.png", out / f"{STEM}.json"], "--out")
+    Page(out / f"{STEM}.html", "", flag="--out").claim()

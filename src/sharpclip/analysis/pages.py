@@ -9,6 +9,10 @@ Every page sharpclip writes goes through `Page`, so that each one holds to the s
   module built) is inserted as it is. A caption holding `<b>` or `&` shows those characters.
 - **thumbnails**: `Page.thumbnail(image)` writes a downscaled copy (longest side `thumb_size`, PNG) into the folder
   and returns its relative link; the same `key` is written once.
+- **owned**: the page and its thumbnails are written by `sharpclip.owned_files`' rule: a page's name ends in
+  `.html`; an existing file there, or a thumbnail's name in `<page stem>_files/`, is replaced only when sharpclip wrote
+  it; a `_files` symbolic link or file is refused, before anything is written (`flag` names the option in the
+  refusal, e.g. `--html`). The page carries `<meta name="generator" content="sharpclip">`.
 
 A page is built top to bottom and written at the end::
 
@@ -34,6 +38,7 @@ from urllib.parse import quote
 
 from PIL import Image
 
+from sharpclip import owned_files
 from sharpclip.data.images import load_image
 from sharpclip.eval.embed import ImageRef
 from sharpclip.eval.embed import load_image as load_ref
@@ -116,13 +121,28 @@ class Page:
     Build with `heading`, `paragraph`, `add` (Markup from `table`, `row`, `figure`, `tag`), then `write()`.
     """
 
-    def __init__(self, path: str | Path, title: str, thumb_size: int = THUMB_SIZE) -> None:
+    def __init__(self, path: str | Path, title: str, thumb_size: int = THUMB_SIZE, flag: str = "--out") -> None:
         self.path = Path(path)
         self.title = title
         self.thumb_size = thumb_size
+        self.flag = flag
         self.assets = self.path.parent / f"{self.path.stem}_files"
+        self._claimed = False
         self._body: list[str] = []
         self._written: dict[str, str] = {}  # key -> relative link
+
+    def claim(self) -> None:
+        """Refuse (owned_files.NotOurs, one line) a page name not ending in .html, a file there that sharpclip did not
+        write, or a `_files` that is a link or a file; called before the first thumbnail or the page is written."""
+        if self._claimed:
+            return
+        flag = self.flag
+        if self.path.suffix.lower() != ".html":
+            raise owned_files.NotOurs(f"{flag} {self.path}: a page's name must end in .html; choose another {flag}")
+        owned_files.check([self.path], flag)
+        if self.assets.is_symlink() or (self.assets.exists() and not self.assets.is_dir()):
+            owned_files.folder(self.assets, flag, derived=True)  # raises its one line
+        self._claimed = True
 
     # -- images -----------------------------------------------------------------------------------------------------
     def thumbnail(self, image: Any, key: str | None = None) -> str:
@@ -137,8 +157,10 @@ class Page:
         picture.thumbnail((self.thumb_size, self.thumb_size))
         name = f"{len(self._written):05d}_{_safe_name(key)}"
         name = name if name.lower().endswith(".png") else name + ".png"
-        self.assets.mkdir(parents=True, exist_ok=True)
-        picture.save(self.assets / name, format="PNG")
+        self.claim()
+        owned_files.folder(self.assets, self.flag, derived=True)
+        with owned_files.writing(self.assets / name, self.flag) as tmp:
+            picture.save(tmp, format="PNG")
         self._written[key] = f"{quote(self.assets.name)}/{quote(name)}"
         return self._written[key]
 
@@ -187,12 +209,12 @@ class Page:
         style = STYLE % {"w": self.thumb_size}
         return (
             '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+            '<meta name="generator" content="sharpclip">\n'
             f"<title>{escape(self.title)}</title>\n<style>{style}</style>\n</head>\n<body>\n"
             f"{tag('h1', self.title)}\n" + "\n".join(self._body) + "\n</body>\n</html>\n"
         )
 
     def write(self) -> Path:
         """Write the page (UTF-8); returns its path. Thumbnails were written as they were added."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(self.render(), encoding="utf-8")
-        return self.path
+        self.claim()
+        return owned_files.write_text(self.path, self.render(), self.flag)

@@ -11,7 +11,8 @@
 | fig_training_curves      | -                 | {run: dynamics.training_curve(run_dir)}                   |
 | fig_sample_efficiency    | Fig. 6            | sample_efficiency.summarise(points)                       |
 
-matplotlib runs on the Agg backend (no display needed).
+matplotlib runs on the Agg backend (no display needed). Both files are written by `sharpclip.owned_files`' rule:
+an existing `<out>.png` or `<out>.json` is replaced only when sharpclip wrote it (else one line naming it and `--out`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import numpy as np
 import torch
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
+from sharpclip import owned_files
 from sharpclip.analysis.geometry import hardness_buckets
 from sharpclip.losses import margin_matrix
 from sharpclip.losses.monitors import INFONCE_MONITOR
@@ -36,15 +38,23 @@ from sharpclip.losses.monitors import INFONCE_MONITOR
 LOG_FLOOR = 1e-10  # zeros on log axes are drawn here (the paper clamps the same way)
 
 
-def _save(fig: Any, numbers: dict[str, Any], out: str | Path) -> tuple[Path, Path]:
+def outputs(out: str | Path) -> list[Path]:
+    """The files a figure function writes for `out`: `<out>.png` and `<out>.json`."""
     out = Path(out).with_suffix("")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    png, js = out.with_suffix(".png"), out.with_suffix(".json")
-    if fig.get_layout_engine() is None:
-        fig.tight_layout()
-    fig.savefig(png, dpi=120, bbox_inches="tight")  # "tight": legends outside the axes stay in the picture
-    plt.close(fig)
-    js.write_text(json.dumps(numbers, indent=2, default=float) + "\n")
+    return [out.with_suffix(".png"), out.with_suffix(".json")]
+
+
+def _save(fig: Any, numbers: dict[str, Any], out: str | Path, flag: str = "--out") -> tuple[Path, Path]:
+    png, js = outputs(out)
+    try:
+        owned_files.check([png, js], flag)
+        if fig.get_layout_engine() is None:
+            fig.tight_layout()
+        with owned_files.writing(png, flag) as tmp:
+            fig.savefig(tmp, dpi=120, bbox_inches="tight")  # "tight": legends outside the axes stay in the picture
+    finally:
+        plt.close(fig)
+    owned_files.write_text(js, json.dumps(numbers, indent=2, default=float) + "\n", flag)
     return png, js
 
 

@@ -5,6 +5,9 @@ analyze_sample_efficiency([run_dir, ...], out_dir)  Fig. 6 / Table A9: R@1 again
 analyze_geometry(model, eval_cfg, out_dir)   Table A1 columns, Fig. 1, Fig. A6, Fig. A5 for eval_cfg.suites; the
                                              margin in logits at γ and the scale (analysis.geometry.margin_report);
                                              near-duplicate caption pairs, words that differ marked (Fig. A1–A4)
+
+Every file is written by `sharpclip.owned_files`' rule: the outputs' names are checked before the first is written,
+and a file there that sharpclip did not write is refused in one line naming it and `--out`.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 
 import torch
 
+from sharpclip import owned_files
 from sharpclip.analysis import dynamics, geometry, near_duplicates, plots, sample_efficiency
 from sharpclip.eval.benchmarks import load_eval_set
 from sharpclip.eval.evaluator import as_embedder
@@ -27,25 +31,29 @@ def analyze_runs(run_dirs: list[str | Path], out_dir: str | Path, metric: str = 
     the convergence plot the validation records of metrics.jsonl (`eval/...` keys, written after each validated epoch),
     the training curves its step records."""
     out, written = Path(out_dir), []
+    dyns: dict[str, dict[str, Any]] = {}
     curves: dict[str, dict[str, list]] = {}
     training: dict[str, dict[str, list]] = {}
     for run in map(Path, run_dirs):
         diag = run / "diagnostics.jsonl"
         if diag.is_file() and diag.read_text().strip():
-            dyn = dynamics.gradient_dynamics(dynamics.read_diagnostics(diag))
-            written += plots.fig_gradient_dynamics(dyn, out / f"{run.name}_gradient_dynamics")
+            dyns[f"{run.name}_gradient_dynamics"] = dynamics.gradient_dynamics(dynamics.read_diagnostics(diag))
         with contextlib.suppress(FileNotFoundError, ValueError):  # a run that never validated has no curve
             curves[run.name] = dynamics.convergence(run, metric)
         with contextlib.suppress(FileNotFoundError, ValueError):  # a run without training steps has no curve
             training[run.name] = dynamics.training_curve(run)
+    if not (dyns or curves or training):
+        raise ValueError(f"nothing to analyze in {[str(r) for r in run_dirs]}: no diagnostics.jsonl or metrics.jsonl")
+    stems = [*dyns, *["convergence"] * bool(curves), *["training"] * bool(training)]
+    planned = [f for stem in stems for f in plots.outputs(out / stem)] + [out / "convergence.md"] * bool(curves)
+    owned_files.check(planned, "--out")
+    for stem, dyn in dyns.items():
+        written += plots.fig_gradient_dynamics(dyn, out / stem)
     if curves:
         written += plots.fig_convergence(curves, out / "convergence")
-        (out / "convergence.md").write_text(dynamics.comparison_table(curves))
-        written.append(out / "convergence.md")
+        written.append(owned_files.write_text(out / "convergence.md", dynamics.comparison_table(curves), "--out"))
     if training:
         written += plots.fig_training_curves(training, out / "training")
-    if not written:
-        raise ValueError(f"nothing to analyze in {[str(r) for r in run_dirs]}: no diagnostics.jsonl or metrics.jsonl")
     return written
 
 
@@ -55,9 +63,10 @@ def analyze_sample_efficiency(run_dirs: list[str | Path], out_dir: str | Path, m
     summary = sample_efficiency.summarise(points)
     summary["points"] = points
     out = Path(out_dir)
+    owned_files.check([*plots.outputs(out / "sample_efficiency"), out / "sample_efficiency.md"], "--out")
     written = [*plots.fig_sample_efficiency(summary, metric, out / "sample_efficiency")]
-    (out / "sample_efficiency.md").write_text(sample_efficiency.efficiency_table(summary, metric), encoding="utf-8")
-    return [*written, out / "sample_efficiency.md"]
+    table = sample_efficiency.efficiency_table(summary, metric)
+    return [*written, owned_files.write_text(out / "sample_efficiency.md", table, "--out")]
 
 
 def _captions(name: str, cfg: Any) -> list[str]:
@@ -86,9 +95,10 @@ def analyze_geometry(
     """Caption geometry of each of `cfg.suites` (an EvalConfig) under `model`'s text encoder (or an Embedder): the
     statistics, the margin in logits at `gamma` and `scale` (default: the model's own s, else the paper's 100) beside
     the paper's, and the `pairs` most similar and `pairs` typical near-duplicate caption pairs."""
+    out = Path(out_dir)
+    owned_files.check(geometry_outputs(out), "--out")  # before anything is embedded or written
     embedder = as_embedder(model, cfg)
     scale = scale or model_scale(model) or geometry.PAPER_SCALE
-    out = Path(out_dir)
     stats: dict[str, dict[str, Any]] = {}
     heat: dict[str, torch.Tensor] = {}
     sections: dict[str, dict[str, Any]] = {}
@@ -112,6 +122,14 @@ def analyze_geometry(
         "near_duplicates.html": near_duplicates.pairs_html(sections),
         "near_duplicates.json": json.dumps(sections, indent=2, ensure_ascii=False) + "\n",
     }
-    for file, content in files.items():
-        (out / file).write_text(content, encoding="utf-8")
-    return [*written, *(out / f for f in files)]
+    return [*written, *(owned_files.write_text(out / f, content, "--out") for f, content in files.items())]
+
+
+GEOMETRY_FILES = ("caption_geometry.md", "caption_geometry_stats.json", "near_duplicates.md", "near_duplicates.html",
+                  "near_duplicates.json")  # fmt: skip
+GEOMETRY_FIGURES = ("caption_similarity", "caption_geometry", "margin_heatmap")
+
+
+def geometry_outputs(out: Path) -> list[Path]:
+    """Every file `analyze_geometry` writes into `out`."""
+    return [*(f for stem in GEOMETRY_FIGURES for f in plots.outputs(out / stem)), *(out / f for f in GEOMETRY_FILES)]

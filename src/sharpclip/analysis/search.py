@@ -4,35 +4,43 @@
     found = search(cfg, ["runs/hn", "runs/infonce"], dataset, spec, "search-index", text="a red cube left of ...")
     print(format_hits(found)); write_search_page(found, dataset, "search.html")
 
-Each model gets its own index folder, `<index>/<dataset>/<model>/` (analysis.index): built on first use (chunks,
-progress bar, resumable), then checked against the model's weights and the files before every query. The model is
+Each model gets its own index folder, `<index>/<dataset>-<digest>/<model>-<digest>/` (analysis.index): the index's
+identity decides it. The dataset part is a readable label plus the first 10 hex digits of the sha256 of how the
+dataset is read (the resolved folder, the format, the split, the format's options; or the resolved `--images`
+folder); the model part, the model's name plus the digest of its resolved path (or of the name, for a preset or hub
+id). Two folders both named `images/`, or two splits of one dataset, get two folders; a mismatch found in one is
+never resolved by deleting another's. An index is built on first use (chunks, progress bar, resumable), then
+checked against the model's weights and the files before every query. The model is
 loaded as `sharpclip eval --model` loads it (a run directory's newest checkpoint, a checkpoint, an export or hub
 folder, a tiny preset) and embeds through eval's embedder, with the model's own preprocessing.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
-from dataclasses import dataclass, replace
+import stat
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from torch import Tensor
 
+from sharpclip import owned_files
 from sharpclip.analysis.index import (
-    MANIFEST,
     Index,
-    IndexMismatch,
     build_index,
+    check_folder,
     load_index,
     model_record,
-    read_manifest,
+    remove_index,
     top_k,
 )
 from sharpclip.analysis.pages import Markup, Page, tag
 from sharpclip.data.formats.generic import IMAGE_SUFFIXES
 from sharpclip.data.images import describe
-from sharpclip.eval.benchmarks import load_eval_set
+from sharpclip.eval.benchmarks import load_eval_set, suite_root
 from sharpclip.eval.embed import Embedder, ImageRef
 from sharpclip.eval.evaluator import as_embedder
 from sharpclip.eval.retrieval import RetrievalSet
@@ -73,17 +81,48 @@ def read_gallery(cfg: Any, images: str | None = None, suite: str | None = None) 
             f"suite {name!r} is a {type(dataset).__name__}, not an image-caption retrieval set; search reads "
             "retrieval suites, a data section (data.format, data.root) or --images"
         )
-    spec = {"suite": name, "data_root": cfg.eval.data_root, "format": cfg.data.format, "root": cfg.data.root}
-    # the run's data section is named by its format and folder, so two datasets never share an index folder
-    spec["label"] = f"{cfg.data.format}-{Path(cfg.data.root).resolve().name}" if name == "retrieval" else name
+    spec = suite_spec(cfg, name)
     dataset.name = spec["label"]  # what pages call it
     return dataset, spec
+
+
+# the DataConfig fields that change what a suite reads (with the folder, format and split: an index's data identity)
+FORMAT_OPTIONS = ("caption_choice", "docci_test", "dci_caption", "list_file", "list_split", "list_files",
+                  "coco_flickr_protocol", "annotation_file", "sharegpt4v_test_size", "image_field", "caption_field",
+                  "short_caption_field", "id_field")  # fmt: skip
+
+
+def suite_spec(cfg: Any, name: str) -> dict[str, Any]:
+    """How suite `name` is read: its resolved folder, format, split and format options (what decides its index)."""
+    data = asdict(cfg.data)
+    options = {k: data[k] for k in FORMAT_OPTIONS} | dict(cfg.eval.data_options.get(name, {}))
+    if name == "retrieval":  # the config's data section, on data.eval_split
+        root, fmt, split = cfg.data.root, cfg.data.format, options.pop("eval_split", cfg.data.eval_split)
+        label = f"{fmt}-{Path(root).resolve().name}"
+    else:
+        root, fmt, split = str(suite_root(name, cfg.eval)), name, options.pop("eval_split", cfg.eval.split)
+        label = name
+    return {"suite": name, "format": fmt, "root": str(Path(root).resolve()), "split": split,
+            "options": json.loads(json.dumps(options, default=str)), "label": label}  # fmt: skip
 
 
 # -- models and their indexes -----------------------------------------------------------------------------------------
 def slug(text: str) -> str:
     """A folder name from a model or dataset name (`runs/hn` → `runs-hn`)."""
-    return re.sub(r"[^A-Za-z0-9._]+", "-", str(text)).strip("-.") or "model"
+    return re.sub(r"[^A-Za-z0-9._]+", "-", str(text)).strip("-.")[-60:].strip("-.") or "model"
+
+
+def digest(value: Any) -> str:
+    """The first 10 hex digits of the sha256 of `value` as canonical JSON."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+def index_folder(index_root: str | Path, name: str, dataset: RetrievalSet, spec: dict[str, Any]) -> Path:
+    """`<index_root>/<dataset label>-<digest of spec>/<model name>-<digest of its resolved path>`: the index's
+    identity (how the data is read, which model) decides its folder."""
+    model_id = str(Path(name).resolve()) if Path(name).exists() else name
+    identity = {k: v for k, v in spec.items() if k != "label"}
+    return Path(index_root) / f"{slug(dataset.name)}-{digest(identity)}" / f"{slug(name)}-{digest(model_id)}"
 
 
 @dataclass
@@ -103,22 +142,16 @@ def load_model(name: str, cfg: Any) -> tuple[Any, Embedder, dict[str, Any]]:
     return model, as_embedder(model, cfg.eval), model_record(name, model, preprocess, tokenizer)
 
 
-def remove_index(folder: Path) -> None:
-    """Delete an index's own files (manifest, chunks); refuses a folder that is not an index."""
-    if read_manifest(folder) is None:
-        raise IndexMismatch(f"--rebuild: {folder} holds no {MANIFEST}; it is not an index, nothing deleted")
-    for path in folder.iterdir():
-        if path.name.startswith(MANIFEST) or re.fullmatch(r"(image|text)-\d{5}\.safetensors(\.tmp)?", path.name):
-            path.unlink()
-
-
 def open_searcher(
     name: str, cfg: Any, dataset: RetrievalSet, spec: dict, index_root: str | Path, rebuild: bool = False
 ) -> Searcher:
     """Load model `name`, build or resume its index of `dataset` under `index_root`, check it, and read it."""
+    folder = index_folder(index_root, name, dataset, spec)
+    if folder.parent.is_symlink():  # a folder sharpclip names: never written through a link
+        owned_files.folder(folder.parent, "--index", derived=True)
+    check_folder(folder)  # before the model is loaded: a folder that is not ours is refused at once
     _, embedder, record = load_model(name, cfg)
-    folder = Path(index_root) / slug(dataset.name) / slug(name)
-    if rebuild and folder.exists():
+    if rebuild:
         remove_index(folder)
     build_index(folder, embedder, record, dataset, spec, progress=cfg.eval.progress)
     return Searcher(name, embedder, load_index(folder))
@@ -139,9 +172,30 @@ class Hits:
 def _query_vector(s: Searcher, text: str | None, image: str | None) -> Tensor:
     if (text is None) == (image is None):
         raise ValueError('give one query: --text "..." or --image FILE')
-    if image is not None and not Path(image).is_file():
-        raise FileNotFoundError(f"--image {image}: no such file")
+    if image is not None:
+        check_query_image(image)
     return s.embedder.texts([text]) if text is not None else s.embedder.images([ImageRef(str(image))])
+
+
+def check_query_image(image: str | Path) -> None:
+    """Refuse (one line) a `--image` that is not a readable regular file, saying what it is."""
+    path = Path(image)
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise FileNotFoundError(f"--image {image}: no such file") from None
+    except OSError as err:
+        raise OSError(f"--image {image}: cannot read it ({err.strerror})") from None
+    if stat.S_ISDIR(mode):
+        raise ValueError(f"--image {image}: is a folder, not an image file")
+    if not stat.S_ISREG(mode):
+        kind = "a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+        raise ValueError(f"--image {image}: is {kind}, not an image file")
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+    except OSError as err:
+        raise OSError(f"--image {image}: cannot read it ({err.strerror})") from None
 
 
 def query(s: Searcher, text: str | None = None, image: str | None = None, k: int = 10) -> Hits:
@@ -235,6 +289,7 @@ def write_search_page(
         out,
         thumb_size=150,
         title=f"Search {dataset.name}: " + (_shorten(text, 60) if text is not None else Path(image).name),
+        flag="--html",
     )
     if text is not None:
         page.add(tag("p", text, class_="query"))

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from sharpclip import owned_files
 from sharpclip.config import ModelConfig
 from sharpclip.data.synthdense.corpus import ensure
 from sharpclip.demo import regime, report, wise_ft
@@ -182,7 +183,7 @@ def run_arms(p: Profile, plan: list[Arm], init: Init, data: Any, validate: Any, 
         if seed == 0:
             run_dirs[arm.name], geometry[arm.name] = run_dir, test["geometry"]  # short names: figure axis labels
         # what is measured survives an interrupted demo (demo.report can tabulate it: report.markdown_table)
-        (out / "results.partial.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+        owned_files.write_text(out / "results.partial.json", json.dumps(results, indent=2, default=str) + "\n", "--out")
         bar.write(f"{arm.label} (seed {seed}): mean R@1 {test['mean_R@1']:.1f}, within-family "
                   f"{test['within_mean_R@1']:.1f}, MMVP {test['mmvp']:.1f}  [{seconds:.0f} s]")  # fmt: skip
     bar.close()
@@ -265,6 +266,6 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
     print(f"\nreport: {files[0]}  ({meta['wall_seconds']:.0f} s in all; figures and report.json beside it)")
     if qualitative:
         print(f"qualitative retrieval, InfoNCE vs HN-CLIP: {qualitative[0]}")
-    (out / "demo_meta.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    owned_files.write_text(out / "demo_meta.json", json.dumps(meta, indent=2, default=str) + "\n", "--out")
     return {"results": results, "claims": report.claims(results, wise), "wise_ft": wise, "files": files + figures,
             "meta": meta}  # fmt: skip

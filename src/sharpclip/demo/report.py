@@ -16,6 +16,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from sharpclip import owned_files
 from sharpclip.analysis import dynamics, plots
 from sharpclip.demo import regime
 from sharpclip.demo.measure import CAPTION_HARDEST, CAPTION_PAIRWISE
@@ -411,11 +412,11 @@ def write_report(
     header = "\n".join(f"- {k}: {v}" for k, v in meta.items() if not isinstance(v, dict | list))
     md = out / "report.md"
     relative = [p.relative_to(out) if p.is_relative_to(out) else p for p in figures]  # links from report.md
-    md.write_text(report_markdown(results, items, header, relative))
+    owned_files.write_text(md, report_markdown(results, items, header, relative), "--out")
     js = out / "report.json"
     doc = {"meta": meta, "claims": items, "results": results, "wise_ft": wise or {}}
     if INIT in results:
         doc["regime_check"] = regime.regime_check(next(iter(results[INIT]["seeds"].values()))["test"])
     doc["geometry_along_training"] = regime.geometry_verdicts(results, INITS, INIT)
-    js.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    owned_files.write_text(js, json.dumps(doc, indent=2, default=str) + "\n", "--out")
     return [md, js]

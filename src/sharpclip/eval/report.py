@@ -7,20 +7,22 @@ report, the markdown tables and the eval manifest (eval.manifest).
 The three files sit side by side in `out_dir`; the manifest records what produced the numbers (eval.manifest) and
 the sha256 of the other two. A re-write never leaves a mix that looks complete: each file is written whole under a
 temporary name, the old manifest is removed first, and the new one is renamed into place last, so a report set is
-complete exactly when its manifest is there and names the hashes of the files beside it.
+complete exactly when its manifest is there and names the hashes of the files beside it. The files are written by
+`sharpclip.owned_files`' rule: one of those names in `out_dir` that sharpclip did not write is refused in one line
+(`check_report_folder`, which `sharpclip eval` calls before it evaluates).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from sharpclip import owned_files
 from sharpclip.config import EvalConfig
 from sharpclip.eval import pair_data
 from sharpclip.eval.manifest import build_manifest, model_record, preprocessing_record
@@ -64,24 +66,25 @@ def markdown_report(results: dict[str, dict[str, Any]], ks: list[int]) -> str:
     return "\n".join(lines)
 
 
+REPORT_FILES = ("eval_report.json", "eval_report.md", "eval_manifest.json")
+
+
+def check_report_folder(out_dir: str | Path) -> None:
+    """Refuse (one line naming the file and --out) a report file in `out_dir` that sharpclip did not write."""
+    owned_files.check([Path(out_dir) / name for name in REPORT_FILES], "--out")
+
+
 def write_report(result: SuiteResult, manifest: dict[str, Any], out_dir: str | Path, ks: list[int]) -> list[Path]:
     """eval_report.json (metrics), eval_report.md (tables) and eval_manifest.json, side by side in `out_dir`."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "eval_report.json", out / "eval_report.md", out / "eval_manifest.json"]
+    check_report_folder(out)
+    paths = [out / name for name in REPORT_FILES]
     texts = [json.dumps(result.results, indent=2) + "\n", markdown_report(result.results, ks)]
     files = {p.name: hashlib.sha256(t.encode()).hexdigest() for p, t in zip(paths, texts, strict=False)}
     texts.append(json.dumps({**manifest, "report_sha256": files}, indent=2, default=str) + "\n")
-    temporary = [p.with_name(f".{p.name}.tmp") for p in paths]
-    try:
-        for tmp, text in zip(temporary, texts, strict=True):
-            tmp.write_text(text)
-        paths[2].unlink(missing_ok=True)  # from here until the last rename, the set is visibly incomplete
-        for tmp, path in zip(temporary, paths, strict=True):
-            os.replace(tmp, path)
-    finally:
-        for tmp in temporary:
-            tmp.unlink(missing_ok=True)
+    owned_files.remove(paths[2], "--out")  # from here until the manifest is written, the set is visibly incomplete
+    for path, text in zip(paths, texts, strict=True):
+        owned_files.write_text(path, text, "--out")
     return paths
 
 

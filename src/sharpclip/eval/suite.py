@@ -23,7 +23,7 @@ from sharpclip.eval.benchmarks import eval_images, image_files, load_eval_set, s
 from sharpclip.eval.embed import CachedEmbedder
 from sharpclip.eval.evaluator import as_embedder
 from sharpclip.eval.manifest import dataset_record
-from sharpclip.eval.report import SuiteResult, suite_manifest, write_report
+from sharpclip.eval.report import SuiteResult, check_report_folder, suite_manifest, write_report
 from sharpclip.eval.scoring import evaluate_set, set_inputs
 from sharpclip.models.factory import create_model
 
@@ -117,6 +117,8 @@ def run_eval(cfg: Any, model: Any = None) -> list[Path]:
     When the training data is known (the config's data section, or the run that wrote the checkpoint being
     evaluated), every suite is first checked against the images of its training split: shared images refuse the
     run unless data.overlap=warn."""
+    out_dir = cfg.eval.output_dir or str(Path(cfg.train.output_dir) / "eval")
+    check_report_folder(out_dir)  # a report file there that sharpclip did not write: refused before evaluating
     device = resolve_device(cfg.eval.device, "eval.device")
     configure_tf32(device, cfg.train.tf32)  # before any model runs; the manifest records it
     if model is None:
@@ -124,5 +126,4 @@ def run_eval(cfg: Any, model: Any = None) -> list[Path]:
     trained_on = training_data(cfg)
     result = run_suite(model, cfg.eval, cfg.data, training_images(trained_on), trained_on.overlap)
     manifest = suite_manifest(result, model, cfg.eval, cfg.model.name)
-    out_dir = cfg.eval.output_dir or str(Path(cfg.train.output_dir) / "eval")
     return write_report(result, manifest, out_dir, list(cfg.eval.recall_k))
