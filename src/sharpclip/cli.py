@@ -298,15 +298,15 @@ def _add_validate_data(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
-def _eval_config(args: argparse.Namespace, overrides: list[str], run_out: str | None):
+def _eval_config(args: argparse.Namespace, overrides: list[str], run_out: str | None, model: str | None = None):
     """A run directory's own resolved config (its data, for suite `retrieval`) when no recipe is given; else the
     recipes and overrides as usual."""
     from sharpclip.config import split_args
     from sharpclip.train.run import RESOLVED_CONFIG, load_run_config
 
     files, extra = split_args(args.config_args)
-    if run_out is not None and not files and (Path(args.model) / RESOLVED_CONFIG).is_file():
-        return load_run_config(args.model, extra + overrides)
+    if run_out is not None and not files and (Path(model) / RESOLVED_CONFIG).is_file():
+        return load_run_config(model, extra + overrides)
     return _load(args, overrides)
 
 
@@ -323,30 +323,89 @@ def suite_names(text: str) -> list[str]:
 def _add_eval(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="evaluate a model on benchmark suites: JSON + markdown report and eval manifest")
     _config_args(p, "eval.recall_k=[1,5,10]")
-    p.add_argument("--model", type=path_arg,
-                   help="model to evaluate (sets model.name): a run directory (its newest complete "
-                   "checkpoint), a checkpoint, an HF or open_clip folder, or a tiny preset")  # fmt: skip
+    p.add_argument("--model", type=path_arg, action="append", default=[],
+                   help="model to evaluate (sets model.name): a run directory (its newest complete checkpoint), a "
+                   "checkpoint, an HF or open_clip folder, or a tiny preset; repeat it for one table across models "
+                   "(--table)")  # fmt: skip
     p.add_argument("--best", action="store_true", help="a run directory's best checkpoint (best.json), not its newest")
     p.add_argument("--suite", help="comma-separated suites, e.g. docci,urban1k,mmvp (sets eval.suites)")
     p.add_argument("--data-root", type=path_arg, help="folder holding one sub-folder per suite (sets eval.data_root)")
-    p.add_argument("--out", type=path_arg, help="report folder (sets eval.output_dir)")
+    p.add_argument("--out", type=path_arg, help="report folder (sets eval.output_dir); with several --model, each "
+                   "model's report goes to OUT/<name>")  # fmt: skip
+    p.add_argument("--table", type=path_arg, help="folder for one table across the models (eval_table.csv/.md, a "
+                   "row per model; eval_table_detail.csv/.md per subset); default with several --model: --out, "
+                   "else eval-table")  # fmt: skip
 
     def run(args: argparse.Namespace) -> int:
         from sharpclip.eval.suite import run_eval
+        from sharpclip.eval.table import check_tables, read_report, short_labels, write_tables
         from sharpclip.train.checkpoint import CheckpointError, model_source
 
+        several = len(args.model) > 1
+        table = args.table or ((args.out or "eval-table") if several else None)
         try:
-            model, out = model_source(args.model, args.best) if args.model else (None, None)
-            flags = {"model.name": model, "eval.data_root": args.data_root, "eval.output_dir": args.out or out}
-            overrides = [f"{k}={v}" for k, v in flags.items() if v is not None]
-            if args.suite:
-                overrides.append(f"eval.suites=[{','.join(suite_names(args.suite))}]")
-            paths = run_eval(_eval_config(args, overrides, out))
+            if table:
+                check_tables(table)  # a table file there sharpclip did not write: refused before evaluating
+            plans = [_eval_plan(args, name, label, model_source) for name, label in
+                     zip(args.model or [None], short_labels(args.model) or [""], strict=True)]  # fmt: skip
+            reports = []
+            for label, cfg in plans:
+                paths = run_eval(cfg)
+                print(paths[1].read_text(), end="")
+                print("\n".join(f"wrote {p}" for p in paths))
+                reports.append((label, read_report(paths[0])))
+            if table:
+                written = write_tables(reports, table)
+                print(written[1].read_text(), end="")
+                print("\n".join(f"wrote {p}" for p in written))
         except (OSError, ValueError, CheckpointError) as err:  # no checkpoint, missing benchmark files, unknown suite
             print(f"sharpclip eval: {err}", file=sys.stderr)
             return 2
-        print(paths[1].read_text(), end="")
-        print("\n".join(f"wrote {p}" for p in paths))
+        return 0
+
+    p.set_defaults(handler=run)
+
+
+def _eval_plan(args: argparse.Namespace, name: str | None, label: str, model_source):
+    """(row label, resolved config) of one `--model` of `sharpclip eval`: with several, each report goes to
+    OUT/<label>, or to a run directory's own eval folder; another model without --out is refused."""
+    model, run_out = model_source(name, args.best) if name else (None, None)
+    out = args.out
+    if len(args.model) > 1:
+        out = str(Path(args.out) / label) if args.out else run_out
+        if out is None:
+            raise ValueError(f"--model {name}: not a run directory, so its report needs a folder: give --out DIR "
+                             "(each model's report goes to DIR/<name>)")  # fmt: skip
+    flags = {"model.name": model, "eval.data_root": args.data_root, "eval.output_dir": out or run_out}
+    overrides = [f"{k}={v}" for k, v in flags.items() if v is not None]
+    if args.suite:
+        overrides.append(f"eval.suites=[{','.join(suite_names(args.suite))}]")
+    return label or (name or ""), _eval_config(args, overrides, run_out, name)
+
+
+def _add_eval_table(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("eval-table", help="one table across finished evaluations: a row per model, the suites' "
+                       "headline figures as columns (CSV + markdown), per-subset figures in a second")  # fmt: skip
+    p.add_argument("reports", nargs="+", type=path_arg, metavar="REPORT",
+                   help="an eval_report.json, the folder holding one, or a run directory (its newest evaluated "
+                   "checkpoint's report, RUN/eval/step-N/)")  # fmt: skip
+    p.add_argument("--label", action="append", default=[], metavar="NAME",
+                   help="row labels, in the order of the REPORTs (default: each one's last path part)")  # fmt: skip
+    p.add_argument("--out", type=path_arg, default="eval-table", help="folder for eval_table.csv / .md and "
+                   "eval_table_detail.csv / .md (default eval-table)")  # fmt: skip
+
+    def run(args: argparse.Namespace) -> int:
+        from sharpclip.eval.table import read_report, short_labels, write_tables
+
+        if args.label and len(args.label) != len(args.reports):
+            print(f"sharpclip eval-table: {len(args.label)} --label for {len(args.reports)} reports", file=sys.stderr)
+            return 2
+        names = [str(Path(r)).removesuffix("/eval_report.json") for r in args.reports]
+        labels = args.label or short_labels(names)
+        written = write_tables([(label, read_report(r)) for label, r in zip(labels, args.reports, strict=True)],
+                               args.out)  # fmt: skip
+        print(written[1].read_text(), end="")
+        print("\n".join(f"wrote {p}" for p in written))
         return 0
 
     p.set_defaults(handler=run)
@@ -523,6 +582,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_distill,
         _add_validate_data,
         _add_eval,
+        _add_eval_table,
         _add_analyze,
         _add_search,
         _add_compare,
