@@ -1,4 +1,4 @@
-"""`sharpclip analyze --feature-map IMAGE --text CAPTION`: patch feature maps (CLIP-IN Fig. 3) of one or two models.
+"""`sharpclip analyze feature-map IMAGE --text CAPTION`: patch feature maps (CLIP-IN Fig. 3) of one or two models.
 
 For each model: the image as its preprocessing makes it (resize, crop), the caption embedded as `eval` embeds it,
 the cosine of every patch with the caption by Zhou et al.'s dense features (analysis.dense), upsampled bilinearly to
