@@ -1,8 +1,9 @@
 """What sharpclip may replace or delete among the files it writes: only what it marked when it wrote it.
 
 Every command that writes a file outside a run directory (a search index, an HTML page and its `<page>_files/`
-thumbnails, a figure, a JSON or markdown report, compare and analyze outputs) writes it through this module. The
-rule, one for all of them:
+thumbnails, a figure, a JSON or markdown report, compare, analyze and eval outputs, `validate-data --json`, the
+demo's reports) writes it through this module. Run directories keep their own marker (train.run_dir) and exports
+their own record (models.export); both follow the same rule. The rule, one for all of them:
 
 - **the mark**: each folder sharpclip writes into holds a registry, `.sharpclip-files.json`, listing every file
   sharpclip wrote there with its size, mtime and sha256 at the time. A file is sharpclip's own when the registry
@@ -24,9 +25,13 @@ API (everything else is private)::
     write_text(path, text, flag)         # the same for text (write_bytes for bytes); returns path
     is_ours(path) / record(path)         # whether path is ours; its registry record ({size, mtime_ns, sha256})
     listed(folder)                       # the names the folder's registry lists
+    is_temporary(name)                   # whether a name is one of sharpclip's temporary names (a write in flight)
     remove(path, flag, listed=False)     # delete a file of ours (refuses any other; see its docstring)
 
-The registry is updated under an `flock` of its folder, so writers in one folder at once do not lose entries.
+The registry is updated under an `flock` of its folder, so writers in one folder at once do not lose entries. While
+a rename is in flight the registry lists both the old and the new bytes' records, so a kill between the rename and
+the registry's update never leaves a file of sharpclip's unowned (an index build killed after a chunk's rename
+resumes). Sharpclip's temporary names (`.<stem>.<pid>-<hex>.tmp<suffix>`) are its own too (`is_temporary`).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -74,18 +80,32 @@ def _read_registry(folder: Path, flag: str = "") -> dict[str, dict[str, Any]]:
         files = data["files"] if isinstance(data, dict) and data.get("kind") == KIND else None
     except (OSError, ValueError, KeyError) as err:
         raise NotOurs(f"{path}: not sharpclip's record of its files ({err}); {_advice(flag)}") from None
-    if not isinstance(files, dict) or not all(isinstance(r, dict) for r in files.values()):
+    if not isinstance(files, dict) or not all(_is_entry(r) for r in files.values()):
         raise NotOurs(f"{path}: not sharpclip's record of its files; {_advice(flag)}")
     return files
 
 
+def _is_entry(entry: Any) -> bool:
+    """A record, or a list of them: a write in flight (the old bytes and the new are both sharpclip's until the
+    rename is done, so a kill between the rename and the registry's update leaves neither unowned)."""
+    if isinstance(entry, list):
+        return bool(entry) and all(isinstance(r, dict) for r in entry)
+    return isinstance(entry, dict)
+
+
+def _records(entry: Any) -> list[dict[str, Any]]:
+    return [] if entry is None else entry if isinstance(entry, list) else [entry]
+
+
 def record(path: str | Path) -> dict[str, Any] | None:
-    """The registry's record of `path` ({size, mtime_ns, sha256}) when its folder's registry lists it, else None."""
+    """The registry's record of `path` ({size, mtime_ns, sha256}; the newest, during a write) when its folder's
+    registry lists it, else None."""
     path = Path(path)
     try:
-        return _read_registry(path.parent).get(path.name)
+        found = _records(_read_registry(path.parent).get(path.name))
     except NotOurs:
         return None
+    return found[-1] if found else None
 
 
 def listed(folder: str | Path) -> set[str]:
@@ -105,11 +125,22 @@ def _matches(path: Path, rec: dict[str, Any]) -> bool:
     return st.st_size == rec.get("size") and _sha256(path) == rec.get("sha256")
 
 
+def _matches_entry(path: Path, entry: Any) -> bool:
+    return any(_matches(path, rec) for rec in _records(entry))
+
+
+def _entry(path: Path) -> Any:
+    try:
+        return _read_registry(path.parent).get(path.name)
+    except NotOurs:
+        return None
+
+
 def is_ours(path: str | Path) -> bool:
     """Whether `path` is a regular file (not a link) that sharpclip wrote and nobody changed since."""
     path = Path(path)
-    rec = record(path)
-    return rec is not None and not path.is_symlink() and path.exists() and _matches(path, rec)
+    entry = _entry(path)
+    return entry is not None and not path.is_symlink() and path.exists() and _matches_entry(path, entry)
 
 
 def _refusal(path: Path, flag: str) -> str | None:
@@ -120,11 +151,11 @@ def _refusal(path: Path, flag: str) -> str | None:
         return None
     if path.is_dir():
         return f"{path} is a folder, not a file sharpclip wrote; {_advice(flag)}"
-    rec = _read_registry(path.parent, flag).get(path.name)
-    if rec is None:
+    entry = _read_registry(path.parent, flag).get(path.name)
+    if entry is None:
         return (f"{path} exists and sharpclip did not write it (not in {REGISTRY} there); it replaces only its own "
                 f"files: {_advice(flag)}, or move the file away")  # fmt: skip
-    if not _matches(path, rec):
+    if not _matches_entry(path, entry):
         return f"{path} changed since sharpclip wrote it; it replaces only its own files: {_advice(flag)}, or move it"
     return None
 
@@ -146,8 +177,9 @@ def folder(path: str | Path, flag: str = "", derived: bool = False) -> Path:
     path = Path(path)
     if derived and path.is_symlink():
         raise NotOurs(f"{path} is a symbolic link; sharpclip never writes through one: {_advice(flag)}")
-    if path.exists() and not path.is_dir():
-        raise NotOurs(f"{path} is a file, not a folder; {_advice(flag)}")
+    blocker = next((p for p in (path, *path.parents) if p.exists() or p.is_symlink()), None)
+    if blocker is not None and not blocker.is_dir():
+        raise NotOurs(f"{blocker} is a file, not a folder; {_advice(flag)}")
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -166,7 +198,15 @@ def _temporary(path: Path) -> Path:
     return path.with_name(f".{path.stem}.{os.getpid()}-{os.urandom(3).hex()}.tmp{path.suffix}")
 
 
-def _update(folder: Path, changes: dict[str, dict[str, Any] | None], flag: str) -> None:
+_TEMPORARY = re.compile(r"\..+\.\d+-[0-9a-f]{6}\.tmp(\.[^.]+)?")
+
+
+def is_temporary(name: str) -> bool:
+    """Whether `name` has the form of sharpclip's temporary names (`.<stem>.<pid>-<hex>.tmp<suffix>`)."""
+    return _TEMPORARY.fullmatch(name) is not None
+
+
+def _update(folder: Path, changes: dict[str, Any], flag: str) -> None:
     """Apply {name: record, or None to forget it} to `folder`'s registry (under its flock), written atomically."""
     with _locked(folder):
         files = _read_registry(folder, flag)
@@ -199,6 +239,8 @@ def writing(path: str | Path, flag: str = "") -> Iterator[Path]:
         st = tmp.stat()
         rec = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": _sha256(tmp)}
         check([path], flag)  # again: something may have appeared there while we wrote
+        old = _records(_entry(path)) if path.exists() else []
+        _update(path.parent, {path.name: [*old, rec]}, flag)  # both sharpclip's while the rename is in flight
         os.replace(tmp, path)
         _update(path.parent, {path.name: rec}, flag)
     finally:

@@ -80,3 +80,41 @@ def test_check_refuses_a_folder_where_a_file_goes_and_a_file_where_a_folder_goes
         of.check([tmp_path / "f" / "a.png"], "--out")
     with pytest.raises(of.NotOurs, match="is a file, not a folder"):
         of.folder(tmp_path / "f", "--out")
+
+
+@pytest.mark.parametrize("when", ["before the rename", "after the rename"])
+def test_a_kill_around_the_rename_leaves_the_file_sharpclips_own(tmp_path: Path, monkeypatch, when: str):
+    path = of.write_text(tmp_path / "image-00000.safetensors", "old", "--index")
+    real_update, real_replace = of._update, os.replace
+    updates: list[dict] = []
+
+    def update(folder, changes, flag):
+        updates.append(changes)
+        if when == "after the rename" and len(updates) == 2:
+            raise KeyboardInterrupt  # SIGINT between the rename and the final record
+        real_update(folder, changes, flag)
+
+    def replace(src, dst):
+        if when == "before the rename" and Path(dst) == path:
+            raise KeyboardInterrupt
+        real_replace(src, dst)
+
+    monkeypatch.setattr(of, "_update", update)
+    monkeypatch.setattr(of.os, "replace", replace)
+    with pytest.raises(KeyboardInterrupt):
+        of.write_text(path, "new", "--index")
+    monkeypatch.undo()
+    assert path.read_text() == ("old" if when == "before the rename" else "new") and of.is_ours(path)
+    of.write_text(path, "newer", "--index")  # still its own to replace
+    assert path.read_text() == "newer" and isinstance(of.record(path), dict)
+
+
+def test_a_record_that_is_a_symlink_is_not_sharpclips_record(tmp_path: Path):
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text('{"kind": "sharpclip written files", "files": {}}')
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / of.REGISTRY).symlink_to(elsewhere)
+    with pytest.raises(of.NotOurs, match="symbolic link, not sharpclip's record"):
+        of.write_text(tmp_path / "out" / "a.json", "{}", "--out")
+    assert not (tmp_path / "out" / "a.json").exists()
+    assert elsewhere.read_text() == '{"kind": "sharpclip written files", "files": {}}'

@@ -176,9 +176,9 @@ def _schema_error(value: Any, schema: dict[str, tuple[type, ...]], where: str) -
         return f"{where or 'the manifest'} is a JSON {type(value).__name__}, not an object"
     for key, types in schema.items():
         if key not in value:
-            return f"key {where}{key!r} is missing"
+            return f"key '{where}{key}' is missing"
         if not isinstance(value[key], types) or (isinstance(value[key], bool) and bool not in types):
-            return f"key {where}{key!r} is a {type(value[key]).__name__}"
+            return f"key '{where}{key}' is a {type(value[key]).__name__}"
     return None
 
 
@@ -193,7 +193,7 @@ def manifest_error(manifest: Any) -> str | None:
     if why is None and manifest["chunk_size"] < 1:
         why = f"key 'chunk_size' is {manifest['chunk_size']}, not >= 1"
     records = [*manifest["dataset"]["files"].values(), *manifest["chunks"].values()] if why is None else []
-    return why or next((e for r in records if (e := _schema_error(r, FILE_SCHEMA, "file record "))), None)
+    return why or next((e for r in records if (e := _schema_error(r, FILE_SCHEMA, "file record."))), None)
 
 
 def read_manifest(folder: Path) -> dict[str, Any] | None:
@@ -274,12 +274,16 @@ def _own_chunks(folder: Path) -> list[Path]:
     return [folder / n for n in sorted(listed) if CHUNK_NAME.fullmatch(n)]
 
 
-def check_folder(folder: Path) -> None:
+def check_folder(folder: Path, locked: bool = False) -> None:
     """Refuse (one line) an index folder that is a symbolic link or a file, or that holds files but no record of
-    sharpclip's writing them (someone else's folder); writes nothing."""
+    sharpclip's writing them (someone else's folder); writes nothing. A folder holding the build lock is a build's
+    own: its contents are checked only `locked` (under that lock, where no build is half-way through starting)."""
     if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
         owned_files.folder(folder, FLAG, derived=True)  # raises its one line
-    names = [p.name for p in folder.iterdir() if p.name != LOCK] if folder.is_dir() else []
+    names = [p.name for p in folder.iterdir()] if folder.is_dir() else []
+    if LOCK in names and not locked:
+        return  # a build's folder (perhaps mid-start): checked again under its lock
+    names = [n for n in names if n != LOCK and not owned_files.is_temporary(n)]  # a build killed as it started
     if names and owned_files.REGISTRY not in names:
         raise owned_files.NotOurs(
             f"{folder}: not empty and not an index sharpclip wrote (no {owned_files.REGISTRY} there; it holds "
@@ -337,7 +341,7 @@ def build_index(
     check_folder(folder)  # before anything is written
     owned_files.folder(folder, FLAG, derived=True)
     with BuildLock(folder, wait):
-        check_folder(folder)  # again under the lock
+        check_folder(folder, locked=True)  # again under the lock
         _build_locked(folder, embedder, model, dataset, spec, chunk_size, progress)
     return folder
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 import transformers
+from PIL import Image
 from torch import Tensor
 
 from sharpclip import __version__, owned_files
@@ -170,6 +171,7 @@ def open_searcher(
 ) -> Searcher:
     """Load model `name`, build or resume its index of `dataset` under `index_root`, check it, and read it."""
     folder = index_folder(index_root, name, dataset, spec)
+    owned_files.folder(index_root, "--index")  # a file there: one line naming it
     if folder.parent.is_symlink():  # a folder sharpclip names: never written through a link
         owned_files.folder(folder.parent, "--index", derived=True)
     check_folder(folder)  # before the model is loaded: a folder that is not ours is refused at once
@@ -201,7 +203,7 @@ def _query_vector(s: Searcher, text: str | None, image: str | None) -> Tensor:
 
 
 def check_query_image(image: str | Path) -> None:
-    """Refuse (one line) a `--image` that is not a readable regular file, saying what it is."""
+    """Refuse (one line) a `--image` that is not a readable regular file holding an image, saying what it is."""
     path = Path(image)
     try:
         mode = path.stat().st_mode
@@ -215,10 +217,11 @@ def check_query_image(image: str | Path) -> None:
         kind = "a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
         raise ValueError(f"--image {image}: is {kind}, not an image file")
     try:
-        with open(path, "rb") as f:
-            f.read(1)
-    except OSError as err:
-        raise OSError(f"--image {image}: cannot read it ({err.strerror})") from None
+        with Image.open(path) as picture:  # the header only: what PIL makes of it
+            picture.verify()
+    except (OSError, SyntaxError, ValueError) as err:  # UnidentifiedImageError is an OSError
+        why = err.strerror if isinstance(err, OSError) and err.strerror else " ".join(str(err).split())
+        raise ValueError(f"--image {image}: not an image file PIL can read ({why[:160]})") from None
 
 
 def query(s: Searcher, text: str | None = None, image: str | None = None, k: int = 10) -> Hits:
