@@ -17,6 +17,7 @@ import contextlib
 import logging
 import os
 import re
+import shlex
 import sys
 import traceback
 from collections.abc import Sequence
@@ -79,7 +80,12 @@ def _add_config(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="fine-tune a model (any recipe of both papers; torchrun for several processes)")
+    p = sub.add_parser(
+        "train", help="fine-tune a model (any recipe of both papers; torchrun for several processes)",
+        epilog="Settings are key=value words (train.lr=1e-4 data.root=DIR model.name=RUN_OR_MODEL): `sharpclip config "
+        "--explain train` lists a section's keys, `sharpclip config --explain KEY` explains one (also other tools' "
+        "names: train.learning_rate, train.wd); docs/config.md lists them all.",
+    )  # fmt: skip
     _config_args(p, "loss.terms.hn.params.gamma=0.25")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--resume", type=path_arg, metavar="RUN",
@@ -304,15 +310,15 @@ def _add_validate_data(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
-def _eval_config(args: argparse.Namespace, overrides: list[str], run_out: str | None):
+def _eval_config(args: argparse.Namespace, overrides: list[str], run_out: str | None, model: str | None = None):
     """A run directory's own resolved config (its data, for suite `retrieval`) when no recipe is given; else the
     recipes and overrides as usual."""
     from sharpclip.config import split_args
     from sharpclip.train.run import RESOLVED_CONFIG, load_run_config
 
     files, extra = split_args(args.config_args)
-    if run_out is not None and not files and (Path(args.model) / RESOLVED_CONFIG).is_file():
-        return load_run_config(args.model, extra + overrides)
+    if run_out is not None and not files and (Path(model) / RESOLVED_CONFIG).is_file():
+        return load_run_config(model, extra + overrides)
     return _load(args, overrides)
 
 
@@ -329,107 +335,293 @@ def suite_names(text: str) -> list[str]:
 def _add_eval(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="evaluate a model on benchmark suites: JSON + markdown report and eval manifest")
     _config_args(p, "eval.recall_k=[1,5,10]")
-    p.add_argument("--model", type=path_arg,
-                   help="model to evaluate (sets model.name): a run directory (its newest complete "
-                   "checkpoint), a checkpoint, an HF or open_clip folder, or a tiny preset")  # fmt: skip
+    p.add_argument("--model", type=path_arg, action="append", default=[],
+                   help="model to evaluate (sets model.name): a run directory (its newest complete checkpoint), a "
+                   "checkpoint, an HF or open_clip folder, or a tiny preset; repeat it for one table across models "
+                   "(--table)")  # fmt: skip
     p.add_argument("--best", action="store_true", help="a run directory's best checkpoint (best.json), not its newest")
     p.add_argument("--suite", help="comma-separated suites, e.g. docci,urban1k,mmvp (sets eval.suites)")
     p.add_argument("--data-root", type=path_arg, help="folder holding one sub-folder per suite (sets eval.data_root)")
-    p.add_argument("--out", type=path_arg, help="report folder (sets eval.output_dir)")
+    p.add_argument("--out", type=path_arg, help="report folder (sets eval.output_dir); with several --model, each "
+                   "model's report goes to OUT/<name>")  # fmt: skip
+    p.add_argument("--table", type=path_arg, help="folder for one table across the models (eval_table.csv/.md, a "
+                   "row per model; eval_table_detail.csv/.md per subset); default with several --model: --out, "
+                   "else eval-table")  # fmt: skip
 
     def run(args: argparse.Namespace) -> int:
         from sharpclip.eval.suite import run_eval
+        from sharpclip.eval.table import check_tables, read_report, short_labels, write_tables
         from sharpclip.train.checkpoint import CheckpointError, model_source
 
+        several = len(args.model) > 1
+        table = args.table or ((args.out or "eval-table") if several else None)
         try:
-            model, out = model_source(args.model, args.best) if args.model else (None, None)
-            if out and not args.out:  # <run>/eval/<checkpoint>: folders sharpclip names, never written through a link
-                from sharpclip.eval.report import check_report_folder
-
-                check_report_folder(out, Path(args.model).expanduser())
-            flags = {"model.name": model, "eval.data_root": args.data_root, "eval.output_dir": args.out or out}
-            overrides = [f"{k}={v}" for k, v in flags.items() if v is not None]
-            if args.suite:
-                overrides.append(f"eval.suites=[{','.join(suite_names(args.suite))}]")
-            paths = run_eval(_eval_config(args, overrides, out))
+            if table:
+                check_tables(table)  # a table file there sharpclip did not write: refused before evaluating
+            plans = [_eval_plan(args, name, label, model_source) for name, label in
+                     zip(args.model or [None], short_labels(args.model) or [""], strict=True)]  # fmt: skip
+            reports = []
+            for label, cfg in plans:
+                paths = run_eval(cfg)
+                print(paths[1].read_text(), end="")
+                print("\n".join(f"wrote {p}" for p in paths))
+                reports.append((label, read_report(paths[0])))
+            if table:
+                written = write_tables(reports, table)
+                print(written[1].read_text(), end="")
+                print("\n".join(f"wrote {p}" for p in written))
         except (OSError, ValueError, CheckpointError) as err:  # no checkpoint, missing benchmark files, unknown suite
             print(f"sharpclip eval: {err}", file=sys.stderr)
             return 2
-        print(paths[1].read_text(), end="")
-        print("\n".join(f"wrote {p}" for p in paths))
         return 0
 
     p.set_defaults(handler=run)
 
 
-def _add_analyze(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("analyze", help="figures of finished runs (Fig. 4, convergence), caption geometry, feature maps")
-    p.add_argument(
-        "runs", type=path_arg, nargs="*", metavar="RUN", help="run directories (diagnostics.jsonl, metrics.jsonl)"
-    )
-    p.add_argument("--out", type=path_arg, default="figures", help="where the PNG, JSON and markdown files go")
-    p.add_argument("--metric", default="R@1", help="convergence metrics: keys ending in this (e.g. t2i/R@1)")
-    p.add_argument("--sample-efficiency", action="store_true",
-                   help="the RUNs (trained with data.train_fraction or train_count): best validation mean_R@1 "
-                   "against the training fraction, one line per method")  # fmt: skip
-    p.add_argument("--geometry", metavar="SUITES", help="comma-separated retrieval suites: caption geometry")
-    p.add_argument("--model", type=path_arg, action="append", default=[],
-                   help="text encoder for --geometry (sets model.name); one "
-                   "or two for --feature-map (run directory, checkpoint, HF folder or tiny preset)")  # fmt: skip
-    p.add_argument("--data-root", type=path_arg, help="folder holding one sub-folder per suite, for --geometry")
-    p.add_argument(
-        "--feature-map", type=path_arg, metavar="IMAGE", help="patch feature map of --text over IMAGE (CLIP-IN Fig. 3)"
-    )
-    p.add_argument("--text", default="", help="the caption --feature-map scores every patch against")
-    p.add_argument("--dense", choices=("maskclip", "value"), default="maskclip", help="--feature-map's dense "
-                   "features: MaskCLIP's (the block's residual and MLP kept) or the value path alone")  # fmt: skip
-    p.add_argument("--gamma", type=float, default=0.5, help="--geometry: the γ whose margin is shown in logits")
-    p.add_argument("--scale", type=float, default=0.0, help="--geometry: the logit scale s of the margin in logits "
-                   "(default: the model's own)")  # fmt: skip
-    p.add_argument("--pairs", type=int, default=20, help="--geometry: near-duplicate caption pairs listed per suite")
+def _eval_plan(args: argparse.Namespace, name: str | None, label: str, model_source):
+    """(row label, resolved config) of one `--model` of `sharpclip eval`: with several, each report goes to
+    OUT/<label>, or to a run directory's own eval folder; another model without --out is refused."""
+    model, run_out = model_source(name, args.best) if name else (None, None)
+    out = args.out
+    if len(args.model) > 1:
+        out = str(Path(args.out) / label) if args.out else run_out
+        if out is None:
+            raise ValueError(f"--model {name}: not a run directory, so its report needs a folder: give --out DIR "
+                             "(each model's report goes to DIR/<name>)")  # fmt: skip
+    if run_out and not out:  # <run>/eval/<checkpoint>: folders sharpclip names, never written through a link
+        from sharpclip.eval.report import check_report_folder
+
+        check_report_folder(run_out, Path(name).expanduser())
+    flags = {"model.name": model, "eval.data_root": args.data_root, "eval.output_dir": out or run_out}
+    overrides = [f"{k}={v}" for k, v in flags.items() if v is not None]
+    if args.suite:
+        overrides.append(f"eval.suites=[{','.join(suite_names(args.suite))}]")
+    return label or (name or ""), _eval_config(args, overrides, run_out, name)
+
+
+def _add_eval_table(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("eval-table", help="one table across finished evaluations: a row per model, the suites' "
+                       "headline figures as columns (CSV + markdown), per-subset figures in a second")  # fmt: skip
+    p.add_argument("reports", nargs="+", type=path_arg, metavar="REPORT",
+                   help="an eval_report.json, the folder holding one, or a run directory (its newest evaluated "
+                   "checkpoint's report, RUN/eval/step-N/)")  # fmt: skip
+    p.add_argument("--label", action="append", default=[], metavar="NAME",
+                   help="row labels, in the order of the REPORTs (default: each one's last path part)")  # fmt: skip
+    p.add_argument("--out", type=path_arg, default="eval-table", help="folder for eval_table.csv / .md and "
+                   "eval_table_detail.csv / .md (default eval-table)")  # fmt: skip
 
     def run(args: argparse.Namespace) -> int:
-        from sharpclip.analysis.run import analyze_geometry, analyze_runs, analyze_sample_efficiency
+        from sharpclip.eval.table import read_report, short_labels, write_tables
 
-        if args.pairs < 1 or args.gamma < 0 or args.scale < 0:
-            print("sharpclip analyze: --pairs must be >= 1, --gamma and --scale >= 0", file=sys.stderr)
+        if args.label and len(args.label) != len(args.reports):
+            print(f"sharpclip eval-table: {len(args.label)} --label for {len(args.reports)} reports", file=sys.stderr)
             return 2
-        written = []
-        try:
-            if args.sample_efficiency:
-                if not args.runs:
-                    raise ValueError("--sample-efficiency needs RUN directories")
-                metric = "mean_R@1" if args.metric == "R@1" else args.metric  # one number per run: the R@1 mean
-                written += analyze_sample_efficiency(args.runs, args.out, metric)
-            elif args.runs:
-                written += analyze_runs(args.runs, args.out, args.metric)
-            if args.geometry:
-                from sharpclip.config import load_config
-                from sharpclip.models.factory import create_model
-
-                overrides = [f"eval.suites=[{args.geometry}]"] + [f"model.name={m}" for m in args.model[:1]]
-                overrides += [f"eval.data_root={args.data_root}"] * bool(args.data_root)
-                cfg = load_config(None, overrides)
-                model = create_model(cfg.model)
-                written += analyze_geometry(
-                    model, cfg.eval, args.out, gamma=args.gamma, scale=args.scale or None, pairs=args.pairs
-                )
-                print((Path(args.out) / "caption_geometry.md").read_text(encoding="utf-8"))  # margin in logits too
-            if args.feature_map:
-                from sharpclip.analysis.feature_map import check_outputs, load_models, run_feature_map
-
-                check_outputs(Path(args.out))  # before any model is loaded
-                written += run_feature_map(load_models(args.model), args.feature_map, args.text, args.out, args.dense)
-        except (OSError, ValueError) as err:
-            print(f"sharpclip analyze: {err}", file=sys.stderr)
-            return 2
-        if not written:
-            print("sharpclip analyze: give RUN directories, --geometry SUITES or --feature-map IMAGE", file=sys.stderr)
-            return 2
+        names = [str(Path(r)).removesuffix("/eval_report.json") for r in args.reports]
+        labels = args.label or short_labels(names)
+        written = write_tables([(label, read_report(r)) for label, r in zip(labels, args.reports, strict=True)],
+                               args.out)  # fmt: skip
+        print(written[1].read_text(), end="")
         print("\n".join(f"wrote {p}" for p in written))
         return 0
 
     p.set_defaults(handler=run)
+
+
+ANALYSES = ("dynamics", "sample-efficiency", "geometry", "near-duplicates", "feature-map")
+
+
+def _add_analyze(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("analyze", help="one subcommand per analysis: dynamics (Fig. 4, convergence), "
+                       "sample-efficiency, geometry, near-duplicates (captions), feature-map")  # fmt: skip
+    kinds = p.add_subparsers(dest="analysis", metavar="ANALYSIS")
+    for add in (_add_analyze_dynamics, _add_analyze_sample_efficiency, _add_analyze_geometry,
+                _add_analyze_near_duplicates, _add_analyze_feature_map):  # fmt: skip
+        q = add(kinds)
+        q.add_argument("--out", type=path_arg, default="figures", help="where the PNG, JSON and markdown files go")
+        q.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+def _analyze_runs_parser(kinds: argparse._SubParsersAction, name: str, text: str, **kw) -> argparse.ArgumentParser:
+    q = kinds.add_parser(name, help=text, description=text, **kw)
+    q.add_argument("runs", type=path_arg, nargs="+", metavar="RUN", help="run directories of `sharpclip train`")
+    return q
+
+
+def _add_analyze_dynamics(kinds: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    q = _analyze_runs_parser(kinds, "dynamics", "finished runs: gradient dynamics (HN-CLIP Fig. 4, diagnostics.jsonl), "
+                             "convergence (validation per epoch) and training curves (metrics.jsonl)",
+                             aliases=["convergence"])  # fmt: skip
+    q.add_argument("--metric", default="R@1", help="convergence metrics: keys ending in this (e.g. t2i/R@1)")
+
+    def run(args: argparse.Namespace) -> int:
+        from sharpclip.analysis.run import analyze_runs
+
+        return _wrote(analyze_runs(args.runs, args.out, args.metric))
+
+    q.set_defaults(handler=run)
+    return q
+
+
+def _add_analyze_sample_efficiency(kinds: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    q = _analyze_runs_parser(kinds, "sample-efficiency", "runs trained on subsets (data.train_fraction or "
+                             "train_count): best validation metric against the training fraction, one line per "
+                             "method (HN-CLIP Fig. 6, Table A9)")  # fmt: skip
+    q.add_argument("--metric", default="mean_R@1", help="the validation key per run (default mean_R@1)")
+
+    def run(args: argparse.Namespace) -> int:
+        from sharpclip.analysis.run import analyze_sample_efficiency
+
+        return _wrote(analyze_sample_efficiency(args.runs, args.out, args.metric))
+
+    q.set_defaults(handler=run)
+    return q
+
+
+def _analyze_data_parser(kinds: argparse._SubParsersAction, name: str, text: str) -> argparse.ArgumentParser:
+    """A caption analysis: the data as `eval` reads it (recipes, data.* overrides, --suite, --data-root)."""
+    q = kinds.add_parser(name, help=text, description=text + ". Without --suite, the config's data section "
+                         "(data.format, data.root, data.eval_split, data.caption_field...), as eval's suite "
+                         "`retrieval`.")  # fmt: skip
+    _config_args(q, "data.format=generic data.root=DIR data.eval_split=train data.caption_field=title")
+    q.add_argument("--model", type=path_arg, help="the text encoder (sets model.name): a run directory, checkpoint, "
+                   "HF or open_clip folder, or tiny preset")  # fmt: skip
+    q.add_argument("--suite", help="comma-separated retrieval suites of `sharpclip eval` (sets eval.suites; default: "
+                   "the config's data section)")  # fmt: skip
+    q.add_argument("--data-root", type=path_arg, help="folder holding one sub-folder per suite (sets eval.data_root)")
+    return q
+
+
+def _caption_config(args: argparse.Namespace):
+    overrides = [f"model.name={args.model}"] * bool(args.model)
+    overrides += [f"eval.data_root={args.data_root}"] * bool(args.data_root)
+    if args.suite:
+        overrides.append(f"eval.suites=[{','.join(suite_names(args.suite))}]")
+    return _load(args, overrides)
+
+
+def _add_analyze_geometry(kinds: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    q = _analyze_data_parser(kinds, "geometry", "caption geometry under a text encoder (HN-CLIP Table A1, Fig. 1, "
+                             "A5, A6) and the margin in logits beside the paper's")  # fmt: skip
+    q.add_argument("--gamma", type=float, default=0.5, help="the γ whose margin is shown in logits")
+    q.add_argument("--scale", type=float, default=0.0, help="the logit scale s of the margin in logits (default: "
+                   "the model's own)")  # fmt: skip
+
+    def run(args: argparse.Namespace) -> int:
+        from sharpclip.analysis.run import analyze_geometry
+        from sharpclip.models.factory import create_model
+
+        if args.gamma < 0 or args.scale < 0:
+            raise ValueError("--gamma and --scale must be >= 0")
+        cfg = _caption_config(args)
+        written = analyze_geometry(create_model(cfg.model), cfg.eval, args.out, gamma=args.gamma,
+                                   scale=args.scale or None, data=cfg.data)  # fmt: skip
+        print((Path(args.out) / "caption_geometry.md").read_text(encoding="utf-8"))  # margin in logits too
+        return _wrote(written)
+
+    q.set_defaults(handler=run)
+    return q
+
+
+def _add_analyze_near_duplicates(kinds: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    q = _analyze_data_parser(kinds, "near-duplicates", "the caption pairs a text encoder finds most alike, and "
+                             "typical ones, the words that differ marked (HN-CLIP Fig. A1–A4)")  # fmt: skip
+    q.add_argument("--pairs", type=positive_int, default=20, help="pairs listed per suite and kind (default 20)")
+
+    def run(args: argparse.Namespace) -> int:
+        from sharpclip.analysis.run import analyze_near_duplicates
+        from sharpclip.models.factory import create_model
+
+        cfg = _caption_config(args)
+        return _wrote(analyze_near_duplicates(create_model(cfg.model), cfg.eval, args.out, args.pairs, cfg.data))
+
+    q.set_defaults(handler=run)
+    return q
+
+
+def _add_analyze_feature_map(kinds: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    text = "patch feature map of a caption over an image, one or two models side by side (CLIP-IN Fig. 3)"
+    q = kinds.add_parser("feature-map", help=text, description=text)
+    q.add_argument("image", type=path_arg, metavar="IMAGE", help="the image file")
+    q.add_argument("--text", required=True, help="the caption every patch is scored against")
+    q.add_argument("--model", type=path_arg, action="append", default=[], required=True,
+                   help="once or twice: a run directory, checkpoint, HF folder or tiny preset")  # fmt: skip
+    q.add_argument("--dense", choices=("maskclip", "value"), default="maskclip", help="the dense features: MaskCLIP's "
+                   "(the block's residual and MLP kept) or the value path alone")  # fmt: skip
+
+    def run(args: argparse.Namespace) -> int:
+        from sharpclip.analysis.feature_map import check_outputs, load_models, run_feature_map
+
+        check_outputs(Path(args.out))  # before any model is loaded
+        return _wrote(run_feature_map(load_models(args.model), args.image, args.text, args.out, args.dense))
+
+    q.set_defaults(handler=run)
+    return q
+
+
+def _wrote(paths: list[Path]) -> int:
+    print("\n".join(f"wrote {p}" for p in paths))
+    return 0
+
+
+# the old spelling of `analyze` (flags instead of a subcommand), kept for one release with a notice
+_OLD_VALUE_FLAGS = ("--out", "--metric", "--geometry", "--model", "--data-root", "--feature-map", "--text", "--dense",
+                    "--gamma", "--scale", "--pairs")  # fmt: skip
+
+
+def _old_analyze_words(rest: list[str]) -> tuple[dict[str, list[str]], list[str]] | None:
+    """The flags ({flag: [values]}) and positional RUNs of an old-style `analyze` command line; None when a word is
+    not one of the old flags (argparse then says so)."""
+    flags: dict[str, list[str]] = {}
+    runs: list[str] = []
+    words = iter(rest)
+    for word in words:
+        name, eq, value = word.partition("=")
+        if name in _OLD_VALUE_FLAGS:
+            flags.setdefault(name, []).append(value if eq else next(words, ""))
+        elif word in ("--sample-efficiency", "--debug"):
+            flags.setdefault(word, []).append("")
+        elif word.startswith("-"):
+            return None
+        else:
+            runs.append(word)
+    return flags, runs
+
+
+def old_analyze(argv: list[str]) -> list[list[str]] | None:
+    """The new command lines for an `analyze` command line in the old spelling (`analyze --geometry SUITES`,
+    `analyze RUN...`, `--sample-efficiency RUN...`, `--feature-map IMAGE`), else None (already new, or not analyze).
+    `--geometry` becomes `geometry` then `near-duplicates` (it wrote both)."""
+    i = next((k for k, w in enumerate(argv) if not w.startswith("-")), len(argv))
+    if i == len(argv) or argv[i] != "analyze" or len(argv) == i + 1:
+        return None
+    rest = argv[i + 1 :]
+    if rest[0] in (*ANALYSES, "convergence", "-h", "--help"):
+        return None
+    parsed = _old_analyze_words(rest)
+    if parsed is None:
+        return None
+    flags, runs = parsed
+    head = [*argv[:i], "analyze"]
+
+    def carry(*names: str) -> list[str]:
+        return [w for n in names for v in flags.get(n, []) for w in (n, v)]
+
+    tail = carry("--out") + ["--debug"] * ("--debug" in flags)
+    lines = []
+    if "--sample-efficiency" in flags:
+        given = flags.get("--metric", [])[-1:]
+        metric = [w for m in given for w in ("--metric", "mean_R@1" if m == "R@1" else m)]
+        lines.append([*head, "sample-efficiency", *runs, *metric, *tail])
+    elif runs:
+        lines.append([*head, "dynamics", *runs, *carry("--metric"), *tail])
+    data = carry("--data-root") + [w for v in flags.get("--model", [])[:1] for w in ("--model", v)]
+    for suites in flags.get("--geometry", []):
+        lines.append([*head, "geometry", "--suite", suites, *data, *carry("--gamma", "--scale"), *tail])
+        lines.append([*head, "near-duplicates", "--suite", suites, *data, *carry("--pairs"), *tail])
+    for image in flags.get("--feature-map", []):
+        text = carry("--text") or ["--text", ""]
+        lines.append([*head, "feature-map", image, *text, *carry("--model", "--dense"), *tail])
+    return lines
 
 
 def _add_search(sub: argparse._SubParsersAction) -> None:
@@ -503,10 +695,13 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rebuild", action="store_true", help="delete and rebuild the indexes (only their own files)")
 
     def run(args: argparse.Namespace) -> int:
-        from sharpclip.analysis.compare import run_compare
+        from sharpclip.analysis.compare import run_compare, totals_text
 
         cfg = _load(args, [f"eval.data_root={args.data_root}"] * bool(args.data_root))
-        written = run_compare(cfg, args.model, args.suite, args.index, args.out, args.top, args.queries, args.rebuild)
+        written, result = run_compare(
+            cfg, args.model, args.suite, args.index, args.out, args.top, args.queries, args.rebuild
+        )
+        print(totals_text(result))
         print("\n".join(f"wrote {p}" for p in written))
         return 0
 
@@ -530,6 +725,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_distill,
         _add_validate_data,
         _add_eval,
+        _add_eval_table,
         _add_analyze,
         _add_search,
         _add_compare,
@@ -636,7 +832,30 @@ def console_logging(level: int = logging.INFO):
         root.setLevel(level)
 
 
+def _run_old_analyze(lines: list[list[str]]) -> int:
+    """Run the new spelling of an old-style `analyze` command line, after a one-line notice naming it."""
+    if not lines:
+        print(f"sharpclip analyze: give an analysis: sharpclip analyze {{{','.join(ANALYSES)}}} ... (see analyze "
+              "--help)", file=sys.stderr)  # fmt: skip
+        return 2
+    new = " ; ".join("sharpclip " + shlex.join(line) for line in lines)
+    print(f"sharpclip analyze: the flag spelling is deprecated and goes in the next release; running: {new}",
+          file=sys.stderr)  # fmt: skip
+    for line in lines:
+        try:
+            code = main(line)
+        except SystemExit as stop:  # argparse's usage error (a missing RUN), as a return code like the old spelling's
+            code = stop.code if isinstance(stop.code, int) else 2
+        if code:
+            return code
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    words = list(sys.argv[1:] if argv is None else argv)
+    lines = old_analyze(words)
+    if lines is not None:
+        return _run_old_analyze(lines)
     parser = build_parser()
     args = parse_args(parser, argv)
     if getattr(args, "handler", None) is None:

@@ -32,6 +32,7 @@ VALIDATION_METRICS = (
     *(f"{d}_R@{k}" for d in ("t2i", "i2t") for k in VALIDATION_KS),
     "mean_R@1",
 )  # what `train.best_metric` may name
+SCHEDULES = ("cosine", "linear", "constant")  # train.schedule: the learning rate after the warmup (train.optim)
 AUTO = "auto"  # train.micro_batch_size / encode_batch_size: sized to the device's memory before step 1
 PIL_MAX_IMAGE_PIXELS = 89_478_485  # PIL.Image.MAX_IMAGE_PIXELS's default (its decompression-bomb limit)
 
@@ -144,6 +145,9 @@ RANGES: dict[str, Range] = {
     "train.weight_decay": _COUNT,
     "train.warmup_steps": _COUNT,
     "train.min_lr_ratio": _FRACTION,
+    "train.beta1": Range(ge=0, lt=1, why="a moment's decay per step"),
+    "train.beta2": Range(ge=0, lt=1, why="a moment's decay per step"),
+    "train.eps": Range(gt=0),
     "train.grad_clip": _COUNT,
     "train.dist_timeout_min": _TIMEOUT_MIN,
     "train.checkpoint_every": _COUNT,
@@ -383,8 +387,9 @@ class DataConfig:
     train_count: int = 0  # > 0: train on this many samples of the train split instead (data.train_fraction then 1)
     subset_seed: int = 0  # the subset's own seed: runs with different train.seed share one subset
     eval_split: str = "test"  # the split validated on during training (train.eval_every) and `eval`'s retrieval
-    # loader processes: auto = the cores available to this rank (affinity / ranks on the node), at most 8; 0 decodes
-    # in the training process. Pinned memory on CUDA, workers kept across epochs, each `prefetch_factor` batches ahead
+    # loader processes: auto = the cores this rank may use (its affinity within the container's CPU quota, shared by
+    # the node's ranks; no fixed cap); 0 decodes in the training process. Pinned memory on CUDA, workers kept across
+    # epochs, each `prefetch_factor` batches ahead
     num_workers: int | str = "auto"
     prefetch_factor: int = 2  # batches each loader worker prepares ahead (>= 1)
     # decode and preprocess every training image once, before step 1, and keep it in memory (3·H·W float32 a row at
@@ -516,11 +521,17 @@ class TrainConfig:
     # micro-batches of one pass keep their own matrices, so only speed and memory change (faster when memory
     # allows); auto: the largest that fits the device's memory, found by trial steps before step 1
     encode_batch_size: Any = 0
-    lr: float = 1e-5  # AdamW's peak learning rate, after the warmup and before the cosine decay
+    lr: float = 1e-5  # AdamW's peak learning rate, after the warmup and before the schedule's decay
     module_lr: dict[str, float] = field(default_factory=dict)  # parameter-name prefix -> lr (longest prefix wins)
     weight_decay: float = 0.1  # not applied to gains, biases, logit scale/bias
+    beta1: float = 0.9  # AdamW's first-moment decay (open_clip's --beta1)
+    beta2: float = 0.98  # AdamW's second-moment decay (open_clip's --beta2; 0.98 is CLIP's fine-tuning default)
+    eps: float = 1e-6  # AdamW's epsilon (open_clip's --eps)
     warmup_steps: int = 0  # optimiser steps of linear warmup to train.lr
-    min_lr_ratio: float = 0.0  # the cosine schedule ends at lr * min_lr_ratio
+    # the learning rate after the warmup: cosine (down to lr * min_lr_ratio), linear (straight down to lr *
+    # min_lr_ratio) or constant (train.lr to the end)
+    schedule: str = "cosine"
+    min_lr_ratio: float = 0.0  # the cosine or linear schedule ends at lr * min_lr_ratio
     grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
     device: str = "auto"  # auto (cuda:<LOCAL_RANK> when CUDA is available, else cpu) | cpu | cuda | cuda:N
     # minutes a collective may wait for the slowest rank before the run stops (torch's default is 10): rank 0
@@ -563,6 +574,7 @@ class TrainConfig:
         _check_choice("train.accumulation", self.accumulation, ("exact", "per_micro_batch"))
         _check_choice("train.precision", self.precision, ("fp32", "bf16"))
         _check_choice("train.layout", self.layout, ("replicate", "hybrid", "shard"))
+        _check_choice("train.schedule", self.schedule, SCHEDULES)
         _check_device("train.device", self.device)
         self._check_auto()
         self._check_ranges()
@@ -731,7 +743,9 @@ ALIASES = {
     "gradient_checkpointing": "train.grad_checkpointing", "torch_compile": "train.compile",
     "dataset_type": "data.format", "csv_img_key": "data.image_field", "csv_caption_key": "data.caption_field",
     "pretrained": "model.name", "model_name_or_path": "model.name", "lock_image": "model.freeze.vision",
-    "lock_text": "model.freeze.text", "max_steps": "train.max_steps",
+    "lock_text": "model.freeze.text", "max_steps": "train.max_steps", "adam_beta1": "train.beta1",
+    "adam_beta2": "train.beta2", "adam_epsilon": "train.eps", "lr_scheduler": "train.schedule",
+    "lr_scheduler_type": "train.schedule", "weight_decay_rate": "train.weight_decay",
 }  # fmt: skip
 
 

@@ -183,17 +183,30 @@ def _generic(query: str, names: set[str]) -> str:
     return ".".join(done)
 
 
-def explain(query: str) -> str:
-    """The entry of key `query`, or of every key under the prefix `query` (`train`, `data.augment`), as text;
-    an unknown name raises ConfigError with the closest keys."""
-    keys = all_keys()
+def _matching(query: str, keys: list[Key]) -> list[Key]:
     bare = _generic(re.sub(r"\[\d*\]", "[]", query.rstrip(".")), {k.name for k in keys})
-    chosen = [k for k in keys if k.name == bare or k.name.startswith((bare + ".", bare + "[]."))]
+    return [k for k in keys if k.name == bare or k.name.startswith((bare + ".", bare + "[]."))]
+
+
+def explain(query: str) -> str:
+    """The entry of key `query`, or of every key under the prefix `query` (`train`, `data.augment`), as text. Another
+    tool's name for a key (`train.learning_rate`, `train.wd`: the aliases the overrides know, config.ALIASES) gives
+    that key's entry after a line naming it; an unknown name raises ConfigError with the closest keys."""
+    keys = all_keys()
+    chosen, heading = _matching(query, keys), ""
+    leaf = query.rstrip(".").rsplit(".", 1)[-1].replace("-", "_")
     if not chosen:
-        close = difflib.get_close_matches(bare, [k.name for k in keys], n=3, cutoff=0.6)
+        alias = config.ALIASES.get(leaf)
+        if alias:
+            chosen, heading = _matching(alias, keys), f"{query} is called {alias} here:\n"
+    if not chosen:
+        close = [config.ALIASES[m] for m in difflib.get_close_matches(leaf, list(config.ALIASES), n=1, cutoff=0.8)]
+        close += config.suggest_keys(query.rstrip("."))
+        close += difflib.get_close_matches(query, [k.name for k in keys], n=3, cutoff=0.6)
+        close = list(dict.fromkeys(close))[:3]
         hint = f"; did you mean {', '.join(close)}?" if close else "; a section such as `train` lists its keys"
         raise ConfigError(f"--explain {query}: no such key{hint}")
-    return "\n".join(f"{k.name} ({k.type}, default {k.default}): {k.help}" for k in chosen) + "\n"
+    return heading + "\n".join(f"{k.name} ({k.type}, default {k.default}): {k.help}" for k in chosen) + "\n"
 
 
 if __name__ == "__main__":

@@ -79,14 +79,15 @@ def _section(a: str, b: str) -> dict:
 
 
 def test_analyze_geometry_lists_near_duplicates_and_the_margin_in_logits(tmp_path: Path):
-    from sharpclip.analysis.run import analyze_geometry
+    from sharpclip.analysis.run import analyze_geometry, analyze_near_duplicates
     from sharpclip.config import EvalConfig
 
     caps = ["a red square left", "a red square right", "a blue circle left", "a green circle right"]
     caps.append(caps[0])  # the same text twice: not a pair, counted
     write_captions(tmp_path / "generic", caps)
     cfg = EvalConfig(suites=["generic"], data_root=str(tmp_path), progress=False)
-    analyze_geometry(_Bag(), cfg, tmp_path / "geo", batch_size=2, gamma=0.25, scale=50.0, pairs=2)
+    analyze_geometry(_Bag(), cfg, tmp_path / "geo", batch_size=2, gamma=0.25, scale=50.0)
+    analyze_near_duplicates(_Bag(), cfg, tmp_path / "geo", pairs=2)
     section = json.loads((tmp_path / "geo" / "near_duplicates.json").read_text())["generic"]
     # bag of words: "a red square left" / "... right" share 3 of 4 words (cosine 0.75), the top pair of two texts
     top = section["most_similar"][0]

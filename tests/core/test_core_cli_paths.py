@@ -14,20 +14,30 @@ from sharpclip.cli import build_parser, parse_args, path_arg, positive_int
 NOT_PATHS = {
     ("config", "explain"), ("demo", "arms"), ("demo", "sizes"), ("demo", "task"), ("blend", "sweep"),
     ("blend", "target"), ("blend", "guard"), ("validate-data", "overrides"), ("validate-data", "format"),
-    ("validate-data", "split"), ("eval", "suite"), ("analyze", "metric"), ("analyze", "geometry"), ("analyze", "text"),
-    ("search", "suite"), ("search", "text"), ("compare", "suite"),
+    ("validate-data", "split"), ("eval", "suite"), ("eval-table", "label"), ("analyze dynamics", "metric"),
+    ("analyze sample-efficiency", "metric"), ("analyze geometry", "suite"), ("analyze near-duplicates", "suite"),
+    ("analyze feature-map", "text"), ("search", "suite"), ("search", "text"), ("compare", "suite"),
 }  # fmt: skip
 # the least each command needs to parse (a path under test replaces its own word)
 MINIMAL = {
     "export": ["SRC", "--to", "DIR"], "blend": ["INIT", "FT", "--to", "DIR", "--alpha", "0.5"],
     "distill": ["--captions", "C", "--to", "DIR"], "validate-data": ["TARGET"], "search": ["--model", "M"],
-    "compare": ["--model", "M"],
+    "compare": ["--model", "M"], "eval-table": ["REPORT"], "analyze dynamics": ["RUN"],
+    "analyze sample-efficiency": ["RUN"], "analyze feature-map": ["IMAGE", "--text", "t", "--model", "M"],
 }  # fmt: skip
 
 
-def _commands() -> dict[str, argparse.ArgumentParser]:
-    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    return dict(sub.choices)
+def _commands(parser: argparse.ArgumentParser | None = None, prefix: str = "") -> dict[str, argparse.ArgumentParser]:
+    """Every (sub)command's parser by its words ("eval", "analyze geometry"), nested subcommands walked too."""
+    found = {}
+    for action in (parser or build_parser())._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                if sub in found.values():  # an alias (analyze convergence = dynamics)
+                    continue
+                found[prefix + name] = sub
+                found.update(_commands(sub, f"{prefix}{name} "))
+    return found
 
 
 def _takes_a_word(action: argparse.Action) -> bool:
@@ -55,12 +65,12 @@ def test_every_word_taking_option_is_either_a_path_arg_or_named_as_not_a_path():
 @pytest.mark.parametrize("command, action", _path_actions(), ids=lambda x: getattr(x, "dest", x))
 def test_every_path_flag_of_every_command_expands_a_tilde(command: str, action: argparse.Action, tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
-    argv = [command, *MINIMAL.get(command, [])]
+    argv = [*command.split(), *MINIMAL.get(command, [])]
     if action.option_strings:
         argv.append(f"{action.option_strings[-1]}=~/x")  # the form a shell leaves alone
     else:  # a positional: its word in MINIMAL (positionals come first there), or appended
         dests = [a.dest for a in _commands()[command]._actions if not a.option_strings and _takes_a_word(a)]
-        where = 1 + dests.index(action.dest)
+        where = len(command.split()) + dests.index(action.dest)
         if command in MINIMAL:
             argv[where] = "~/x"
         else:

@@ -90,3 +90,29 @@ def test_config_explain_prints_a_key_a_prefix_and_names_the_closest_for_a_typo(c
     assert capsys.readouterr().out.startswith("loss.terms.<name>.params (dict[str, Any], default {}): ")
     with pytest.raises(ConfigError, match=r"--explain train.batchsize: no such key; did you mean train.batch_size"):
         explain("train.batchsize")  # the CLI prints it as its one-line config error
+
+
+def test_config_explain_knows_other_tools_names_as_the_overrides_do(capsys) -> None:
+    from sharpclip.cli import main
+
+    assert main(["config", "--explain", "train.learning_rate"]) == 0  # transformers' name
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "train.learning_rate is called train.lr here:" and lines[1].startswith("train.lr (float")
+    assert main(["config", "--explain", "train.wd"]) == 0  # open_clip's name
+    assert capsys.readouterr().out.splitlines()[1].startswith("train.weight_decay (float, default 0.1)")
+    with pytest.raises(ConfigError, match=r"did you mean train.lr"):
+        explain("train.lerning_rate")  # a typo of another tool's name still finds the key
+
+
+def test_config_explain_num_workers_says_what_the_code_does() -> None:
+    text = explain("data.num_workers")
+    assert "at most 8" not in text and "no fixed cap" in text and "quota" in text
+
+
+def test_train_help_points_to_config_explain(capsys) -> None:
+    from sharpclip.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "sharpclip config --explain KEY" in out and "docs/config.md" in out

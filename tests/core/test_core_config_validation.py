@@ -130,6 +130,7 @@ NOT_PATHS = {
     "data.overlap", "data.image_alpha", "data.coco_flickr_protocol", "data.image_field", "data.caption_field",
     "data.short_caption_field", "data.id_field", "data.group_field", "data.synthdense.test_variants",
     "data.edits_format", "data.edits_split", "train.accumulation", "train.device", "train.precision", "train.layout",
+    "train.schedule",
     "train.best_metric", "train.wandb_project", "train.wandb_name", "train.stop_signals", "eval.suites", "eval.split",
     "eval.image_alpha",
     "eval.device", "eval.precision", "eval.num_workers",

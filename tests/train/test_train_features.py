@@ -107,3 +107,41 @@ def test_short_captions_in_the_data_train(tmp_path):
     run_train(tiny_config(root, run, "loss.terms.s={loss: infonce, inputs: {text: text_short}}", "train.max_steps=1"))
     steps = [json.loads(line) for line in Path(run / "metrics.jsonl").read_text().splitlines()]
     assert "s" in steps[0] and "infonce_monitor" in steps[0]
+
+
+def test_optimiser_betas_eps_and_schedule_shape_are_keys() -> None:
+    from sharpclip.config import ConfigError, load_config
+    from sharpclip.train.optim import build_optimizer, build_scheduler, lr_factor
+
+    cfg = load_config(None, ["train.beta1=0.8", "train.beta2=0.95", "train.eps=1e-8", "train.schedule=linear"])
+    model = torch.nn.Linear(3, 2)
+    opt = build_optimizer(model, 1.0, 0.0, None, (cfg.train.beta1, cfg.train.beta2), cfg.train.eps)
+    assert opt.param_groups[0]["betas"] == (0.8, 0.95) and opt.param_groups[0]["eps"] == 1e-8
+    sched = build_scheduler(opt, 2, 10, 0.1, cfg.train.schedule)
+    seen = []
+    for _ in range(10):
+        seen.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert seen[:2] == [0.5, 1.0]  # warmup, then straight down towards 0.1 at step 10
+    assert seen[2:] == pytest.approx([1 - 0.9 * k / 8 for k in range(8)])
+    assert [lr_factor(s, 2, 10, 0.1, "constant") for s in (0, 1, 5, 9)] == [0.5, 1.0, 1.0, 1.0]
+    assert lr_factor(6, 2, 10, 0.0, "cosine") == pytest.approx(0.5)
+    with pytest.raises(ConfigError, match=r"train\.schedule"):
+        load_config(None, ["train.schedule=step"])
+    with pytest.raises(ConfigError, match=r"train\.beta2"):
+        load_config(None, ["train.beta2=1.0"])
+
+
+def test_trainer_builds_adamw_and_schedule_from_the_new_keys(tmp_path: Path) -> None:
+    from _support.tiny_run import train_config
+    from sharpclip.config import LossConfig as _Loss
+    from sharpclip.train.trainer import Trainer
+
+    model = toy_model()
+    cfg = train_config(str(tmp_path / "run"), beta1=0.7, beta2=0.9, eps=1e-7, schedule="constant", warmup_steps=0)
+    objective = build_objective(_Loss(terms={"contrastive": TermConfig("infonce")}))
+    trainer = Trainer(model, objective, ToyLoader(model.tokenizer), cfg, tmp_path / "run", lambda d: None)
+    group = trainer.optimizer.param_groups[0]
+    assert group["betas"] == (0.7, 0.9) and group["eps"] == 1e-7
+    assert trainer.scheduler.lr_lambdas[0](trainer.total_steps - 1) == 1.0  # constant: no decay at the end

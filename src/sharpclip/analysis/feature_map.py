@@ -1,6 +1,7 @@
-"""`sharpclip analyze --feature-map IMAGE --text CAPTION`: patch feature maps (CLIP-IN Fig. 3) of one or two models.
+"""`sharpclip analyze feature-map IMAGE --text CAPTION`: patch feature maps (CLIP-IN Fig. 3) of one or two models.
 
-For each model: the image as its preprocessing makes it (resize, crop), the caption embedded as `eval` embeds it,
+For each model: the image as its preprocessing makes it (resize, centre crop: the map is drawn over that crop, and the
+crop is outlined on the full image in the first panel), the caption embedded as `eval` embeds it,
 the cosine of every patch with the caption by Zhou et al.'s dense features (analysis.dense), upsampled bilinearly to
 the image (as MaskCLIP upsamples its logits) and drawn over it, warm = high. The cosine maps are low-contrast and
 their range differs between models, so each is min–max normalised for colour and its raw range is printed above it;
@@ -8,7 +9,7 @@ the best patch is outlined. Files written into `out`:
 
     feature_map.png     the image, then one overlay per model, side by side
     feature_map.json    the caption, the dense path, and per model: the (H/p, W/p) cosine grid, its min / max, the
-                        best patch (row, column)
+                        best patch (row, column), the crop it covers in the image's pixels (x, y, w, h)
     feature_map.html    a self-contained page: the caption (escaped), the PNG beside it, the numbers as a table
 """
 
@@ -49,6 +50,7 @@ class FeatureMap:
     label: str
     view: np.ndarray
     cos: torch.Tensor
+    crop: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)  # (x, y, w, h) of the view in the image's pixels
 
     @property
     def best(self) -> tuple[int, int]:
@@ -73,15 +75,30 @@ def compute_feature_map(model: Any, label: str, image: Any, caption: str, path: 
         cos = patch_similarity(model, preprocess(image)[None].to(device), text, path)[0].cpu()
     finally:
         model.train(was_training)
-    view = np.asarray(preprocess.center_crop(preprocess.resize(to_rgb(image, preprocess.alpha))))
-    return FeatureMap(label, view, cos)
+    resized = preprocess.resize(to_rgb(image, preprocess.alpha))
+    view = np.asarray(preprocess.center_crop(resized))
+    return FeatureMap(label, view, cos, crop_box(image.size, resized.size, view.shape[1::-1]))
+
+
+def crop_box(original: tuple[int, int], resized: tuple[int, int], view: tuple[int, int]) -> tuple[float, ...]:
+    """(x, y, w, h) in the original image's pixels of the centre crop `view` (w, h) taken from the image resized to
+    `resized` (w, h): what the model saw (data.transforms.ImageTransform.center_crop's rounding)."""
+    (w0, h0), (w1, h1), (vw, vh) = original, resized, view
+    left, top = (w1 - vw) // 2, (h1 - vh) // 2
+    sx, sy = w0 / w1, h0 / h1
+    return (left * sx, top * sy, vw * sx, vh * sy)
 
 
 def plot_feature_maps(image: Any, maps: list[FeatureMap], caption: str, out: Path) -> Path:
     """The image, then each model's overlay (min–max coloured, best patch outlined); returns the PNG's path."""
     fig, axes = plt.subplots(1, 1 + len(maps), figsize=(3.4 * (1 + len(maps)), 3.9), squeeze=False)
     axes[0, 0].imshow(np.asarray(to_rgb(image)))
-    axes[0, 0].set_title("image", fontsize=9)
+    for k, fm in enumerate(maps):  # the square each model saw (the maps cover only that)
+        x, y, w, h = fm.crop
+        style = {"edgecolor": ("white", "yellow")[k % 2], "linestyle": ("-", "--")[k % 2], "linewidth": 1.6}
+        axes[0, 0].add_patch(Rectangle((x - 0.5, y - 0.5), w, h, fill=False, **style))
+    same = len({fm.crop for fm in maps}) == 1
+    axes[0, 0].set_title("image; outlined: the crop the model" + (" saw" if same else "s saw"), fontsize=9)
     for ax, fm in zip(axes[0, 1:], maps, strict=True):
         up = fm.upsampled()
         lo, hi = float(fm.cos.min()), float(fm.cos.max())
@@ -107,7 +124,8 @@ def plot_feature_maps(image: Any, maps: list[FeatureMap], caption: str, out: Pat
 
 
 def _record(fm: FeatureMap) -> dict[str, Any]:
-    return {"grid": fm.cos.tolist(), "min": float(fm.cos.min()), "max": float(fm.cos.max()), "best_patch": fm.best}
+    return {"grid": fm.cos.tolist(), "min": float(fm.cos.min()), "max": float(fm.cos.max()), "best_patch": fm.best,
+            "crop_xywh": [round(v, 2) for v in fm.crop]}  # fmt: skip
 
 
 def write_page(out: Path, caption: str, image_name: str, maps: list[FeatureMap], path: str, png: Path) -> Path:

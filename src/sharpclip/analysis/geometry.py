@@ -6,7 +6,9 @@ For L2-normalised caption embeddings T (N, D) and G = T Tᵀ (cosine similaritie
 - mean hardest companion       mean_i max_{j≠i} G_ij                                            (Fig. 1b)
 - share of negatives ≥ 0.8 / ≥ 0.9: among off-diagonal pairs, either of the whole set (the default) or of
   in-batch pairs when `batch_size` is given (consecutive batches of a seeded permutation, as a shuffled loader makes)
-- histograms of all pairwise similarities and of hardest-companion similarities (fixed bins on [-1, 1])
+- histograms of all pairwise similarities and of hardest-companion similarities, each on bins fitted to its data
+  (`fitted_histogram`: the occupied range cut into Freedman–Diaconis-wide bins, 10 to 80 of them), so captions in a
+  narrow cone (all between 0.99 and 1.0) still show their shape
 - effective dimension          (Σ λ)² / Σ λ² of the eigenvalues λ of the centred captions' covariance (the
   participation ratio: k for captions spread evenly over k directions around their mean). At a given mean pairwise
   similarity it sets how near each caption's nearest companion is: the fewer directions the captions vary along,
@@ -41,7 +43,8 @@ THRESHOLDS = (0.8, 0.9)
 # paper's γ (eq. 2 default) and scale (CLIP's inverse temperature at its clamp, 100, which Long-CLIP keeps)
 PAPER_FIG1 = {"DOCCI": (0.84, 0.93), "DCI": (0.85, 0.92), "Urban-1K": (0.88, 0.94)}
 PAPER_GAMMA, PAPER_SCALE = 0.5, 100.0
-HIST_BINS = 200
+HIST_BINS = 20_000  # the pass over all pairs counts into bins 1e-4 wide, re-binned to the data (fitted_histogram)
+FITTED_BINS = (10, 80)  # the fewest and most bins a fitted histogram has
 _Q = torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)
 
 
@@ -66,6 +69,34 @@ def effective_dimension(text: Tensor) -> float:
 
 def _histogram(values: Tensor, bins: int) -> Tensor:
     return torch.histc(values.float().clamp(-1.0, 1.0), bins=bins, min=-1.0, max=1.0).long()
+
+
+def fitted_histogram(counts: Tensor, edges: Tensor) -> tuple[list[float], list[int]]:
+    """(edges, counts) of a fine histogram merged into bins fitted to its data: the occupied range, cut into as many
+    equal bins as the Freedman–Diaconis width 2·IQR/n^(1/3) gives (within FITTED_BINS), each a whole number of fine
+    bins. A histogram whose values share one fine bin keeps a few bins around it."""
+    counts = counts.long()
+    used = torch.nonzero(counts).flatten()
+    if not len(used):
+        return edges[[0, -1]].tolist(), [0]
+    first, last = int(used[0]), int(used[-1]) + 1  # fine bins [first, last)
+    fine = last - first
+    cum = counts[first:last].cumsum(0).double()
+    n = float(cum[-1])
+    q25, q75 = (int(torch.searchsorted(cum, n * q)) for q in (0.25, 0.75))
+    width = max(1, round(2 * max(q75 - q25, 1) / n ** (1 / 3)))  # in fine bins
+    bins = min(max(math.ceil(fine / width), FITTED_BINS[0]), FITTED_BINS[1])
+    step = max(1, math.ceil(fine / bins))
+    k = max(bins, math.ceil(fine / step))  # coarse bins, the data's end aligned to a coarse edge
+    start = max(0, min(first + step * math.ceil(fine / step), len(counts)) - step * k)
+    stop = start + step * k
+    padded = torch.cat([counts, counts.new_zeros(max(0, stop - len(counts)))])
+    merged = padded[start:stop].reshape(k, step).sum(1)
+    return (edges[0] + (edges[1] - edges[0]) * torch.arange(start, stop + 1, step)).tolist(), merged.tolist()
+
+
+def _fine_edges(bins: int) -> Tensor:
+    return torch.linspace(-1.0, 1.0, bins + 1, dtype=torch.float64)
 
 
 def _whole_set_stats(text: Tensor, thresholds: Sequence[float], chunk_size: int, bins: int) -> dict[str, Any]:
@@ -122,9 +153,8 @@ def caption_geometry(
         "mean_hardest": float(hardest.mean()),
         "share_negatives_at_least": dict(zip(map(str, thresholds), whole["share_above"], strict=True)),
         "negatives_scope": "all off-diagonal pairs",
-        "hist_bins": torch.linspace(-1.0, 1.0, bins + 1).tolist(),
-        "hist_pairwise": whole["hist"].tolist(),
-        "hist_hardest": _histogram(hardest, bins).tolist(),
+        **_histograms("pairwise", whole["hist"], bins),
+        **_histograms("hardest", _histogram(hardest, bins), bins),
         "hardest_quantiles": dict(zip(("p10", "p50", "p90"), torch.quantile(hardest, _Q).tolist(), strict=True)),
         "effective_dim": effective_dimension(text),
     }
@@ -135,6 +165,11 @@ def caption_geometry(
     if scale is not None:
         out["margin"] = margin_report(out, hardest, gammas, scale)
     return out
+
+
+def _histograms(name: str, fine: Tensor, bins: int) -> dict[str, list]:
+    edges, counts = fitted_histogram(fine, _fine_edges(bins))
+    return {f"hist_bins_{name}": edges, f"hist_{name}": counts}
 
 
 def hardness_buckets(stats: dict[str, Any]) -> dict[str, float]:

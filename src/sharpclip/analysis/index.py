@@ -440,9 +440,12 @@ def remove_index(folder: Path) -> None:
             owned_files.remove(path, FLAG, listed=True)
 
 
-def model_record(name: str, model: torch.nn.Module, preprocess: Any, tokenizer: Any) -> dict[str, Any]:
-    """The manifest's model part: the name given, its class, the weights' sha256 and the preprocessing."""
-    return {"name": name, "class": type(model).__name__, "digest": weights_sha256(model),
+def model_record(
+    name: str, model: torch.nn.Module, preprocess: Any, tokenizer: Any, digest: str | None = None
+) -> dict[str, Any]:
+    """The manifest's model part: the name given, its class, the weights' sha256 (`digest` when the caller has it,
+    e.g. eval.manifest.cached_weights_sha256's) and the preprocessing."""
+    return {"name": name, "class": type(model).__name__, "digest": digest or weights_sha256(model),
             "preprocessing": preprocessing_record(preprocess, tokenizer)}  # fmt: skip
 
 

@@ -28,6 +28,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
+from matplotlib.patches import Rectangle
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
 from sharpclip import owned_files
@@ -98,13 +99,19 @@ def _plain_log(ax: Any, axis: str = "y") -> None:
         target.set_minor_formatter(NullFormatter())
 
 
-def _integer_ticks(ax: Any) -> None:
-    """Whole-number x ticks (epochs), at least one epoch of room either side of a single point."""
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    low, high = ax.get_xlim()
-    if high - low < 2:
-        middle = round((low + high) / 2)
-        ax.set_xlim(middle - 1, middle + 1)
+def _integer_ticks(ax: Any, epochs: Any = None) -> None:
+    """An epoch axis: whole-number ticks from 0 (none below it), and room of EPOCH_ROOM epoch either side of the
+    first and last epoch (`epochs`, else the plotted x data), so no marker is cut at the axis's edge."""
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+    if epochs is None:
+        epochs = [x for line in ax.get_lines() for x in np.asarray(line.get_xdata(), dtype=np.float64).ravel()]
+    finite = [float(e) for e in epochs if np.isfinite(e)]
+    first, last = min([0.0, *finite]), max([0.0, *finite])
+    ax.set_xlim(first - EPOCH_ROOM, last + EPOCH_ROOM)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0f}" if v >= 0 else ""))
+
+
+EPOCH_ROOM = 0.5  # epochs of room beyond the first and last on an epoch axis
 
 
 def fitted_range(values: Any, pad: float = 0.08, lo: float = -np.inf, hi: float = np.inf) -> tuple[float, float]:
@@ -119,50 +126,54 @@ def fitted_range(values: Any, pad: float = 0.08, lo: float = -np.inf, hi: float 
     return max(lo, a - pad * span), min(hi, b + pad * span)
 
 
-def _occupied(edges: np.ndarray, counts: list[np.ndarray]) -> tuple[float, float]:
-    """The x-range of histogram bins that hold data in any series (one empty bin of margin each side)."""
-    used = np.flatnonzero(np.sum([c > 0 for c in counts], axis=0))
-    if not len(used):
-        return float(edges[0]), float(edges[-1])
-    first, last = max(0, used[0] - 1), min(len(edges) - 1, used[-1] + 2)
-    return float(edges[first]), float(edges[last])
-
-
 def fig_caption_similarity(stats: dict[str, dict[str, Any]], out: str | Path) -> tuple[Path, Path]:
-    """Fig. 1: distributions of (a) all pairwise caption similarities, (b) each caption's hardest companion."""
+    """Fig. 1: distributions of (a) all pairwise caption similarities, (b) each caption's hardest companion, each on
+    the bins geometry.fitted_histogram fitted to its data, drawn as densities (comparable across bin widths), the
+    x-axis the range the data occupies."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-    panels = ((axes[0], "hist_pairwise", "mean_pairwise"), (axes[1], "hist_hardest", "mean_hardest"))
-    for ax, key, mean in panels:
-        counts_all = []
+    for ax, key, mean in ((axes[0], "pairwise", "mean_pairwise"), (axes[1], "hardest", "mean_hardest")):
+        spans = []
         for k, (name, s) in enumerate(stats.items()):
-            edges = np.asarray(s["hist_bins"])
-            centres = (edges[:-1] + edges[1:]) / 2
-            counts = np.asarray(s[key], dtype=np.float64)
-            counts_all.append(counts)
-            every = max(1, len(centres) // 15)  # a dozen markers per curve, not one per bin
-            (line,) = ax.plot(centres, counts / max(counts.sum(), 1), label=name, markevery=every, **_style(k))
-            ax.axvline(s[mean], ls=":", color=line.get_color())
-        if counts_all:
-            ax.set_xlim(*_occupied(np.asarray(next(iter(stats.values()))["hist_bins"]), counts_all))
-    axes[0].set(title="(a) pairwise caption similarity", xlabel="cosine", ylabel="share")
+            edges, counts = np.asarray(s[f"hist_bins_{key}"]), np.asarray(s[f"hist_{key}"], dtype=np.float64)
+            density = counts / max(counts.sum(), 1) / np.diff(edges)
+            ax.stairs(density, edges, label=name, color=f"C{k}", lw=1.4, ls=LINESTYLES[k % len(LINESTYLES)])
+            ax.axvline(s[mean], ls=":", color=f"C{k}")
+            spans += [edges[0], edges[-1], s[mean]]
+        if spans:
+            ax.set_xlim(*fitted_range(spans, pad=0.03, lo=-1.0, hi=1.0))
+        ax.set_ylim(bottom=0)
+        ax.xaxis.set_major_locator(MaxNLocator(5))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _plain(v, 4)))
+    axes[0].set(title="(a) pairwise caption similarity", xlabel="cosine", ylabel="density")
     axes[1].set(title="(b) hardest companion (dotted: means)", xlabel="cosine")
     _legend_outside(axes[1])
-    numbers = {
-        n: {k: s[k] for k in ("mean_pairwise", "mean_hardest", "hist_bins", "hist_pairwise", "hist_hardest")}
-        for n, s in stats.items()
-    }
-    return _save(fig, numbers, out)
+    keys = ("mean_pairwise", "mean_hardest", "hist_bins_pairwise", "hist_pairwise", "hist_bins_hardest", "hist_hardest")
+    return _save(fig, {n: {k: s[k] for k in keys} for n, s in stats.items()}, out)
 
 
-def _value_bars(ax: Any, names: list[str], heights: list[float], title: str) -> None:
-    """Bars with their values written on them, the y-axis fitted to the values (not to [0, 1])."""
-    bars = ax.bar(names, heights, color=[f"C{k}" for k in range(len(names))])
-    spread = max(heights) - min(heights) if heights else 0.0
+def _plain(value: float, digits: int = 3) -> str:
+    """`value` without an exponent (100, 0.0123, 0.99961): at most `digits` significant digits, trailing zeros
+    dropped."""
+    return np.format_float_positional(float(value), precision=digits, unique=False, fractional=False, trim="-")
+
+
+def _value_dots(ax: Any, names: list[str], values: list[float], title: str) -> None:
+    """A dot per dataset on a value axis fitted to the values, the axis's range written in its label: a narrow range
+    (0.9962 vs 0.9990) drawn as bars from a non-zero base would look like a factor of 3."""
+    y = np.arange(len(names))[::-1]
+    ax.plot(values, y, "o", ms=7, color="C0")
+    spread = max(values) - min(values) if values else 0.0
     digits = 3 if spread <= 0 else min(6, max(3, 1 - math.floor(math.log10(spread))))  # enough to tell them apart
-    ax.bar_label(bars, labels=[f"{h:.{digits}f}" for h in heights], fontsize=7, padding=2)
-    low, high = fitted_range(heights, pad=0.25, lo=-1.0, hi=1.0)
-    ax.set(title=title, ylim=(low, high + 0.1 * (high - low)))
-    ax.tick_params(axis="x", labelrotation=45, labelsize=7)
+    for v, row in zip(values, y, strict=True):
+        ax.annotate(f"{v:.{digits}f}", (v, row), xytext=(0, 7), textcoords="offset points", ha="center", fontsize=7)
+    low, high = fitted_range(values, pad=0.35, lo=-1.0, hi=1.0)
+    ax.set_xlim(low, high)
+    ax.set_ylim(-0.7, len(names) - 0.3)
+    ax.set_yticks(y, names, fontsize=7)
+    ax.xaxis.set_major_locator(MaxNLocator(4))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.{digits}f}"))
+    ax.grid(axis="y", color="0.9", lw=0.8)
+    ax.set(title=title, xlabel=f"cosine (axis {low:.{digits}f} … {high:.{digits}f}, not from 0)")
 
 
 def fig_geometry_summary(stats: dict[str, dict[str, Any]], out: str | Path) -> tuple[Path, Path]:
@@ -170,8 +181,8 @@ def fig_geometry_summary(stats: dict[str, dict[str, Any]], out: str | Path) -> t
     names = list(stats)
     buckets = {n: hardness_buckets(s) for n, s in stats.items()}
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
-    _value_bars(axes[0], names, [stats[n]["mean_pairwise"] for n in names], "(A) mean pairwise similarity")
-    _value_bars(axes[1], names, [stats[n]["mean_hardest"] for n in names], "(B) mean hardest companion")
+    _value_dots(axes[0], names, [stats[n]["mean_pairwise"] for n in names], "(A) mean pairwise similarity")
+    _value_dots(axes[1], names, [stats[n]["mean_hardest"] for n in names], "(B) mean hardest companion")
     # the hard buckets only, side by side in %, on an axis fitted to them: the easy rest (< 0.8) is nearly all of
     # every batch and, stacked, would hide them against a bar at ~1
     hard = [label for label in next(iter(buckets.values())) if not label.startswith("<")]
@@ -181,10 +192,11 @@ def fig_geometry_summary(stats: dict[str, dict[str, Any]], out: str | Path) -> t
     for k, label in enumerate(hard):
         share = 100.0 * np.asarray([buckets[n][label] for n in names])
         bars = axes[2].bar(x + (k - (len(hard) - 1) / 2) * width, share, width, label=f"cosine {label}", **_hatch(k))
-        axes[2].bar_label(bars, labels=[f"{v:.2g}" for v in share], fontsize=6, padding=1)
+        axes[2].bar_label(bars, labels=[_plain(v, 2) for v in share], fontsize=6, padding=1)
         tops += list(share)
     axes[2].set_xticks(x, names)
     axes[2].set(title="(C) hard in-batch negatives", ylabel="% of negatives", ylim=(0, 1.2 * max(tops, default=1) or 1))
+    axes[2].yaxis.set_major_formatter(FuncFormatter(lambda v, _: _plain(v, 3)))
     axes[2].tick_params(axis="x", labelrotation=45, labelsize=7)
     _legend_outside(axes[2])
     numbers = {
@@ -209,7 +221,9 @@ def fig_margin_heatmap(batches: dict[str, torch.Tensor], out: str | Path) -> tup
         off = g[~torch.eye(b, dtype=torch.bool)]
         i, j = divmod(int(torch.where(torch.eye(b, dtype=torch.bool), -2.0, g).argmax()), b)
         im = ax.imshow(g.numpy(), vmin=0.0, vmax=1.0, cmap="viridis")
-        ax.annotate(f"max {g[i, j]:.2f}", (j, i), color="white", ha="center", va="center", fontsize=7)
+        ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="white", linewidth=1.5))
+        ax.text(0.03, 0.03, f"max {g[i, j]:.2f} (outlined)", transform=ax.transAxes, color="white", fontsize=7,
+                ha="left", va="bottom", bbox={"facecolor": "black", "alpha": 0.5, "pad": 1.5, "lw": 0})  # fmt: skip
         ax.set(title=f"{name}: off-diag mean {off.mean():.2f}", xticks=[], yticks=[])
         numbers[name] = {"G_bar": g.tolist(), "offdiag_mean": float(off.mean()), "offdiag_max": float(g[i, j])}
     fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8)
@@ -239,7 +253,7 @@ def fig_gradient_dynamics(dyn: dict[str, Any], out: str | Path) -> tuple[Path, P
     ax[0, 1].bar(np.asarray(epochs) + width / 2, [per[str(e)]["saturated_hn"] for e in epochs], width, label="L_HN")
     ax[0, 1].plot(epochs, [per[str(e)]["zero_grad_infonce"] for e in epochs], "kD--", ms=5, label="∇L_CLIP = 0")
     ax[0, 1].set(title=f"(a') share saturated (loss < {threshold:g})", xlabel="epoch", ylim=(0, 1.05))
-    _integer_ticks(ax[0, 1])
+    _integer_ticks(ax[0, 1], epochs)
     _legend_outside(ax[0, 1])
     ax[0, 2].semilogy(s["step"], _floor(s["grad_norm_infonce"]), label="‖∇L_CLIP‖", **_style(0))
     ax[0, 2].semilogy(s["step"], _floor(s["grad_norm_hn"]), label="‖∇L_HN‖", **_style(1))
@@ -253,7 +267,7 @@ def fig_gradient_dynamics(dyn: dict[str, Any], out: str | Path) -> tuple[Path, P
     ax[1, 0].fill_between(epochs, lo, hi, alpha=0.3)
     ax[1, 0].set(title="(b') ‖∇L_HN‖ / ‖∇L_CLIP‖ (median, IQR; ∇L_CLIP ≠ 0)", xlabel="epoch")
     _plain_log(ax[1, 0])
-    _integer_ticks(ax[1, 0])
+    _integer_ticks(ax[1, 0], epochs)
     cos = np.asarray([np.nan if c is None else c for c in s["grad_cosine"]], dtype=np.float64)
     ax[1, 1].plot(s["step"], cos, "o", ms=3)
     ax[1, 1].axhline(0.0, color="gray", lw=0.5)

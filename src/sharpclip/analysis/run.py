@@ -1,10 +1,14 @@
-"""Entry points of `sharpclip analyze`: the figures of finished runs, and caption geometry of evaluation datasets.
+"""Entry points of `sharpclip analyze`: the figures of finished runs, and the captions of evaluation datasets.
 
 analyze_runs([run_dir, ...], out_dir)        Fig. 4 per run with diagnostics; convergence and training curves
 analyze_sample_efficiency([run_dir, ...], out_dir)  Fig. 6 / Table A9: R@1 against the training fraction per method
 analyze_geometry(model, eval_cfg, out_dir)   Table A1 columns, Fig. 1, Fig. A6, Fig. A5 for eval_cfg.suites; the
-                                             margin in logits at γ and the scale (analysis.geometry.margin_report);
-                                             near-duplicate caption pairs, words that differ marked (Fig. A1–A4)
+                                             margin in logits at γ and the scale (analysis.geometry.margin_report)
+analyze_near_duplicates(model, eval_cfg, out_dir)  near-duplicate caption pairs, words that differ marked (Fig.
+                                             A1–A4)
+
+Each is one `sharpclip analyze` subcommand (dynamics, sample-efficiency, geometry, near-duplicates; feature-map is
+analysis.feature_map); suite `retrieval` reads the config's data section, as `eval` does.
 
 Every file is written by `sharpclip.owned_files`' rule: the outputs' names are checked before the first is written,
 and a file there that sharpclip did not write is refused in one line naming it and `--out`.
@@ -71,8 +75,8 @@ def analyze_sample_efficiency(run_dirs: list[str | Path], out_dir: str | Path, m
     return [*written, owned_files.write_text(out / "sample_efficiency.md", table, "--out")]
 
 
-def _captions(name: str, cfg: Any) -> list[str]:
-    es = load_eval_set(name, cfg)
+def _captions(name: str, cfg: Any, data: Any = None) -> list[str]:
+    es = load_eval_set(name, cfg, data)
     if not isinstance(es, RetrievalSet):
         raise ValueError(f"caption geometry needs a retrieval dataset; {name!r} is a {type(es).__name__}")
     return es.captions
@@ -84,6 +88,17 @@ def model_scale(model: Any) -> float | None:
     return float(scale.detach().exp()) if isinstance(scale, torch.Tensor) else None
 
 
+def embedded_captions(model: Any, cfg: Any, data: Any = None) -> dict[str, tuple[list[str], torch.Tensor]]:
+    """{suite: (captions, their text embeddings)} of each of `cfg.suites` (an EvalConfig; suite `retrieval` reads
+    the `data` section, as `eval` does) under `model`'s text encoder (or an Embedder)."""
+    embedder = as_embedder(model, cfg)
+    out = {}
+    for name in cfg.suites:
+        captions = _captions(name, cfg, data)
+        out[name] = (captions, embedder.texts(captions))
+    return out
+
+
 def analyze_geometry(
     model: Any,
     cfg: Any,
@@ -92,27 +107,22 @@ def analyze_geometry(
     seed: int = 0,
     gamma: float = geometry.PAPER_GAMMA,
     scale: float | None = None,
-    pairs: int = 20,
+    data: Any = None,
 ) -> list[Path]:
     """Caption geometry of each of `cfg.suites` (an EvalConfig) under `model`'s text encoder (or an Embedder): the
-    statistics, the margin in logits at `gamma` and `scale` (default: the model's own s, else the paper's 100) beside
-    the paper's, and the `pairs` most similar and `pairs` typical near-duplicate caption pairs."""
+    statistics (Table A1, Fig. 1, A5, A6) and the margin in logits at `gamma` and `scale` (default: the model's own
+    s, else the paper's 100) beside the paper's."""
     out = Path(out_dir)
     owned_files.check(geometry_outputs(out), "--out")  # before anything is embedded or written
-    embedder = as_embedder(model, cfg)
     scale = scale or model_scale(model) or geometry.PAPER_SCALE
     stats: dict[str, dict[str, Any]] = {}
     heat: dict[str, torch.Tensor] = {}
-    sections: dict[str, dict[str, Any]] = {}
-    for name in cfg.suites:
-        captions = _captions(name, cfg)
-        text = embedder.texts(captions)
+    for name, (_, text) in embedded_captions(model, cfg, data).items():
         stats[name] = geometry.caption_geometry(
             text, batch_size=min(batch_size, len(text)), seed=seed, gammas=(gamma,), scale=scale
         )
         pick = torch.randperm(len(text), generator=torch.Generator().manual_seed(seed))[:8]  # Fig. A5: B = 8
         heat[name] = text[pick]
-        sections[name] = near_duplicates.near_duplicate_sections(text, captions, pairs)
     written = [*plots.fig_caption_similarity(stats, out / "caption_similarity")]
     written += plots.fig_geometry_summary(stats, out / "caption_geometry")
     written += plots.fig_margin_heatmap(heat, out / "margin_heatmap")
@@ -120,15 +130,27 @@ def analyze_geometry(
     files = {
         "caption_geometry.md": geometry.geometry_table(stats) + "\n" + geometry.margin_table(margins, stats),
         "caption_geometry_stats.json": json.dumps(stats, indent=2) + "\n",
-        "near_duplicates.md": near_duplicates.pairs_markdown(sections),
-        "near_duplicates.html": near_duplicates.pairs_html(sections),
-        "near_duplicates.json": json.dumps(sections, indent=2, ensure_ascii=False) + "\n",
     }
     return [*written, *(owned_files.write_text(out / f, content, "--out") for f, content in files.items())]
 
 
-GEOMETRY_FILES = ("caption_geometry.md", "caption_geometry_stats.json", "near_duplicates.md", "near_duplicates.html",
-                  "near_duplicates.json")  # fmt: skip
+def analyze_near_duplicates(model: Any, cfg: Any, out_dir: str | Path, pairs: int = 20, data: Any = None) -> list[Path]:
+    """The `pairs` most similar and `pairs` typical near-duplicate caption pairs of each of `cfg.suites`, the words
+    that differ marked (HN-CLIP Fig. A1–A4): near_duplicates.md, .html and .json."""
+    out = Path(out_dir)
+    owned_files.check([out / f for f in NEAR_DUPLICATE_FILES], "--out")
+    sections = {name: near_duplicates.near_duplicate_sections(text, captions, pairs)
+                for name, (captions, text) in embedded_captions(model, cfg, data).items()}  # fmt: skip
+    files = {
+        "near_duplicates.md": near_duplicates.pairs_markdown(sections),
+        "near_duplicates.html": near_duplicates.pairs_html(sections),
+        "near_duplicates.json": json.dumps(sections, indent=2, ensure_ascii=False) + "\n",
+    }
+    return [owned_files.write_text(out / f, content, "--out") for f, content in files.items()]
+
+
+GEOMETRY_FILES = ("caption_geometry.md", "caption_geometry_stats.json")
+NEAR_DUPLICATE_FILES = ("near_duplicates.md", "near_duplicates.html", "near_duplicates.json")
 GEOMETRY_FIGURES = ("caption_similarity", "caption_geometry", "margin_heatmap")
 
 

@@ -19,16 +19,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import stat
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import torch
+import transformers
 from PIL import Image
 from torch import Tensor
 
-from sharpclip import owned_files
+from sharpclip import __version__, owned_files
 from sharpclip.analysis.index import (
     Index,
     build_index,
@@ -44,6 +47,7 @@ from sharpclip.data.images import describe
 from sharpclip.eval.benchmarks import load_eval_set, suite_root
 from sharpclip.eval.embed import Embedder, ImageRef
 from sharpclip.eval.evaluator import as_embedder
+from sharpclip.eval.manifest import cached_weights_sha256
 from sharpclip.eval.retrieval import RetrievalSet
 from sharpclip.models.factory import create_model
 from sharpclip.models.preprocessing import model_transforms
@@ -138,9 +142,28 @@ class Searcher:
 def load_model(name: str, cfg: Any) -> tuple[Any, Embedder, dict[str, Any]]:
     """(model, embedder, manifest record) for `name` in any form `sharpclip eval --model` takes."""
     resolved, _ = model_source(name)
-    model = create_model(replace(cfg.model, name=resolved)).eval()
+    model_cfg = replace(cfg.model, name=resolved)
+    model = create_model(model_cfg).eval()
     preprocess, tokenizer = model_transforms(model, alpha=cfg.eval.image_alpha)
-    return model, as_embedder(model, cfg.eval), model_record(name, model, preprocess, tokenizer)
+    settings = json.dumps([asdict(model_cfg), __version__, torch.__version__, transformers.__version__], default=str)
+    digest = cached_weights_sha256(model, weight_files(resolved), settings, digest_cache_dir())
+    return model, as_embedder(model, cfg.eval), model_record(name, model, preprocess, tokenizer, digest)
+
+
+def weight_files(resolved: str) -> list[Path]:
+    """The files a model was loaded from: the file itself, or every regular file directly in its folder (config,
+    weights, tokenizer); none for a tiny preset or a hub id (its digest is then computed each time)."""
+    path = Path(resolved).expanduser()
+    if path.is_file() and not path.is_symlink():
+        return [path]
+    if not path.is_dir():
+        return []
+    return sorted(p for p in path.iterdir() if stat.S_ISREG(p.lstat().st_mode))
+
+
+def digest_cache_dir() -> Path:
+    """Where weights digests are remembered: $SHARPCLIP_CACHE, else ~/.cache/sharpclip (as the demo's init)."""
+    return Path(os.environ.get("SHARPCLIP_CACHE", "~/.cache/sharpclip")).expanduser()
 
 
 def open_searcher(

@@ -118,7 +118,7 @@ def build_dataset(
 
 
 def loader_options(cfg: DataConfig, pin_memory: bool = False) -> dict:
-    """DataLoader keyword arguments for workers: `num_workers` resolved (auto: this rank's cores, at most 8), workers
+    """DataLoader keyword arguments for workers: `num_workers` resolved (auto: this rank's cores, no fixed cap), workers
     kept across epochs and `prefetch_factor` batches ahead each, pinned host memory for non-blocking copies to CUDA."""
     workers = resolve_num_workers(cfg.num_workers)
     options: dict = {"num_workers": workers, "pin_memory": pin_memory}

@@ -14,6 +14,7 @@ distributed run and gathers the embeddings, so that no rank repeats another's.
 from __future__ import annotations
 
 import io
+import os
 import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -71,12 +72,45 @@ def _reason(err: BaseException) -> str:
     return " ".join(str(err).split())[:160]
 
 
+MAX_OPEN_ARCHIVES = 8  # zip archives a process keeps open at once (the oldest is closed first)
+_ARCHIVES: dict[tuple[int, str], tuple[tuple[int, int], Any, zipfile.ZipFile]] = {}
+
+
+def open_archive(path: str) -> zipfile.ZipFile:
+    """The zip archive at `path`, opened once per process (each DataLoader worker keeps its own) and kept while its
+    size and mtime are unchanged: a 60,000-member archive's central directory is read once, not once per image."""
+    st = os.stat(path)
+    key, stamp = (os.getpid(), path), (st.st_size, st.st_mtime_ns)
+    found = _ARCHIVES.pop(key, None)
+    if found is not None and found[0] == stamp:
+        _ARCHIVES[key] = found  # most recently used last
+        return found[2]
+    if found is not None:
+        _close(found)
+    f = open_regular(path)  # a FIFO, folder or device is refused before it is read, never waited on
+    try:
+        archive = zipfile.ZipFile(f)
+    except BaseException:
+        f.close()
+        raise
+    _ARCHIVES[key] = (stamp, f, archive)
+    for stale in [k for k in _ARCHIVES if k[0] != os.getpid()]:  # a parent's, inherited across fork: its copy closed
+        _close(_ARCHIVES.pop(stale))
+    while len(_ARCHIVES) > MAX_OPEN_ARCHIVES:
+        _close(_ARCHIVES.pop(next(iter(_ARCHIVES))))
+    return archive
+
+
+def _close(entry: tuple[tuple[int, int], Any, zipfile.ZipFile]) -> None:
+    entry[2].close()
+    entry[1].close()
+
+
 def _open(ref: ImageRef) -> Any:
+    if ref.member is not None:
+        return Image.open(io.BytesIO(open_archive(ref.path).read(ref.member)))
     with open_regular(ref.path) as f:  # a FIFO, folder or device is refused before it is read, never waited on
-        if ref.member is None:
-            return Image.open(io.BytesIO(f.read()))
-        with zipfile.ZipFile(f) as archive:
-            return Image.open(io.BytesIO(archive.read(ref.member)))
+        return Image.open(io.BytesIO(f.read()))
 
 
 def load_image(ref: ImageRef | str | Path, draft_size: int | None = None) -> Any:

@@ -12,7 +12,10 @@ to gigabytes). Images held inside a dataset file (parquet / Arrow cells, a zip m
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
+import os
 import platform
 import time
 from collections.abc import Iterable, Sequence
@@ -44,6 +47,37 @@ def weights_sha256(module: torch.nn.Module) -> str:
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
+
+
+DIGEST_CACHE = "weights_digests.json"  # in $SHARPCLIP_CACHE (default ~/.cache/sharpclip)
+DIGEST_CACHE_ENTRIES = 256
+
+
+def cached_weights_sha256(module: torch.nn.Module, sources: Sequence[Path], settings: str, cache_dir: Path) -> str:
+    """`weights_sha256(module)`, remembered in `cache_dir`/weights_digests.json under the files the module was loaded
+    from (each one's resolved path, size and mtime_ns) and `settings` (whatever else shaped the weights: the model
+    config, the versions): a later load of the same unchanged files reuses it instead of hashing every tensor again
+    (seconds for ViT-L). Without sources (a tiny preset) or a readable cache, it is computed; an unwritable cache is
+    skipped."""
+    stats = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(sources)]
+    key = hashlib.sha256(json.dumps([stats, settings]).encode()).hexdigest() if stats else ""
+    path = cache_dir / DIGEST_CACHE
+    try:
+        cache = json.loads(path.read_text(encoding="utf-8")) if key else {}
+    except (OSError, ValueError):
+        cache = {}
+    cache = cache if isinstance(cache, dict) else {}
+    if isinstance(cache.get(key), str):
+        return cache[key]
+    digest = weights_sha256(module)
+    if key:
+        cache = {k: v for k, v in list(cache.items())[-(DIGEST_CACHE_ENTRIES - 1) :]} | {key: digest}
+        with contextlib.suppress(OSError):
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{DIGEST_CACHE}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(cache) + "\n", encoding="utf-8")
+            os.replace(tmp, path)
+    return digest
 
 
 def file_record(path: Path) -> dict[str, Any]:

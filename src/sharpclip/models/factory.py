@@ -3,6 +3,8 @@
 `model.name` may be
 - a tiny preset: `tiny-clip`, `tiny-siglip`, `tiny-siglip2` (random weights; tests and the demo);
 - a sharpclip checkpoint folder (layout below), e.g. the output of `sharpclip distill` or a training run's checkpoint;
+- a training run's directory (`RUN`, with `checkpoints/` inside): its newest complete checkpoint, as `eval --model
+  RUN` takes (the log names it, and the one `best.json` names when that differs);
 - a transformers folder (`config.json` + weights: CLIP, SigLIP, SigLIP 2), or a hub id already in the local HF cache;
 - an open_clip folder (`open_clip_config.json` + weights, as the hub holds them), converted to CLIPModel with the
   activation, heads and preprocessing its config names (models.open_clip);
@@ -29,6 +31,7 @@ Checkpoint layout (written by `save_checkpoint`, read by `load_checkpoint`; the 
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import logging
@@ -64,6 +67,7 @@ CHECKPOINT_CONFIG = "sharpclip_model.yaml"
 WEIGHTS = "model.safetensors"
 MODEL_CLASSES: dict[str, type[PreTrainedModel]] = {"clip": CLIPModel, "siglip": SiglipModel, "siglip2": Siglip2Model}
 OPENAI_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors")
+RUN_CHECKPOINTS, RUN_BEST, RUN_DIVERGED = "checkpoints", "best.json", "diverged.json"  # train.checkpoint's layout
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -84,6 +88,8 @@ def _load_base(cfg: ModelConfig) -> HFDualEncoder:
     path = Path(cfg.name).expanduser()
     if (path / CHECKPOINT_CONFIG).is_file():
         return load_checkpoint(path)
+    if (path / RUN_CHECKPOINTS).is_dir() and not (path / "config.json").is_file():
+        return load_checkpoint(run_checkpoint(path, cfg.name))
     if open_clip.is_open_clip_folder(path) and (cfg.kind == "open_clip" or not (path / "config.json").is_file()):
         if cfg.open_clip_config:
             raise ValueError(f"{path}: the folder has its own {open_clip.CONFIG}; unset model.open_clip_config "
@@ -96,6 +102,33 @@ def _load_base(cfg: ModelConfig) -> HFDualEncoder:
     if not path.exists() and is_local_path(cfg.name):
         raise ModelNotFoundError(_no_local(cfg.name, path))
     return _from_transformers(cfg)
+
+
+def run_checkpoint(run: Path, name: str = "") -> Path:
+    """The newest complete checkpoint of run directory `run` (a `checkpoints/step-N` folder holding the model files,
+    none marked diverged), logged with the one `best.json` names when that differs; a run with none is a
+    `ModelNotFoundError` saying what to give instead."""
+    name = name or str(run)
+    found = sorted(p for p in (run / RUN_CHECKPOINTS).glob("step-*") if _complete_checkpoint(p))
+    if not found:
+        raise ModelNotFoundError(
+            f"model.name={name!r}: a run directory without a complete checkpoint in {run / RUN_CHECKPOINTS} (a "
+            "checkpoints/step-N folder with sharpclip_model.yaml and model.safetensors); let the run save one, or "
+            "give a model folder"
+        )
+    best = ""
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        best = json.loads((run / RUN_CHECKPOINTS / RUN_BEST).read_text())["name"]
+    other = f"; best.json names {best}: model.name={run / RUN_CHECKPOINTS / best} for that one" * (
+        bool(best) and best != found[-1].name
+    )
+    log.info("model.name=%s: a run directory; using its newest complete checkpoint %s%s", name, found[-1].name, other)
+    return found[-1]
+
+
+def _complete_checkpoint(folder: Path) -> bool:
+    model_files = (folder / CHECKPOINT_CONFIG).is_file() and (folder / WEIGHTS).is_file()
+    return folder.is_dir() and not folder.is_symlink() and model_files and not (folder / RUN_DIVERGED).exists()
 
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # `name` or `org/name`, as the Hugging Face hub

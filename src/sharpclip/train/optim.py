@@ -1,4 +1,5 @@
-"""Optimiser and schedule: AdamW with parameter groups, warmup + cosine, clipping, and the logit-scale clamp.
+"""Optimiser and schedule: AdamW with parameter groups, warmup then cosine, linear or constant, and the logit-scale
+clamp.
 
 Weight decay skips gains, biases and the logit scale/bias (the CLIP convention: parameters with fewer than two
 dimensions, plus anything named like a norm, bias or logit parameter). Per-module learning rates are given as
@@ -76,31 +77,46 @@ def build_optimizer(
     lr: float,
     weight_decay: float,
     module_lr: Mapping[str, float] | None = None,
-    betas=(0.9, 0.98),
+    betas: tuple[float, float] = (0.9, 0.98),
+    eps: float = 1e-6,
     fused: bool = False,
 ) -> torch.optim.AdamW:
-    """AdamW over the model's trainable parameters (betas 0.9/0.98, eps 1e-6: the CLIP fine-tuning defaults).
-    fused: one fused kernel per step (on CUDA: the trainer's choice there); else the multi-tensor (foreach) form.
-    Built after the engine has sharded the model, so its state is sharded like the parameters (fp32)."""
+    """AdamW over the model's trainable parameters (defaults betas 0.9/0.98, eps 1e-6: the CLIP fine-tuning ones;
+    `train.beta1`, `train.beta2`, `train.eps`). fused: one fused kernel per step (on CUDA: the trainer's choice
+    there); else the multi-tensor (foreach) form. Built after the engine has sharded the model, so its state is
+    sharded like the parameters (fp32)."""
     check_module_lr((n for n, _ in model.named_parameters()), module_lr or {})
     groups = param_groups(model.named_parameters(), lr, weight_decay, module_lr)
     kind = {"fused": True} if fused else {"foreach": True}
-    return torch.optim.AdamW(groups, betas=betas, eps=1e-6, **kind)
+    return torch.optim.AdamW(groups, betas=tuple(betas), eps=eps, **kind)
 
 
 def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_ratio: float = 0.0) -> float:
     """Learning-rate multiplier: linear from 1/warmup to 1 over `warmup_steps`, then cosine down to `min_ratio`."""
+    return lr_factor(step, warmup_steps, total_steps, min_ratio, "cosine")
+
+
+def lr_factor(step: int, warmup_steps: int, total_steps: int, min_ratio: float = 0.0, shape: str = "cosine") -> float:
+    """Learning-rate multiplier at `step`: linear from 1/warmup to 1 over `warmup_steps`, then `shape` (train.schedule):
+    cosine or linear down to `min_ratio` at `total_steps`, or constant at 1."""
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    if shape == "constant":
+        return 1.0
+    if shape == "linear":
+        return min_ratio + (1 - min_ratio) * (1 - progress)
+    if shape != "cosine":
+        raise ConfigError(f"train.schedule: {shape!r} is not one of cosine, linear, constant")
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 def build_scheduler(
-    optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int, min_ratio: float = 0.0
+    optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int, min_ratio: float = 0.0, shape: str = "cosine"
 ) -> torch.optim.lr_scheduler.LambdaLR:
+    """The warmup then `shape` schedule (lr_factor) on every parameter group."""
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: warmup_cosine(step, warmup_steps, total_steps, min_ratio)
+        optimizer, lambda step: lr_factor(step, warmup_steps, total_steps, min_ratio, shape)
     )
 
 

@@ -8,16 +8,15 @@ RUN/checkpoints/step-N` continues from that checkpoint, with RUN/config.yaml two
 A resume may change only what does not make the saved state a different experiment. Every config key is classified
 by its longest prefix in `APPLIED` or `REFUSED` (tests/train/test_train_resume.py checks that every key is):
 
-- applied: the learning rate and its schedule (`train.lr`, `warmup_steps`, `min_lr_ratio`, `epochs`, `max_steps`),
-  the evaluation and checkpoint cadence, clipping, diagnostics, progress and sinks, the device, TF32 and compilation,
-  the process-group timeout, loader workers and prefetching, `eval.*`. The optimiser's moments are kept; the
-  learning rate becomes the new config's warmup-cosine schedule evaluated at the current step
-  (`lr × warmup_cosine(step; warmup_steps, total steps, min_lr_ratio)`), as if the run had used that schedule from
-  the start;
+- applied: the learning rate and its schedule (`train.lr`, `warmup_steps`, `schedule`, `min_lr_ratio`, `epochs`,
+  `max_steps`), the evaluation and checkpoint cadence, clipping, diagnostics, progress and sinks, the device, TF32
+  and compilation, the process-group timeout, loader workers and prefetching, `eval.*`. The optimiser's moments are
+  kept; the learning rate becomes the new config's schedule evaluated at the current step (`lr × lr_factor(step;
+  warmup_steps, total steps, min_lr_ratio, schedule)`), as if the run had used that schedule from the start;
 - refused (the saved state would not mean what the new value says): the model, the data, the objective, the batch
-  and micro-batch sizes, accumulation, seed, precision, weight decay, per-module learning rates, the best metric,
-  the guards. A refused change is an error listing saved → new for each key; start a new run from the checkpoint
-  instead (`model.name=RUN/checkpoints/step-N train.output_dir=NEW`).
+  and micro-batch sizes, accumulation, seed, precision, weight decay, AdamW's betas and eps, per-module learning
+  rates, the best metric, the guards. A refused change is an error listing saved → new for each key; start a new
+  run from the checkpoint instead (`model.name=RUN/checkpoints/step-N train.output_dir=NEW`).
 
 A recipe given again on resume (`sharpclip train RECIPE --resume RUN`) layers over the run's saved config, not over
 the defaults, so a setting the run was started with (`train.keep_last=20`) is not reverted by a recipe that does not
@@ -45,7 +44,7 @@ from sharpclip.train.run_dir import MARKER
 RESOLVED_CONFIG = "config.yaml"
 CHECKPOINT_RUN_CONFIG = "run_config.yaml"  # in each checkpoint: the resolved config its weights were trained with
 APPLIED = (
-    "train.lr", "train.warmup_steps", "train.min_lr_ratio", "train.epochs", "train.max_steps",
+    "train.lr", "train.warmup_steps", "train.min_lr_ratio", "train.schedule", "train.epochs", "train.max_steps",
     "train.eval_every", "train.checkpoint_every", "train.keep_last", "train.grad_clip", "train.grad_checkpointing",
     "train.diagnostics_every", "train.nan_patience", "train.progress",
     "train.tensorboard", "train.wandb", "train.wandb_project", "train.wandb_name", "train.device", "train.tf32",
@@ -56,6 +55,7 @@ APPLIED = (
 REFUSED = (
     "model", "data", "loss", "train.seed", "train.batch_size", "train.micro_batch_size", "train.accumulation",
     "train.precision", "train.weight_decay", "train.module_lr", "train.best_metric", "train.guards",
+    "train.beta1", "train.beta2", "train.eps",
 )  # fmt: skip
 WHERE = "train.output_dir"  # not a setting: a resume writes into the directory it was given
 

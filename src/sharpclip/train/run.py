@@ -254,6 +254,7 @@ def run_train(cfg: Config, resume: str | Path | None = None, overwrite: bool = F
     ctx = ParallelContext.from_process_group(cfg.train.layout)  # the one parallel context of this run
     directory, named = resume_policy.locate(resume) if resume is not None else (Path(cfg.train.output_dir), None)
     mode = "resume" if resume is not None else "overwrite" if overwrite else "fresh"
+    created = mode == "fresh" and not directory.exists()  # a failed start removes a folder it made, once empty
     try:
         rank_agreement.check_same_config(cfg, ctx.all_ranks)  # before anything is opened or trained
         changed, lock = _open(cfg, directory, mode, named, ctx)
@@ -268,6 +269,10 @@ def run_train(cfg: Config, resume: str | Path | None = None, overwrite: bool = F
         finally:
             if lock is not None:
                 lock.release()
+    except BaseException:
+        if created and distributed.rank() == 0:
+            run_dir.remove_if_empty(directory)
+        raise
     finally:
         distributed.shutdown()
 

@@ -140,6 +140,13 @@ def empty_dir(path: Path) -> None:
             _remove_run_folder(child)
 
 
+def remove_if_empty(path: Path) -> None:
+    """Remove folder `path` when nothing is left in it (a fresh run that failed to start, after `empty_dir`)."""
+    with contextlib.suppress(OSError):
+        if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
+            path.rmdir()
+
+
 def _remove_run_folder(folder: Path) -> None:
     if folder.name != CHECKPOINTS:
         shutil.rmtree(folder)  # tensorboard/, wandb/, eval/: written by this run's sinks and reports

@@ -147,11 +147,14 @@ class Trainer:
             compile_blocks(model)
         self.engine = self.ctx.shard(model, self.device, cfg.precision)  # None on one process
         fused = self.device.type == "cuda"  # AdamW in one fused kernel on CUDA, the foreach form elsewhere
-        self.optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, cfg.module_lr, fused=fused)
+        betas = (cfg.beta1, cfg.beta2)
+        self.optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, cfg.module_lr, betas, cfg.eps, fused=fused)
         if len(loader) == 0:
             raise ValueError(f"the training data yields no batch of {cfg.batch_size} rows: lower train.batch_size")
         self.total_steps = cfg.max_steps or cfg.epochs * len(loader)
-        self.scheduler = build_scheduler(self.optimizer, cfg.warmup_steps, self.total_steps, cfg.min_lr_ratio)
+        self.scheduler = build_scheduler(
+            self.optimizer, cfg.warmup_steps, self.total_steps, cfg.min_lr_ratio, cfg.schedule
+        )
         self.params = [p for p in model.parameters() if p.requires_grad]  # sharded ones on several processes
         # stop signals and clock checkpoints, agreed in the step's agreement (train.stop)
         self.control = RunControl(cfg.stop_signals, cfg.checkpoint_every_min, self.ctx.is_main)
