@@ -79,6 +79,13 @@ _LR = Range(gt=0, ge=LR_FLOOR, le=LR_CEILING,
             why_le="an AdamW step moves each weight by about lr, so every update diverges; "
             "typical rates are 1e-6..1e-3")  # fmt: skip
 _COUNT, _POSITIVE, _FRACTION = Range(ge=0), Range(ge=1), Range(ge=0, le=1)
+# A seed is a 64-bit integer to torch's generators (a larger one is "Overflow when unpacking long long"); the loaders
+# derive per-epoch seeds from it modulo 2^64 (data.dataset, data.sampling).
+SEED_CEILING = 2**63 - 1
+_SEED = Range(ge=0, le=SEED_CEILING, why_le="torch's generators take 64-bit seeds")
+# model.logit_scale_init is log s: exp overflows fp32 above 88.7, and filling the parameter with ±1e38 overflows
+# before any step; e^±20 (s ≈ 4.9e8 or 2e-9) lies far outside any checkpoint's scale (CLIP's ln 100 ≈ 4.6).
+_LOG_SCALE = Range(ge=-20, le=20, why="the log of the logit scale (CLIP's is ln 100 ≈ 4.6); e^20 ≈ 4.9e8")
 _TIMEOUT_MIN = Range(gt=0, le=7 * 24 * 60, why_le="a collective waiting over a week has hung (and far larger "
                      "values overflow Python's timedelta)")  # fmt: skip
 # Every number of the config (a dotted key; `*`: any key of a mapping) with its range, checked in one place
@@ -90,7 +97,7 @@ RANGES: dict[str, Range] = {
     "model.keep_positions": _COUNT,
     "model.rope_theta": Range(gt=0),
     "model.rope_ntk_factor": _COUNT,
-    "model.logit_scale_init": Range(),
+    "model.logit_scale_init": _LOG_SCALE,
     "model.adapter.rank": _POSITIVE,
     "model.adapter.alpha": Range(gt=0),
     "model.adapter.dropout": Range(ge=0, lt=1),
@@ -133,7 +140,7 @@ RANGES: dict[str, Range] = {
     "data.synthdense.detail_random_p": _FRACTION,
     "data.augment.color_jitter_prob": _FRACTION,
     "data.augment.gray_scale_prob": _FRACTION,
-    "train.seed": _COUNT,
+    "train.seed": _SEED,
     "train.epochs": _COUNT,
     "train.max_steps": _COUNT,
     "train.batch_size": _POSITIVE,
