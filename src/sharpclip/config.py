@@ -695,7 +695,8 @@ def _expand_paths(cfg: Config) -> None:
                 options[name] = os.path.expanduser(options[name])
 
 
-def _is_path_key(key: str) -> bool:
+def is_path_key(key: str) -> bool:
+    """Whether dotted `key` is one of PATH_KEYS (a mapping's entries by `prefix.*`)."""
     return key in PATH_KEYS or any(p.endswith(".*") and key.startswith(p[:-1]) for p in PATH_KEYS)
 
 
@@ -762,7 +763,7 @@ def _merge(base: Any, layer: Any, source: str, given: str = "") -> Any:
         if isinstance(err, ConfigKeyError) and key != "?":  # not a setting: the likely one, if any
             raise ConfigError(f"{source}: '{key}' is not a setting{_did_you_mean(key)}") from None
         reason = str(err).splitlines()[0]
-        if _is_path_key(key) and "'None'" in reason:  # `output_dir: ~` is YAML's null, not the home folder
+        if is_path_key(key) and "'None'" in reason:  # `output_dir: ~` is YAML's null, not the home folder
             reason += "; a bare ~ is YAML's null: write the folder out, or quote it ('~')"
         raise ConfigError(f"{source}: key '{key}': {reason}") from None
 
@@ -837,7 +838,7 @@ def parse_override(item: str) -> DictConfig:
     """One `key=value` as an OmegaConf layer; an unquoted brace pattern in a list is read as a string (what it
     always means in a sharpclip setting); other values that are not YAML are a one-line ConfigError."""
     key, _, value = item.partition("=")
-    if value.strip() == "~" and _is_path_key(key.strip()):  # the shell left it unexpanded (`key=~`): the home folder
+    if value.strip() == "~" and is_path_key(key.strip()):  # the shell left it unexpanded (`key=~`): the home folder
         item = f"{key}='~'"
     try:
         return OmegaConf.from_dotlist([item])

@@ -71,6 +71,23 @@ def test_the_compared_settings_leave_out_only_the_per_rank_keys():
         check_same_config(a, two_ranks)
 
 
+@pytest.mark.parametrize(
+    ("rank0", "rank1"),
+    [
+        ("data.root=~/data", "data.root=HOME/data/"),  # `~` on one rank, the absolute path with a `/` on the other
+        ("data.root=/srv/d", "data.root=/srv/./x/../d"),
+        ("data.shards=[/srv/s/a.tar]", "data.shards=[/srv/s//a.tar]"),
+        ("eval.roots={docci: /srv/docci/}", "eval.roots={docci: /srv/docci}"),
+    ],
+)
+def test_ranks_naming_one_folder_in_two_spellings_agree(rank0, rank1):
+    home = os.path.expanduser("~")
+    a, b = load_config(None, [rank0]), load_config(None, [rank1.replace("HOME", home)])
+    assert digest(compared(a)) == digest(compared(b)), differences([compared(a), compared(b)])
+    elsewhere = load_config(None, [rank0, "data.root=/srv/elsewhere/"])
+    assert "data.root" in differences([compared(a), compared(elsewhere)])
+
+
 def test_a_store_whose_host_ended_is_found_unreachable_without_a_store_call(monkeypatch, capfd):
     import gc
 

@@ -14,18 +14,21 @@ its LOCAL_RANK's GPU), except `PER_RANK`:
 - `train.output_dir`: compared by what each rank sees, not by its spelling: train.run.check_shared_dir has rank 0
   write a token there that every rank must read back (one shared folder, whatever path each node mounts it at).
 
-Any other path (data.root, ...) must be spelled the same on every rank: ranks whose home folders differ should be
-given absolute paths rather than `~`.
+Any other path (data.root, ...) must name the same place on every rank, compared after `~` is expanded and the
+spelling's noise is removed (os.path.normpath: a trailing `/`, `./`, `a/../`): `~/data` on one rank and `/home/u/data/`
+on another agree; a relative path on one rank and an absolute one on another do not (each is read from its own
+working folder), and ranks whose home folders differ should be given absolute paths rather than `~`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Callable
 from typing import Any
 
-from sharpclip.config import Config
+from sharpclip.config import Config, is_path_key
 from sharpclip.train.resume import flatten
 
 PER_RANK = ("train.progress", "eval.progress", "train.output_dir")
@@ -35,9 +38,20 @@ class RankConfigMismatch(ValueError):
     """The ranks were started with different configurations (printed as one line on every rank)."""
 
 
+def _place(value: Any) -> Any:
+    """A path setting's value as a place (os.path.normpath of each non-empty string; lists item by item)."""
+    if isinstance(value, list):
+        return [_place(v) for v in value]
+    return os.path.normpath(value) if isinstance(value, str) and value else value
+
+
 def compared(cfg: Config) -> dict[str, Any]:
-    """The resolved configuration as {dotted key: value}, without the PER_RANK keys."""
-    return {k: v for k, v in flatten(cfg).items() if not any(k == p or k.startswith(p + ".") for p in PER_RANK)}
+    """The resolved configuration as {dotted key: value}, without the PER_RANK keys; paths as places (`_place`)."""
+    return {
+        k: _place(v) if is_path_key(k) else v
+        for k, v in flatten(cfg).items()
+        if not any(k == p or k.startswith(p + ".") for p in PER_RANK)
+    }
 
 
 def digest(settings: dict[str, Any]) -> str:
