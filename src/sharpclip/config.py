@@ -877,7 +877,8 @@ def load_config(
         try:
             layer = OmegaConf.load(file)
         except Exception as err:  # yaml errors carry line numbers in their message
-            raise ConfigError(_not_a_mapping(file) or f"{file}: not valid YAML: {err}") from None
+            reason = " ".join(str(err).split())  # one line: a parser's message spans several (mark, problem)
+            raise ConfigError(_not_a_mapping(file) or f"{file}: not valid YAML: {reason}") from None
         if not isinstance(layer, DictConfig):
             raise ConfigError(_not_a_mapping(file) or f"{file}: the top level must be a mapping")
         if saved:
