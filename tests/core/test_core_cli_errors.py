@@ -169,14 +169,15 @@ def test_a_shell_expanded_or_broken_override_is_one_line(capsys, words, expect) 
     assert expect in _one_line(capsys.readouterr().err)
 
 
-def test_a_recipe_whose_yaml_does_not_parse_is_one_line_naming_it(tmp_path, capsys) -> None:
-    """A parser's message spans four lines (problem, mark, problem, mark): a damaged recipe, or a damaged config.yaml
-    read by `analyze --sample-efficiency`, printed them all."""
-    recipe = tmp_path / "damaged.yaml"
-    recipe.write_text("garbage: [unclosed\n")
-    assert main(["config", str(recipe)]) == 2
+def test_a_run_config_yaml_that_does_not_parse_is_one_line_naming_it(tmp_path, capsys) -> None:
+    """A parser's message spans four lines (problem, mark, problem, mark): `analyze --sample-efficiency` over a run
+    whose config.yaml is damaged printed them all."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("garbage: [unclosed\n")
+    assert main(["analyze", "--sample-efficiency", str(run), "--out", str(tmp_path / "se")]) == 2
     err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and f"{recipe}: not valid YAML" in err and "line 2" in err, err
+    assert len(err.strip().splitlines()) == 1 and "config.yaml: not valid YAML" in err and "line 2" in err, err
 
 
 def test_config_runs_trains_validation(tmp_path, capsys) -> None:
