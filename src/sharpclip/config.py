@@ -700,6 +700,14 @@ def is_path_key(key: str) -> bool:
     return key in PATH_KEYS or any(p.endswith(".*") and key.startswith(p[:-1]) for p in PATH_KEYS)
 
 
+def as_place(value: Any) -> Any:
+    """A path setting's value with its spelling's noise removed, for comparing two configs (os.path.normpath of each
+    non-empty string: a trailing `/`, `./`, `a/../`; lists item by item); other values unchanged."""
+    if isinstance(value, list):
+        return [as_place(v) for v in value]
+    return os.path.normpath(value) if isinstance(value, str) and value else value
+
+
 # Other tools' names for sharpclip's settings (open_clip's flags, transformers' TrainingArguments), by leaf name
 ALIASES = {
     "learning_rate": "train.lr", "num_train_epochs": "train.epochs", "per_device_train_batch_size": "train.batch_size",

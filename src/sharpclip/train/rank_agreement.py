@@ -24,11 +24,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Callable
 from typing import Any
 
-from sharpclip.config import Config, is_path_key
+from sharpclip.config import Config, as_place, is_path_key
 from sharpclip.train.resume import flatten
 
 PER_RANK = ("train.progress", "eval.progress", "train.output_dir")
@@ -38,17 +37,10 @@ class RankConfigMismatch(ValueError):
     """The ranks were started with different configurations (printed as one line on every rank)."""
 
 
-def _place(value: Any) -> Any:
-    """A path setting's value as a place (os.path.normpath of each non-empty string; lists item by item)."""
-    if isinstance(value, list):
-        return [_place(v) for v in value]
-    return os.path.normpath(value) if isinstance(value, str) and value else value
-
-
 def compared(cfg: Config) -> dict[str, Any]:
-    """The resolved configuration as {dotted key: value}, without the PER_RANK keys; paths as places (`_place`)."""
+    """The resolved configuration as {dotted key: value}, without the PER_RANK keys; paths by config.as_place."""
     return {
-        k: _place(v) if is_path_key(k) else v
+        k: as_place(v) if is_path_key(k) else v
         for k, v in flatten(cfg).items()
         if not any(k == p or k.startswith(p + ".") for p in PER_RANK)
     }
