@@ -164,3 +164,27 @@ def test_rank_1s_stderr_holds_one_line_and_no_stack_dump_when_rank_0_is_killed(t
     lines = _own_lines(err1)
     assert "frame #" not in err1 and "TCPStore" not in err1 and "Traceback" not in err1, err1
     assert len(lines) == 1 and lines[0].startswith("sharpclip: rank 1 "), err1
+
+
+def _distill_args(captions: Path, tmp_path: Path, *extra: str) -> list[str]:
+    return ["-m", "sharpclip", "distill", "model.name=tiny-clip", f"--captions={captions}", f"--to={tmp_path / 'st'}",
+            f"train.output_dir={tmp_path / 'run'}", "train.device=cpu", "train.batch_size=4",
+            "train.micro_batch_size=2", "train.max_steps=2", "train.epochs=1", "train.eval_every=0",
+            "train.progress=false", "train.dist_timeout_min=5", *extra]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_distill_ranks_started_with_different_settings_or_captions_are_refused_on_every_rank(tmp_path):
+    """`sharpclip distill` joined the process group without the ranks' agreement: rank 1's own train.lr (or its own
+    captions file) trained silently."""
+    captions, other = tmp_path / "captions.txt", tmp_path / "other.txt"
+    captions.write_text("".join(f"a red square number {i} beside a blue circle\n" for i in range(40)))
+    other.write_text("".join(f"a green triangle number {i}\n" for i in range(40)))
+    for rank1, expect in [((captions, "train.lr=1e-2"), "train.lr ("), ((other,), "different --captions")]:
+        results = _launch(_free_port(), [_distill_args(captions, tmp_path), _distill_args(*rank1[:1], tmp_path,
+                                                                                          *rank1[1:])])  # fmt: skip
+        for rank, (status, err) in enumerate(results):
+            lines = _own_lines(err)
+            assert status == 2 and len(lines) == 1 and "Traceback" not in err, f"rank {rank}: {err[-3000:]}"
+            assert expect in lines[0], lines
+        assert not (tmp_path / "st").exists() and not (tmp_path / "run" / "checkpoints").exists()
