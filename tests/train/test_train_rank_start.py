@@ -6,11 +6,13 @@ Two gloo processes of `sharpclip train` per case, each launch bounded by LIMIT."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -188,3 +190,36 @@ def test_distill_ranks_started_with_different_settings_or_captions_are_refused_o
             assert status == 2 and len(lines) == 1 and "Traceback" not in err, f"rank {rank}: {err[-3000:]}"
             assert expect in lines[0], lines
         assert not (tmp_path / "st").exists() and not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.slow
+def test_rank_1_answered_by_another_program_on_its_port_prints_one_line_and_no_stack_dump(tmp_path):
+    """Rank 1 given a MASTER_PORT where another program answers (an HTTP server or proxy): each retry of torch's store
+    client printed a C++ stack dump, 99 lines and 70 `frame #` before the one line; rank 0 waits for it alone."""
+    data = write_generic(tmp_path / "data")
+    with socket.socket() as talker:
+        talker.bind(("127.0.0.1", 0))
+        talker.listen(50)
+        stop = threading.Event()
+
+        def answer() -> None:
+            talker.settimeout(0.5)
+            while not stop.is_set():
+                with contextlib.suppress(OSError):
+                    conn, _ = talker.accept()
+                    with conn:
+                        conn.recv(64)
+                        conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+
+        thread = threading.Thread(target=answer, daemon=True)
+        thread.start()
+        try:
+            args = [_train_args(data, tmp_path / "run", timeout_min=0.25)] * 2
+            results = _launch(_free_port(), args, env=[{}, {"MASTER_PORT": str(talker.getsockname()[1])}])
+        finally:
+            stop.set()
+            thread.join()
+    for rank, (status, err) in enumerate(results):
+        lines = _own_lines(err)
+        assert status == 2 and len(lines) == 1 and "frame #" not in err and "Traceback" not in err, f"{rank}: {err}"
+        assert f"rank {rank} could not join the process group within 0.25 min" in lines[0], lines
