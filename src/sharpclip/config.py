@@ -80,6 +80,13 @@ _LR = Range(gt=0, ge=LR_FLOOR, le=LR_CEILING,
             why_le="an AdamW step moves each weight by about lr, so every update diverges; "
             "typical rates are 1e-6..1e-3")  # fmt: skip
 _COUNT, _POSITIVE, _FRACTION = Range(ge=0), Range(ge=1), Range(ge=0, le=1)
+# A seed is a 64-bit integer to torch's generators (a larger one is "Overflow when unpacking long long"); the loaders
+# derive per-epoch seeds from it modulo 2^64 (data.dataset, data.sampling).
+SEED_CEILING = 2**63 - 1
+_SEED = Range(ge=0, le=SEED_CEILING, why_le="torch's generators take 64-bit seeds")
+# model.logit_scale_init is log s: exp overflows fp32 above 88.7, and filling the parameter with ±1e38 overflows
+# before any step; e^±20 (s ≈ 4.9e8 or 2e-9) lies far outside any checkpoint's scale (CLIP's ln 100 ≈ 4.6).
+_LOG_SCALE = Range(ge=-20, le=20, why="the log of the logit scale (CLIP's is ln 100 ≈ 4.6); e^20 ≈ 4.9e8")
 _TIMEOUT_MIN = Range(gt=0, le=7 * 24 * 60, why_le="a collective waiting over a week has hung (and far larger "
                      "values overflow Python's timedelta)")  # fmt: skip
 # Every number of the config (a dotted key; `*`: any key of a mapping) with its range, checked in one place
@@ -91,7 +98,7 @@ RANGES: dict[str, Range] = {
     "model.keep_positions": _COUNT,
     "model.rope_theta": Range(gt=0),
     "model.rope_ntk_factor": _COUNT,
-    "model.logit_scale_init": Range(),
+    "model.logit_scale_init": _LOG_SCALE,
     "model.adapter.rank": _POSITIVE,
     "model.adapter.alpha": Range(gt=0),
     "model.adapter.dropout": Range(ge=0, lt=1),
@@ -134,7 +141,7 @@ RANGES: dict[str, Range] = {
     "data.synthdense.detail_random_p": _FRACTION,
     "data.augment.color_jitter_prob": _FRACTION,
     "data.augment.gray_scale_prob": _FRACTION,
-    "train.seed": _COUNT,
+    "train.seed": _SEED,
     "train.epochs": _COUNT,
     "train.max_steps": _COUNT,
     "train.batch_size": _POSITIVE,
@@ -729,8 +736,17 @@ def _expand_paths(cfg: Config) -> None:
                 options[name] = os.path.expanduser(options[name])
 
 
-def _is_path_key(key: str) -> bool:
+def is_path_key(key: str) -> bool:
+    """Whether dotted `key` is one of PATH_KEYS (a mapping's entries by `prefix.*`)."""
     return key in PATH_KEYS or any(p.endswith(".*") and key.startswith(p[:-1]) for p in PATH_KEYS)
+
+
+def as_place(value: Any) -> Any:
+    """A path setting's value with its spelling's noise removed, for comparing two configs (os.path.normpath of each
+    non-empty string: a trailing `/`, `./`, `a/../`; lists item by item); other values unchanged."""
+    if isinstance(value, list):
+        return [as_place(v) for v in value]
+    return os.path.normpath(value) if isinstance(value, str) and value else value
 
 
 # Other tools' names for sharpclip's settings (open_clip's flags, transformers' TrainingArguments), by leaf name
@@ -798,7 +814,7 @@ def _merge(base: Any, layer: Any, source: str, given: str = "") -> Any:
         if isinstance(err, ConfigKeyError) and key != "?":  # not a setting: the likely one, if any
             raise ConfigError(f"{source}: '{key}' is not a setting{_did_you_mean(key)}") from None
         reason = str(err).splitlines()[0]
-        if _is_path_key(key) and "'None'" in reason:  # `output_dir: ~` is YAML's null, not the home folder
+        if is_path_key(key) and "'None'" in reason:  # `output_dir: ~` is YAML's null, not the home folder
             reason += "; a bare ~ is YAML's null: write the folder out, or quote it ('~')"
         raise ConfigError(f"{source}: key '{key}': {reason}") from None
 
@@ -874,7 +890,7 @@ def parse_override(item: str) -> DictConfig:
     """One `key=value` as an OmegaConf layer; an unquoted brace pattern in a list is read as a string (what it
     always means in a sharpclip setting); other values that are not YAML are a one-line ConfigError."""
     key, _, value = item.partition("=")
-    if value.strip() == "~" and _is_path_key(key.strip()):  # the shell left it unexpanded (`key=~`): the home folder
+    if value.strip() == "~" and is_path_key(key.strip()):  # the shell left it unexpanded (`key=~`): the home folder
         item = f"{key}='~'"
     try:
         return OmegaConf.from_dotlist([item])
@@ -913,7 +929,8 @@ def load_config(
         try:
             layer = OmegaConf.load(file)
         except Exception as err:  # yaml errors carry line numbers in their message
-            raise ConfigError(_not_a_mapping(file) or f"{file}: not valid YAML: {err}") from None
+            reason = " ".join(str(err).split())  # one line: a parser's message spans several (mark, problem)
+            raise ConfigError(_not_a_mapping(file) or f"{file}: not valid YAML: {reason}") from None
         if not isinstance(layer, DictConfig):
             raise ConfigError(_not_a_mapping(file) or f"{file}: the top level must be a mapping")
         if saved:

@@ -343,3 +343,17 @@ def test_a_data_level_index_folder_that_is_a_symlink_to_a_users_folder_is_refuse
     assert _search(es, tmp_path / "idx") == 2
     _one_line(capsys.readouterr().err, f"{data_level} is a symbolic link", "--index")
     assert sorted(p.name for p in user.iterdir()) == ["keep.txt"]
+
+
+@pytest.mark.parametrize("kind", ["missing", "folder", "dangling-link"])
+def test_a_records_unreadable_image_is_one_line_naming_it_when_the_index_fingerprints_it(tmp_path, kind):
+    """compare over a data set whose record names a missing image ended with the raw "[Errno 2] No such file or
+    directory: '…'" from the manifest's fingerprint of every file, naming neither the cause nor the skip setting."""
+    path = tmp_path / "images" / "test-3.png"
+    path.parent.mkdir()
+    if kind == "folder":
+        path.mkdir()
+    elif kind == "dangling-link":
+        path.symlink_to(tmp_path / "nowhere.png")
+    with pytest.raises(ValueError, match=rf"cannot read {path} to fingerprint the index: .*data\.on_bad_sample=skip"):
+        ix.file_record(path)

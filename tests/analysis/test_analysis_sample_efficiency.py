@@ -119,6 +119,20 @@ def test_seed_subset_size_method_and_bookkeeping_may_differ(tmp_path):
 
 
 @pytest.mark.parametrize(
+    "override",
+    ["train.diagnostics_every=5", "data.preload=true", "eval.batch_size=32", "eval.chunk_size=128",
+     "data.root=/srv/synth/", "data.root=/srv/./synth"],
+)  # fmt: skip
+def test_runs_differing_only_in_a_watch_or_memory_knob_or_a_paths_spelling_are_one_recipe(tmp_path, override):
+    """A knob that changes no number (diagnostics, preloading, evaluation batch sizes) or a trailing `/` on data.root
+    was refused as another recipe."""
+    a = _with(_run(tmp_path, "a", INFONCE, 0.5, [60.0]), "data.root=/srv/synth")
+    b = _with(_run(tmp_path, "b", INFONCE, 0.5, [62.0]), "data.root=/srv/synth", override)
+    full = _with(_run(tmp_path, "full", INFONCE, 1.0, [70.0]), "data.root=/srv/synth")
+    check_one_recipe([a, b, full])
+
+
+@pytest.mark.parametrize(
     ("text", "problem"),
     [("garbage{", "Expecting value"), ('{"total": 0, "selected": 0}', "no 'fraction'"),
      (None, "'selected' 0 of 'total' 0 is not a subset"), ("[1, 2]", "expected a JSON object, got list"),

@@ -169,6 +169,17 @@ def test_a_shell_expanded_or_broken_override_is_one_line(capsys, words, expect) 
     assert expect in _one_line(capsys.readouterr().err)
 
 
+def test_a_run_config_yaml_that_does_not_parse_is_one_line_naming_it(tmp_path, capsys) -> None:
+    """A parser's message spans four lines (problem, mark, problem, mark): `analyze --sample-efficiency` over a run
+    whose config.yaml is damaged printed them all."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("garbage: [unclosed\n")
+    assert main(["analyze", "--sample-efficiency", str(run), "--out", str(tmp_path / "se")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "config.yaml: not valid YAML" in err and "line 2" in err, err
+
+
 def test_config_runs_trains_validation(tmp_path, capsys) -> None:
     recipe = tmp_path / "r.yaml"
     recipe.write_text("loss:\n  terms:\n    hn:\n      loss: hn_clip\n      params:\n        gamma: high\n")

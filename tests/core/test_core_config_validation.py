@@ -28,6 +28,9 @@ from sharpclip.train.optim import build_optimizer
         ("train.module_lr={backbone.text_model: 1e38}", "train.module_lr.backbone.text_model"),
         ("train.dist_timeout_min=1e38", "train.dist_timeout_min"),  # was an OverflowError of timedelta
         ("data.max_image_pixels=0", "data.max_image_pixels"),
+        ("train.seed=99999999999999999999999", "train.seed"),  # was "Overflow when unpacking long long", no key
+        ("model.logit_scale_init=1e308", "model.logit_scale_init"),  # was fill_'s 26-line overflow traceback
+        ("model.logit_scale_init=-1e308", "model.logit_scale_init"),
     ],
 )
 def test_a_bad_value_names_its_key(override, key):

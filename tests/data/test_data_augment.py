@@ -72,3 +72,11 @@ def test_off_by_default_and_never_in_evaluation():
 def test_bad_ranges_are_config_errors():
     with pytest.raises(ConfigError, match=r"data\.augment\.scale"):
         AugmentConfig(scale=[0.5, 1.5])
+
+
+def test_a_large_train_seed_seeds_the_loaders_workers_without_overflow():
+    # the loader's per-epoch generator seed (seed·1,000,003 + epoch)·65,537 + rank passed 2^64 from seed ≈ 2.8e8 on:
+    # train.seed=1234567890 ended training with "Overflow when unpacking long long"
+    loader = build_loader(cfg_for("karpathy"), "test", prep(TOK, 8), batch_size=2, train=True, seed=1_234_567_890)
+    loader.set_epoch(1)
+    assert next(iter(loader)).pixel_values.shape[0] == 2

@@ -159,6 +159,7 @@ INVISIBLE = {
     "grapheme-joiner": "\u034f", "mongolian-vowel-separator": "\u180e",
     "soft-hyphen": "\u00ad", "bidi-isolates": "\u2066\u2067\u2068\u2069", "variation-selector": " \ufe0f ",
     "tag": "\U000e0041\U000e007f", "khmer-inherent": "\u17b4",
+    "control-characters": "\x01\x02 \x7f", "c1-controls": "\x80\x9f", "nul": "\x00",
 }  # fmt: skip
 
 
@@ -183,6 +184,15 @@ def test_the_default_ignorable_set_holds_the_invisible_characters_and_no_visible
     assert sum(last - first + 1 for first, last in DEFAULT_IGNORABLE_RANGES) == 4174  # the property's size since 14.0
     assert all(a[1] < b[0] for a, b in itertools.pairwise(DEFAULT_IGNORABLE_RANGES))
     assert not is_blank("\u3164a") and not is_blank("\u115f\u1161") and is_blank("\u3164 \u034f\u200b")
+
+
+@pytest.mark.parametrize("visible", ["\u0600", "\u06dd", "\u0601\u0662", "\U000110bd"])
+def test_a_caption_of_visible_format_characters_is_not_empty(visible):
+    """Arabic number signs, the end-of-ayah mark and the Kaithi number sign are format characters (Cf) that are drawn:
+    not Default_Ignorable, so not an empty caption."""
+    from sharpclip.data.text import is_blank
+
+    assert not is_blank(visible)
 
 
 def test_an_invisible_caption_in_a_csv_and_in_a_caption_file_is_an_empty_caption(tmp_path):

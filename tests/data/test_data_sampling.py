@@ -196,3 +196,13 @@ def test_pairs_among_single_rows_fill_the_first_micro_batches_of_every_batch():
 def test_a_batch_size_that_is_not_a_whole_number_at_least_1_is_refused(batch_size):
     with pytest.raises(ValueError, match=r"batch_size=.* must be a whole number >= 1"):
         GroupBatchSampler([0, 1, 2, 3], batch_size)
+
+
+@pytest.mark.parametrize("seed", [1_234_567_890, 2**63 - 1])
+def test_a_large_train_seed_orders_batches_without_overflow(seed):
+    # train.seed=1234567890 was "Overflow when unpacking long long": the epoch's seed seed·1,000,003 + epoch
+    # passed 2^64, torch's limit; it is taken modulo 2^64, so every seed the config allows orders the batches
+    units = _units(n_groups=10, size=3, singles=50)
+    a, b = GroupBatchSampler(units, 8, seed=seed), GroupBatchSampler(units, 8, seed=seed)
+    assert _epoch(a, 3) == _epoch(b, 3)
+    assert sorted(i for batch in _epoch(a, 4) for i in batch) == list(range(len(units)))

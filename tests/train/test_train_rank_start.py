@@ -6,11 +6,13 @@ Two gloo processes of `sharpclip train` per case, each launch bounded by LIMIT."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -69,6 +71,23 @@ def test_the_compared_settings_leave_out_only_the_per_rank_keys():
 
     with pytest.raises(ValueError, match=r"different settings: train\.lr \(1e-05 on rank 0, 0\.01 on rank 1\);"):
         check_same_config(a, two_ranks)
+
+
+@pytest.mark.parametrize(
+    ("rank0", "rank1"),
+    [
+        ("data.root=~/data", "data.root=HOME/data/"),  # `~` on one rank, the absolute path with a `/` on the other
+        ("data.root=/srv/d", "data.root=/srv/./x/../d"),
+        ("data.shards=[/srv/s/a.tar]", "data.shards=[/srv/s//a.tar]"),
+        ("eval.roots={docci: /srv/docci/}", "eval.roots={docci: /srv/docci}"),
+    ],
+)
+def test_ranks_naming_one_folder_in_two_spellings_agree(rank0, rank1):
+    home = os.path.expanduser("~")
+    a, b = load_config(None, [rank0]), load_config(None, [rank1.replace("HOME", home)])
+    assert digest(compared(a)) == digest(compared(b)), differences([compared(a), compared(b)])
+    elsewhere = load_config(None, [rank0, "data.root=/srv/elsewhere/"])
+    assert "data.root" in differences([compared(a), compared(elsewhere)])
 
 
 def test_a_store_whose_host_ended_is_found_unreachable_without_a_store_call(monkeypatch, capfd):
@@ -147,3 +166,60 @@ def test_rank_1s_stderr_holds_one_line_and_no_stack_dump_when_rank_0_is_killed(t
     lines = _own_lines(err1)
     assert "frame #" not in err1 and "TCPStore" not in err1 and "Traceback" not in err1, err1
     assert len(lines) == 1 and lines[0].startswith("sharpclip: rank 1 "), err1
+
+
+def _distill_args(captions: Path, tmp_path: Path, *extra: str) -> list[str]:
+    return ["-m", "sharpclip", "distill", "model.name=tiny-clip", f"--captions={captions}", f"--to={tmp_path / 'st'}",
+            f"train.output_dir={tmp_path / 'run'}", "train.device=cpu", "train.batch_size=4",
+            "train.micro_batch_size=2", "train.max_steps=2", "train.epochs=1", "train.eval_every=0",
+            "train.progress=false", "train.dist_timeout_min=5", *extra]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_distill_ranks_started_with_different_settings_or_captions_are_refused_on_every_rank(tmp_path):
+    """`sharpclip distill` joined the process group without the ranks' agreement: rank 1's own train.lr (or its own
+    captions file) trained silently."""
+    captions, other = tmp_path / "captions.txt", tmp_path / "other.txt"
+    captions.write_text("".join(f"a red square number {i} beside a blue circle\n" for i in range(40)))
+    other.write_text("".join(f"a green triangle number {i}\n" for i in range(40)))
+    for rank1, expect in [((captions, "train.lr=1e-2"), "train.lr ("), ((other,), "different --captions")]:
+        results = _launch(_free_port(), [_distill_args(captions, tmp_path), _distill_args(*rank1[:1], tmp_path,
+                                                                                          *rank1[1:])])  # fmt: skip
+        for rank, (status, err) in enumerate(results):
+            lines = _own_lines(err)
+            assert status == 2 and len(lines) == 1 and "Traceback" not in err, f"rank {rank}: {err[-3000:]}"
+            assert expect in lines[0], lines
+        assert not (tmp_path / "st").exists() and not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.slow
+def test_rank_1_answered_by_another_program_on_its_port_prints_one_line_and_no_stack_dump(tmp_path):
+    """Rank 1 given a MASTER_PORT where another program answers (an HTTP server or proxy): each retry of torch's store
+    client printed a C++ stack dump, 99 lines and 70 `frame #` before the one line; rank 0 waits for it alone."""
+    data = write_generic(tmp_path / "data")
+    with socket.socket() as talker:
+        talker.bind(("127.0.0.1", 0))
+        talker.listen(50)
+        stop = threading.Event()
+
+        def answer() -> None:
+            talker.settimeout(0.5)
+            while not stop.is_set():
+                with contextlib.suppress(OSError):
+                    conn, _ = talker.accept()
+                    with conn:
+                        conn.recv(64)
+                        conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+
+        thread = threading.Thread(target=answer, daemon=True)
+        thread.start()
+        try:
+            args = [_train_args(data, tmp_path / "run", timeout_min=0.25)] * 2
+            results = _launch(_free_port(), args, env=[{}, {"MASTER_PORT": str(talker.getsockname()[1])}])
+        finally:
+            stop.set()
+            thread.join()
+    for rank, (status, err) in enumerate(results):
+        lines = _own_lines(err)
+        assert status == 2 and len(lines) == 1 and "frame #" not in err and "Traceback" not in err, f"{rank}: {err}"
+        assert f"rank {rank} could not join the process group within 0.25 min" in lines[0], lines

@@ -107,9 +107,15 @@ def source_file(source: Any) -> Path | None:
 
 
 def file_record(path: Path) -> dict[str, Any]:
-    """{size, mtime_ns, sha256} of one file."""
-    st = path.stat()
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256_file(path)}
+    """{size, mtime_ns, sha256} of one file; ValueError naming it when it cannot be read (a record's missing image
+    was the raw "[Errno 2] No such file or directory: '…'")."""
+    try:
+        st = path.stat()
+        return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256_file(path)}
+    except OSError as err:
+        reason = (err.strerror or str(err)).lower()
+        raise ValueError(f"cannot read {path} to fingerprint the index: {reason}; fix or remove the record that "
+                         "names it, or set data.on_bad_sample=skip") from None  # fmt: skip
 
 
 def dataset_files(dataset: RetrievalSet) -> list[Path]:

@@ -13,11 +13,11 @@ Runs of one method at one fraction (several seeds) are averaged, their spread ke
 value of any run on the full data (fraction 1), HN-CLIP Fig. 6's dotted "strongest baseline trained on 100 %".
 
 One figure is one recipe: the runs' whole resolved configs (config.yaml) must agree except for the seed and the
-subset's size (`VARIES`: the x axis and the spread), the method (`METHOD`: one line each) and where a run wrote and
-how it was watched (`BOOKKEEPING`). Runs that differ in anything else (the data, the model, the learning rate, the
-epochs, ...) are refused, naming the keys and a run on each side: averaged or drawn against one reference they
-would be one curve made of different experiments. Two methods with one label but different settings are refused
-the same way.
+subset's size (`VARIES`: the x axis and the spread), the method (`METHOD`: one line each) and where a run wrote,
+how it was watched and its memory or speed knobs (`BOOKKEEPING`); paths compare as places (config.as_place: a
+trailing `/` aside). Runs that differ in anything else (the data, the model, the learning rate, the epochs, ...) are
+refused, naming the keys and a run on each side: averaged or drawn against one reference they would be one curve
+made of different experiments. Two methods with one label but different settings are refused the same way.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from sharpclip.analysis.dynamics import flatten, read_jsonl
-from sharpclip.config import Config, load_config
+from sharpclip.config import Config, as_place, is_path_key, load_config
 from sharpclip.data.subset import read_subset_record
 from sharpclip.train.resume import flatten as flat_config
 from sharpclip.train.run import RESOLVED_CONFIG, SUBSET_RECORD
@@ -37,8 +37,10 @@ METHOD = ("loss", "model.adapter")  # the objective and the adapter: one line pe
 BOOKKEEPING = (
     "train.output_dir", "train.progress", "train.tensorboard", "train.wandb", "train.wandb_project",
     "train.wandb_name", "train.checkpoint_every", "train.keep_last", "train.dist_timeout_min", "data.num_workers",
-    "data.prefetch_factor", "eval.output_dir", "eval.progress", "eval.num_workers",
-)  # where a run wrote and how it was watched: no effect on its numbers  # fmt: skip
+    "data.prefetch_factor", "eval.output_dir", "eval.progress", "eval.num_workers", "train.diagnostics_every",
+    "data.preload", "eval.batch_size", "eval.chunk_size", "train.encode_batch_size", "train.compile",
+    "train.grad_checkpointing",
+)  # where a run wrote, how it was watched, and memory or speed knobs: no effect on its numbers  # fmt: skip
 
 
 def _under(key: str, prefixes: tuple[str, ...]) -> bool:
@@ -72,7 +74,8 @@ def check_one_recipe(runs: list[str | Path]) -> None:
     methods: dict[str, dict[str, dict[str, Any]]] = {}
     for run in map(Path, runs):
         cfg = _run_config(run)
-        flat = {k: v for k, v in flat_config(cfg).items() if not _under(k, VARIES + BOOKKEEPING)}
+        flat = {k: as_place(v) if is_path_key(k) else v for k, v in flat_config(cfg).items()
+                if not _under(k, VARIES + BOOKKEEPING)}  # fmt: skip
         settings[str(run)] = {k: v for k, v in flat.items() if not _under(k, METHOD)}
         methods.setdefault(method_label(cfg), {})[str(run)] = {k: v for k, v in flat.items() if _under(k, METHOD)}
     if len({repr(sorted(s.items())) for s in settings.values()}) > 1:

@@ -259,7 +259,7 @@ class SampleLoader(DataLoader):
         """Set the epoch of the dataset (caption draw), of the batch sampler (order) and of the workers' seeds."""
         # per rank too: workers that augment must not draw the same crops on every rank
         seed, rank = (int(getattr(self.batch_sampler, name, 0)) for name in ("seed", "rank"))
-        self.generator.manual_seed((seed * 1_000_003 + epoch) * 65_537 + rank)
+        self.generator.manual_seed(((seed * 1_000_003 + epoch) * 65_537 + rank) % 2**64)  # torch takes 64 bits
         self.dataset.set_epoch(epoch)
         self._yielding = epoch
         if hasattr(self.batch_sampler, "set_epoch"):

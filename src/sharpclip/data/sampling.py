@@ -146,7 +146,7 @@ class GroupBatchSampler:
         if not self.shuffle:
             order = list(range(len(self.members)))
             return _pack(order, self.members, size, captions, self.drop_last)
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        g = torch.Generator().manual_seed((self.seed * 1_000_003 + self.epoch) % 2**64)  # torch takes 64 bits
         batches = _spread(self._order(g), self.members, size, captions, self.drop_last)
         return [batches[k] for k in torch.randperm(len(batches), generator=g).tolist()]
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import html
 import re
+import unicodedata
 from collections.abc import Callable
 from typing import Any
 
@@ -30,8 +31,10 @@ def is_blank(text: str) -> bool:
     """Whether `text` shows nothing: only Unicode whitespace (str.isspace: spaces, tabs, U+00A0, U+3000, ...) and
     characters of Unicode's Default_Ignorable_Code_Point set (zero-width space U+200B, joiners, word joiner U+2060,
     byte-order mark U+FEFF, soft hyphen, bidi controls, the Hangul fillers U+3164 / U+115F / U+1160 / U+FFA0, the
-    combining grapheme joiner U+034F, variation selectors, tags: data.ignorable). Such a caption is an empty caption."""
-    return all(c.isspace() or is_default_ignorable(c) for c in text)
+    combining grapheme joiner U+034F, variation selectors, tags: data.ignorable) and control characters (category Cc:
+    NUL, U+0001..U+001F, DEL, the C1 controls; a renderer draws none, and CLIP's cleaning drops them). Such a caption
+    is an empty caption."""
+    return all(c.isspace() or is_default_ignorable(c) or unicodedata.category(c) == "Cc" for c in text)
 
 
 def clip_clean(text: str) -> str:

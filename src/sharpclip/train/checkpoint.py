@@ -87,7 +87,7 @@ def seed_rngs(seed: int) -> None:
     """Seed every generator `rng_state` saves: torch's CPU and CUDA ones, numpy's, Python's."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
+    torch.manual_seed(seed % 2**64)  # torch takes 64 bits (resume adds rank and 1,000,003 per step)
 
 
 def set_rng_state(state: dict[str, Any], device: torch.device | None = None) -> None:

@@ -10,6 +10,7 @@ that replaces the original model for fine-tuning.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -25,7 +26,7 @@ from sharpclip.models.distill import DistillSettings, finish, make_student, read
 from sharpclip.models.factory import create_model, save_checkpoint, save_weights
 from sharpclip.models.hf import HFDualEncoder
 from sharpclip.models.long_context import stretched_length
-from sharpclip.train import distributed
+from sharpclip.train import distributed, rank_agreement
 from sharpclip.train.features import FeatureEncoder, build_objective
 from sharpclip.train.parallel import ParallelContext
 from sharpclip.train.trainer import Trainer
@@ -102,12 +103,24 @@ def run_distill(cfg: Config, captions_file: str | Path, out_dir: str | Path) -> 
     devices.configure_tf32(device, cfg.train.tf32)  # before any model runs
     distributed.init_from_env(device, cfg.train.dist_timeout_min)
     ctx = ParallelContext.from_process_group(cfg.train.layout)
+    try:
+        rank_agreement.check_same_config(cfg, ctx.all_ranks)  # as train: ranks started with other settings
+        captions = read_captions(captions_file)
+        if len(set(ctx.all_ranks(hashlib.sha256("\n".join(captions).encode()).hexdigest()))) > 1:
+            raise rank_agreement.RankConfigMismatch(
+                f"the ranks were given different --captions ({captions_file} on this rank): give every rank one file"
+            )
+        return _distill_run(cfg, captions, out_dir, ctx)
+    finally:
+        distributed.shutdown()
+
+
+def _distill_run(cfg: Config, captions: list[str], out_dir: str | Path, ctx: ParallelContext) -> str:
     teacher_cfg = replace(cfg.model, text_encoder="absolute", context_length=None, adapter=AdapterConfig())
     teacher = create_model(teacher_cfg)
     length = cfg.model.context_length or stretched_length(teacher.context_length, cfg.model.keep_positions, 4)
     settings = DistillSettings(length, cfg.model.rope_theta, cfg.model.rope_ntk_factor)
     student_cfg = replace(teacher_cfg, text_encoder="rope", context_length=length)
-    captions = read_captions(captions_file)
     held = max(1, len(captions) // 20)
     run_dir = Path(cfg.train.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -116,5 +129,4 @@ def run_distill(cfg: Config, captions_file: str | Path, out_dir: str | Path) -> 
     if ctx.is_main:
         save_checkpoint(student, out_dir, student_cfg)
     cos = agreement(teacher, student, captions[-held:])
-    distributed.shutdown()
     return f"student saved to {out_dir}; held-out cosine to the teacher {cos:.4f} ({held} captions); context {length}"

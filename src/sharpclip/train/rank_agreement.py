@@ -14,8 +14,10 @@ its LOCAL_RANK's GPU), except `PER_RANK`:
 - `train.output_dir`: compared by what each rank sees, not by its spelling: train.run.check_shared_dir has rank 0
   write a token there that every rank must read back (one shared folder, whatever path each node mounts it at).
 
-Any other path (data.root, ...) must be spelled the same on every rank: ranks whose home folders differ should be
-given absolute paths rather than `~`.
+Any other path (data.root, ...) must name the same place on every rank, compared after `~` is expanded and the
+spelling's noise is removed (os.path.normpath: a trailing `/`, `./`, `a/../`): `~/data` on one rank and `/home/u/data/`
+on another agree; a relative path on one rank and an absolute one on another do not (each is read from its own
+working folder), and ranks whose home folders differ should be given absolute paths rather than `~`.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from sharpclip.config import Config
+from sharpclip.config import Config, as_place, is_path_key
 from sharpclip.train.resume import flatten
 
 PER_RANK = ("train.progress", "eval.progress", "train.output_dir")
@@ -36,8 +38,12 @@ class RankConfigMismatch(ValueError):
 
 
 def compared(cfg: Config) -> dict[str, Any]:
-    """The resolved configuration as {dotted key: value}, without the PER_RANK keys."""
-    return {k: v for k, v in flatten(cfg).items() if not any(k == p or k.startswith(p + ".") for p in PER_RANK)}
+    """The resolved configuration as {dotted key: value}, without the PER_RANK keys; paths by config.as_place."""
+    return {
+        k: as_place(v) if is_path_key(k) else v
+        for k, v in flatten(cfg).items()
+        if not any(k == p or k.startswith(p + ".") for p in PER_RANK)
+    }
 
 
 def digest(settings: dict[str, Any]) -> str:

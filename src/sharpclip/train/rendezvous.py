@@ -50,30 +50,39 @@ def _describe(err: BaseException) -> str:
     return f"the store at {store_address()} (MASTER_ADDR:MASTER_PORT) failed: {type(err).__name__}: {text[:300]}"
 
 
-def _watchdog(done: threading.Event, timeout_min: float) -> None:
+def _watchdog(done: threading.Event, timeout_min: float, err_fd: int) -> None:
     if done.wait(timeout_min * 60):
         return
     rank = os.environ.get("RANK", "?")
+    who = ("the other ranks did not connect to the store it hosts" if rank == "0" else
+           "no process-group store answered there: rank 0 did not start or failed, or another program listens on "
+           "that port")  # fmt: skip
     line = (f"sharpclip: rank {rank} could not join the process group within {timeout_min:g} min "
-            f"(train.dist_timeout_min): nothing answered as its store at {store_address()} (MASTER_ADDR:MASTER_PORT): "
-            "rank 0 did not start or failed, or another program listens on that port")  # fmt: skip
-    print(line, file=sys.stderr, flush=True)
+            f"(train.dist_timeout_min) at {store_address()} (MASTER_ADDR:MASTER_PORT): {who}")  # fmt: skip
+    with contextlib.suppress(OSError):
+        os.write(err_fd, (line + "\n").encode())  # the real stderr: fd 2 is silenced while joining
     os._exit(EXIT_NO_GROUP)
 
 
 @contextlib.contextmanager
 def joining(timeout_min: float | None) -> Iterator[None]:
     """Around `init_process_group`: a store error of the start is one ProcessGroupError line; a rank still waiting
-    after `timeout_min` (DEFAULT_TIMEOUT_MIN when None) prints one line and exits with EXIT_NO_GROUP."""
+    after `timeout_min` (DEFAULT_TIMEOUT_MIN when None) prints one line and exits with EXIT_NO_GROUP. torch's C++
+    output is silenced meanwhile: a store client answered by another program (an HTTP server or proxy on that
+    address) retries with a C++ stack dump each time, 99 lines before the one line."""
     done = threading.Event()
-    threading.Thread(target=_watchdog, args=(done, timeout_min or DEFAULT_TIMEOUT_MIN), daemon=True,
+    sys.stderr.flush()
+    err_fd = os.dup(2)
+    threading.Thread(target=_watchdog, args=(done, timeout_min or DEFAULT_TIMEOUT_MIN, err_fd), daemon=True,
                      name="sharpclip-join").start()  # fmt: skip
     try:
-        yield
+        with c10d_stderr_silenced():
+            yield
     except (dist.DistNetworkError, dist.DistStoreError) as err:
         raise ProcessGroupError(f"cannot start the process group: {_describe(err)}") from err
     finally:
         done.set()
+        os.close(err_fd)
 
 
 def _address(store: object) -> tuple[str, int] | None:
