@@ -43,6 +43,17 @@ def _add_config(sub: argparse._SubParsersAction) -> None:
     _config_args(p)
     p.add_argument("--explain", metavar="KEY", help="print what KEY does, its type and default (a prefix such as "
                    "`train` lists its keys) instead of the config; docs/config.md lists them all")  # fmt: skip
+    p.add_argument("--memory", action="store_true", help="print the per-rank memory plan (parameters, gradients, "
+                   "optimiser, activations per row) instead of the config; docs/gpus.md#memory-plan")  # fmt: skip
+    p.add_argument("--gpu-memory", metavar="SIZE", help="with --memory: the GPU's memory (80GiB, 141GB): prints the "
+                   "largest micro-batch that fits")  # fmt: skip
+    p.add_argument("--world-size", type=int, default=1, metavar="N", help="with --memory: the number of ranks")
+    p.add_argument("--gpus-per-node", type=int, default=0, metavar="N",
+                   help="with --memory: ranks per node, for train.layout=hybrid (default: min(world size, 8))")
+    p.add_argument("--arch", default="", metavar="NAME", help="with --memory: the architecture when model.name is not "
+                   "on this machine: an open_clip config name (ViT-L-14, ViT-bigG-14, ...) or a model config JSON")
+    p.add_argument("--measure", action="store_true", help="with --memory: measure activations by a forward and "
+                   "backward of 1 and 2 rows of a randomly initialised copy on train.device (else: estimated)")
 
     def run(args: argparse.Namespace) -> int:
         if args.explain:  # the schema's own text: nothing heavy imported
@@ -55,6 +66,11 @@ def _add_config(sub: argparse._SubParsersAction) -> None:
 
         cfg = _load(args)
         check_config(cfg)  # what `train` refuses before it builds anything, refused here too
+        if args.memory:
+            from sharpclip.train.memory_plan import print_plan
+
+            print_plan(cfg, args.arch, args.world_size, args.gpus_per_node, args.gpu_memory, args.measure)
+            return 0
         print(to_yaml(cfg), end="")
         return 0
 

@@ -37,7 +37,7 @@ from sharpclip.losses import Objective
 from sharpclip.models.base import DualEncoder
 from sharpclip.models.factory import create_model, save_checkpoint
 from sharpclip.models.preprocessing import model_transforms
-from sharpclip.train import checkpoint, distributed, run_dir, validation
+from sharpclip.train import checkpoint, distributed, memory_plan, run_dir, validation
 from sharpclip.train import resume as resume_policy
 from sharpclip.train.features import build_objective, check_provided
 from sharpclip.train.logging import log
@@ -191,6 +191,7 @@ def build_trainer(cfg: Config, evaluate: Evaluate | None = None) -> Trainer:
     checkpoint.seed_rngs(cfg.train.seed)  # the same weights on every rank (then broadcast from rank 0 anyway)
     model = create_model(cfg.model).to(device)
     log_model(model, cfg.model.name)
+    memory_plan.log_plan(cfg, model, device, world)
     distributed.broadcast_parameters(model)
     preprocessing, data = model_transforms(model, alpha=cfg.data.image_alpha), cfg.data
     if rank != 0:  # rank 0 reads first: a generated corpus (SynthDense) is written once, not by every rank at once
