@@ -331,21 +331,26 @@ def apply_training_setup(model: HFDualEncoder, cfg: ModelConfig, init_scale: boo
     freezing.apply_freezing(model, cfg.freeze)
 
 
-def save_checkpoint(model: HFDualEncoder, directory: str | Path, cfg: ModelConfig) -> Path:
-    """Write the checkpoint layout of the module docstring; `cfg` is the ModelConfig that built `model`."""
+def save_checkpoint(
+    model: HFDualEncoder, directory: str | Path, cfg: ModelConfig, state: dict[str, torch.Tensor] | None = None
+) -> Path:
+    """Write the checkpoint layout of the module docstring; `cfg` is the ModelConfig that built `model`; `state`: its
+    full state dict already gathered (a sharded model's, train.checkpoint.full_state), else `model.state_dict()`."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     sync_text_config(model)
     model.hf_model.config.save_pretrained(directory)
     (directory / CHECKPOINT_CONFIG).write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
-    save_weights(model, directory)
+    save_weights(model, directory, state)
     save_processors(model, directory)
     return directory
 
 
-def save_weights(model: torch.nn.Module, directory: Path) -> None:
-    """`model.state_dict()` as `directory/model.safetensors`, on the CPU whatever device the model is on."""
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}  # device-free
+def save_weights(model: torch.nn.Module, directory: Path, state: dict[str, torch.Tensor] | None = None) -> None:
+    """`model.state_dict()` (or the full `state` given) as `directory/model.safetensors`, on the CPU whatever device
+    the model is on: one file, however the model is laid out over ranks."""
+    source = model.state_dict() if state is None else state
+    state = {k: v.detach().cpu().contiguous() for k, v in source.items()}  # device-free
     save_file(state, str(directory / WEIGHTS), metadata={"format": "pt", "producer": "sharpclip"})
 
 

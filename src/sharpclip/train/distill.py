@@ -54,11 +54,11 @@ def distill(
     objective = build_objective(LossConfig(terms=DISTILL_TERMS), monitor=False)  # text only: no image to monitor
     encoder = FeatureEncoder(student, objective.feature_keys, teacher=teacher, precision=train.precision)
 
-    def write_model(directory: Path) -> None:
+    def write_model(directory: Path, state: dict | None = None) -> None:
         if student_cfg is not None:
-            save_checkpoint(student, directory, student_cfg)
+            save_checkpoint(student, directory, student_cfg, state)
         else:  # the weights alone, which is what a resume reads back
-            save_weights(student, directory)
+            save_weights(student, directory, state)
 
     trainer = Trainer(student, objective, loader, train, Path(train.output_dir), write_model, encoder=encoder)
     trainer.fit()

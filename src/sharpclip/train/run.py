@@ -219,8 +219,8 @@ def build_trainer(cfg: Config, evaluate: Evaluate | None = None) -> Trainer:
         if cfg.train.guards:
             evaluate = guarded_validator(evaluate, model, cfg, data, Path(cfg.train.output_dir))
 
-    def write_model(directory: Path) -> None:
-        save_checkpoint(model, directory, cfg.model)
+    def write_model(directory: Path, state: dict | None = None) -> None:
+        save_checkpoint(model, directory, cfg.model, state)
         # what these weights were trained with: a resume is reconciled against it (train.resume)
         (directory / resume_policy.CHECKPOINT_RUN_CONFIG).write_text(to_yaml(cfg))
 

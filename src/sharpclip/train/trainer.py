@@ -25,6 +25,7 @@ so that a resume starts from the one before it.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -465,26 +466,24 @@ class Trainer:
 
     # -- checkpoints ------------------------------------------------------------------------------------------
     def save(self, best: bool = False) -> Path:
-        """Write a checkpoint of the current step (rank 0), including every rank's loader position and RNG states,
-        the world size and the per-rank batch; `best`: mark it best (before pruning). The checkpoint just written and
-        the best are never pruned. Every rank must call it (the per-rank states are gathered)."""
-        path = self.ckpt_dir / checkpoint.checkpoint_name(self.state.step)
+        """Write a checkpoint of the current step, including every rank's loader position and RNG states, the world
+        size and the per-rank batch; `best`: mark it best (before pruning). The checkpoint just written and the best
+        are never pruned. Every rank must call it: the per-rank states and the model are gathered, and every rank
+        writes its shards of the optimiser's state (train.checkpoint)."""
         world = distributed.world_size()
         loaders = distributed.all_ranks(self.loader.state_dict())  # each rank's position and RNG: no collective on 1
         rngs = distributed.all_ranks(checkpoint.rng_state(self.device))
+        if self.is_main and not math.isfinite(largest_weight(self.params)):  # _check_weights stops earlier
+            raise TrainingDiverged(f"refusing to checkpoint non-finite weights at step {self.state.step}")
+        write_model = self.write_model
+        if checkpoint.is_sharded(self.model):  # gathered once, on every rank; rank 0 writes the one file
+            write_model = functools.partial(self.write_model, state=checkpoint.full_state(self.model))
+        sharded = checkpoint.sharded_state(self.model, self.optimizer, self.scheduler, rngs)
+        trainer_state = {**asdict(self.state), "loader": loaders[0], "loaders": loaders, "world_size": world,
+                         "rank_batch": self.cfg.batch_size // world, "logs": self._log_sizes() if self.is_main else {},
+                         "epoch_open": self._epoch_open, "saturated": self._saturated}  # fmt: skip
+        path = checkpoint.save(self.ckpt_dir, self.state.step, write_model, sharded, trainer_state, self.is_main)
         if self.is_main:
-            if not math.isfinite(largest_weight(self.params)):  # _check_weights stops earlier; never save such weights
-                raise TrainingDiverged(f"refusing to checkpoint non-finite weights at step {self.state.step}")
-            training_state = {
-                "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(),
-                "rng": rngs[0],
-                "rank_rng": rngs,
-            }
-            trainer_state = {**asdict(self.state), "loader": loaders[0], "loaders": loaders, "world_size": world,
-                             "rank_batch": self.cfg.batch_size // world, "logs": self._log_sizes(),
-                             "epoch_open": self._epoch_open, "saturated": self._saturated}  # fmt: skip
-            path = checkpoint.save(self.ckpt_dir, self.state.step, self.write_model, training_state, trainer_state)
             if best:
                 checkpoint.mark_best(self.ckpt_dir, path, self.state.best)
             checkpoint.prune(self.ckpt_dir, self.cfg.keep_last, keep=(path,))
@@ -505,9 +504,8 @@ class Trainer:
         they held when the checkpoint was written, so no step is logged twice.
         """
         weights, training, trainer_state = loaded if loaded is not None else checkpoint.load(path)
-        self.model.load_state_dict(weights)
-        self.optimizer.load_state_dict(training["optimizer"])
-        self.scheduler.load_state_dict(training["scheduler"])
+        checkpoint.load_model(self.model, weights)
+        training = self._load_training(path, training, int(trainer_state.get("world_size", 1)))
         ranks, saved_world, first = resume_policy.rank_states(trainer_state, training)
         logs = trainer_state.pop("logs", None)
         self._epoch_open = bool(trainer_state.pop("epoch_open", False))  # then fit() owes that epoch its end
@@ -527,6 +525,21 @@ class Trainer:
         log.info("resumed from %s at step %d (epoch %d); learning rate %.3g: the schedule is rebuilt for %d steps "
                  "and read at step %d", path, self.state.step, self.state.epoch, self.optimizer.param_groups[0]["lr"],
                  self.total_steps, self.state.step)  # fmt: skip
+
+    def _load_training(self, path: Path, training: dict, saved_world: int) -> dict:
+        """Optimiser and scheduler from the checkpoint (resharded by DCP onto this run's layout); returns the RNG
+        part for `resume_policy.rank_states`. A checkpoint from before the DCP folder loads onto unsharded models."""
+        if not checkpoint.is_legacy(path):
+            rngs = checkpoint.load_sharded(path, self.model, self.optimizer, self.scheduler, saved_world, self.device)
+            return {"rank_rng": rngs or [None] * distributed.world_size()}
+        if checkpoint.is_sharded(self.model):
+            raise checkpoint.CheckpointError(
+                f"{path}: written before sharded checkpoints ({checkpoint.TRAINING_STATE}), which load onto "
+                "replicated parameters only; resume it with train.layout=replicate (its next checkpoint is sharded)"
+            )
+        self.optimizer.load_state_dict(training["optimizer"])
+        self.scheduler.load_state_dict(training["scheduler"])
+        return training
 
     def _reschedule(self) -> None:
         """Each group's base rate from this config, times this config's schedule at the restored step."""
