@@ -572,7 +572,8 @@ def console_logging(level: int = logging.INFO):
     handler = _Console()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
     handler.setLevel(level if int(os.environ.get("RANK", 0)) == 0 else max(level, logging.WARNING))
-    level, root.level = root.level, logging.INFO
+    level = root.level
+    root.setLevel(logging.INFO)  # setLevel, not `.level =`: it clears the loggers' cached isEnabledFor answers
     root.addHandler(handler)
     try:
         yield

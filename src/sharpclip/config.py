@@ -509,6 +509,9 @@ class TrainConfig:
     grad_checkpointing: bool = False  # recompute each tower layer in backward (activation memory of one layer)
     checkpoint_every: int = 0  # optimiser steps between checkpoints (0: at the end of each epoch only)
     keep_last: int = 2  # newest checkpoints kept (>= 1), besides the best
+    # CUDA only: a checkpoint's state is copied to CPU memory and written in the background (dcp.async_save) while
+    # training goes on; the folder is renamed complete when the write is done (off, or on the CPU: written at once)
+    async_checkpoint: bool = False
     eval_every: int = 1  # epochs between evaluations (0: never)
     best_metric: str = "mean_R@1"  # the evaluation number that picks the best checkpoint (higher is better)
     diagnostics_every: int = 0  # optimiser steps between gradient diagnostics (0: off)

@@ -65,8 +65,8 @@ def train(model, optimizer, scheduler, steps: int = STEPS) -> None:
 
 def whole(model, optimizer) -> dict:
     """The model and the optimiser state, gathered whole (every rank must call it)."""
-    options = StateDictOptions(full_state_dict=True)
-    return {"model": checkpoint.full_state(model), "optimizer": get_optimizer_state_dict(model, optimizer, options=options)}
+    optimizer_state = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))
+    return {"model": checkpoint.full_state(model), "optimizer": optimizer_state}
 
 
 def save(directory: Path, name: str, model, optimizer, scheduler) -> Path:

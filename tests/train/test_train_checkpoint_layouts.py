@@ -79,7 +79,7 @@ def test_the_metadata_reader_refuses_anything_but_dcps_records(tmp_path):
             return (os.system, ("echo unpickled > " + str(tmp_path / "ran"),))
 
     metadata.write_bytes(pickle.dumps(Payload()))
-    with pytest.raises(checkpoint.CorruptCheckpoint, match="posix.system is not part of a DCP checkpoint"):
+    with pytest.raises(checkpoint.CorruptCheckpoint, match=r"posix\.system is not part of a DCP checkpoint"):
         checkpoint.load(path)
     assert not (tmp_path / "ran").exists()
 
@@ -111,3 +111,70 @@ def test_a_checkpoint_from_before_the_dcp_folder_still_resumes(tmp_path):
     fresh_optimizer.load_state_dict(training["optimizer"])
     for a, b in zip(optimizer.state.values(), fresh_optimizer.state.values(), strict=True):
         assert torch.equal(a["exp_avg"], b["exp_avg"])
+
+
+def test_the_trainer_resumes_an_older_checkpoint_as_it_resumes_a_sharded_one(tmp_path):
+    """A run's checkpoint rewritten in the previous format (training_state.pt) resumes to the same optimiser state,
+    schedule and weights as the checkpoint itself."""
+    from _support.tiny_files import tiny_config, write_generic
+    from sharpclip.train.run import build_trainer, run_train
+
+    cfg = tiny_config(write_generic(tmp_path / "data"), tmp_path / "run", "train.eval_every=0")
+    run_train(cfg)
+    new = checkpoint.latest(tmp_path / "run" / "checkpoints")
+    resumed = build_trainer(cfg)
+    resumed.resume(new)
+    old = tmp_path / "old" / new.name
+    shutil.copytree(new, old, ignore=shutil.ignore_patterns(checkpoint.STATE))
+    state = {"optimizer": resumed.optimizer.state_dict(), "scheduler": resumed.scheduler.state_dict(),
+             "rng": checkpoint.rng_state(), "rank_rng": [checkpoint.rng_state()]}  # fmt: skip
+    torch.save(state, old / checkpoint.TRAINING_STATE)
+    legacy = build_trainer(cfg)
+    legacy.resume(old)
+    assert legacy.scheduler.last_epoch == resumed.scheduler.last_epoch == 2
+    for a, b in zip(resumed.optimizer.state.values(), legacy.optimizer.state.values(), strict=True):
+        assert torch.equal(a["exp_avg"], b["exp_avg"]) and torch.equal(a["exp_avg_sq"], b["exp_avg_sq"])
+    for a, b in zip(resumed.model.parameters(), legacy.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_an_asynchronous_save_holds_its_steps_state_while_training_goes_on(tmp_path):
+    model, optimizer, scheduler = dcp_worker.build(False, seed=0)
+    dcp_worker.train(model, optimizer, scheduler)
+    torch.save({**dcp_worker.whole(model, optimizer), "last_epoch": scheduler.last_epoch}, tmp_path / "at_save.pt")
+    sharded = checkpoint.sharded_state(model, optimizer, scheduler, [checkpoint.rng_state()])
+    weights = checkpoint.snapshot(model)
+    pending = checkpoint.begin_save(tmp_path / "run", dcp_worker.STEPS, lambda d: save_weights(model, d, weights),
+                                    sharded, {"step": dcp_worker.STEPS, "loader": {}}, asynchronous=True)  # fmt: skip
+    assert not pending.final.exists()  # renamed only once everything is written
+    dcp_worker.train(model, optimizer, scheduler, steps=1)  # training goes on while it is written
+    path = pending.wait()
+    assert path == pending.final and path.is_dir() and not list(path.parent.glob(".step-*"))
+    dcp_worker.compare(path, tmp_path / "at_save.pt", False, "asynchronous", 1)
+
+
+def test_train_async_checkpoint_gives_the_checkpoints_of_synchronous_saves(tmp_path, monkeypatch):
+    """Forced on for the CPU (the setting is CUDA-only): the same files, the folder complete at the next save or the
+    run's end, pruning after the rename."""
+    from safetensors.torch import load_file
+
+    from _support.tiny_files import tiny_config, write_generic
+    from sharpclip.train import trainer
+    from sharpclip.train.run import run_train
+
+    root = write_generic(tmp_path / "data")
+    runs = {}
+    for mode in ("sync", "async"):
+        if mode == "async":
+            monkeypatch.setattr(trainer, "ASYNC_CHECKPOINT_DEVICES", ("cuda", "cpu"))
+        run = tmp_path / mode
+        run_train(tiny_config(root, run, "train.eval_every=0", "train.max_steps=3", "train.keep_last=2",
+                              f"train.async_checkpoint={mode == 'async'}"))  # fmt: skip
+        runs[mode] = run / "checkpoints"
+    assert "in the background" in (tmp_path / "async" / "train.log").read_text()
+    names = [p.name for p in checkpoint.all_checkpoints(runs["async"])]
+    assert names == [p.name for p in checkpoint.all_checkpoints(runs["sync"])] == ["step-000002", "step-000003"]
+    for name in names:
+        a, b = (load_file(str(runs[m] / name / WEIGHTS)) for m in ("sync", "async"))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+        assert checkpoint.sharded_keys(runs["sync"] / name) == checkpoint.sharded_keys(runs["async"] / name)

@@ -136,3 +136,19 @@ def test_a_bad_gpu_memory_size_is_refused(text):
 
 def test_sizes_read_as_written():
     assert mp.parse_size("80GiB") == 80 * mp.GIB and mp.parse_size("141 GB") == 141 * 10**9
+
+
+def test_the_plan_heads_train_log_even_after_the_process_logged_before_the_run(tmp_path):
+    """A message logged before the run (INFO then disabled, and cached so by `logging`) must not keep the run's INFO
+    lines out of train.log."""
+    import logging
+
+    from _support.tiny_files import tiny_config, write_generic
+    from sharpclip.train.run import run_train
+
+    logging.getLogger("sharpclip.train").info("before the run")
+    root = write_generic(tmp_path / "data")
+    run_train(tiny_config(root, tmp_path / "run", "train.eval_every=0", "train.max_steps=1"))
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "memory plan per rank: layout replicate" in log and "activations per row (estimated)" in log, log[:3000]
+    assert "checkpoint step-000001 written in" in log  # each save's seconds

@@ -24,9 +24,10 @@ Python's RNG state) with torch.load(weights_only=True) (`SafeLoadPlanner`). Chec
 existed (a `training_state.pt`, read with weights_only=True) still resume onto an unsharded model; onto a sharded
 one they are refused in one line.
 
-Saving is synchronous: `write_sharded` is the one place the DCP write happens, where `dcp.async_save` would go on
-GPUs (its future must then complete before the rename, the pruning and the next save); the log gives each save's
-seconds.
+`begin_save(asynchronous=True)` (the trainer's `train.async_checkpoint`, on CUDA) copies the sharded state to CPU
+memory (dcp.async_save's staging) and writes it, with the model snapshot and the trainer state, in a background
+thread; `PendingSave.wait()` renames the folder once everything is written, so a checkpoint is complete or absent
+either way. The log gives each save's seconds (and how long training waited for an asynchronous one).
 
 Reading one back (`load`) checks each of its three files and raises `CorruptCheckpoint` naming the bad one; a run's
 resume then falls back to the previous complete checkpoint (train.resume.pick_checkpoint). The model part is read
@@ -36,7 +37,6 @@ layout. `resolve_source` is how the commands that read a run (export, blend, eva
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import logging
@@ -47,9 +47,10 @@ import re
 import shutil
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -77,6 +78,9 @@ TRAINER_STATE = "trainer_state.json"
 BEST = "best.json"
 DIVERGED = "diverged.json"
 LOW_SPACE = 1 << 20  # bytes free below which a failed write is put down to a full disk
+# DCP warns at every save and load without a process group (also from its background thread, where a local
+# catch_warnings cannot reach); one process is a run sharpclip supports, so that one message is silenced
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 
 class CheckpointError(RuntimeError):
@@ -145,31 +149,126 @@ def save(
     """Write checkpoint `step` atomically (temporary folder, then rename); returns its final path. Every rank calls
     it: `sharded` (`sharded_state`) goes through DCP from every rank; rank 0 (`main`) writes the model
     (`write_model(folder)`) and `trainer_state`, then renames."""
+    return begin_save(directory, step, write_model, sharded, trainer_state, main).wait()
+
+
+class PendingSave:
+    """A checkpoint whose files are written (at once, or in the background); `wait()` renames it complete on rank 0
+    and returns its path. Until then only its temporary folder exists, which resume ignores."""
+
+    def __init__(self, directory: Path, step: int, main: bool, job: Future, started: float, blocked: float):
+        self.directory, self.step, self.main, self._job = directory, step, main, job
+        self.final = directory / checkpoint_name(step)
+        self._started, self._blocked = started, blocked
+
+    def wait(self) -> Path:
+        tmp = self.directory / f".{self.final.name}.tmp"
+        try:
+            self._job.result()
+            if self.main:
+                fault_point("checkpoint", self.step)
+                if self.final.exists():
+                    shutil.rmtree(self.final)
+                os.replace(tmp, self.final)
+        except (OSError, RuntimeError, SafetensorError, CheckpointException) as err:  # disk full, permissions
+            _write_failed(err, self.directory, tmp, self.main)
+        if self.main:
+            seconds = time.perf_counter() - self._started
+            if not isinstance(self._job, _Done):
+                _log.info("checkpoint %s written in %.2f s in the background (training waited %.2f s for it)",
+                          self.final.name, seconds, self._blocked)  # fmt: skip
+            else:
+                _log.info("checkpoint %s written in %.2f s", self.final.name, seconds)
+        return self.final
+
+
+class _Done(Future):
+    """The job of a checkpoint written at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.set_result(None)
+
+
+_background: ThreadPoolExecutor | None = None
+_cpu_group: Any = None
+
+
+def begin_save(
+    directory: Path,
+    step: int,
+    write_model: Callable[[Path], Any],
+    sharded: dict[str, Any],
+    trainer_state: dict[str, Any],
+    main: bool = True,
+    asynchronous: bool = False,
+) -> PendingSave:
+    """Start writing checkpoint `step` (every rank); `asynchronous`: `sharded` is copied to CPU memory here
+    (dcp.async_save's staging) and written, with rank 0's model and trainer state, in a background thread, so
+    `write_model` must write a snapshot, not the live model. The returned `PendingSave.wait()` completes it."""
     final = directory / checkpoint_name(step)
     tmp = directory / f".{final.name}.tmp"
     if main:
         _prepare(final, tmp)
     _barrier()  # nobody writes into the temporary folder before rank 0 has emptied it
     start = time.perf_counter()
-    try:
-        write_sharded(sharded, tmp / STATE)
+
+    def files() -> None:
         if main:
             write_model(tmp)
             (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=2))
-            fault_point("checkpoint", step)
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-    except (OSError, RuntimeError, SafetensorError, CheckpointException) as err:  # disk full, permissions: one line
-        reason = _write_failure(_first_cause(err), tmp)
-        if main:
-            shutil.rmtree(tmp, ignore_errors=True)
-        if reason is None:
-            raise
-        raise CheckpointError(f"cannot write checkpoint to {directory}: {reason}") from err
+
+    try:
+        if asynchronous:
+            staged = _async_write(sharded, tmp / STATE)
+            job: Future = _executor().submit(_then, staged, files)
+        else:
+            write_sharded(sharded, tmp / STATE)
+            files()
+            job = _Done()
+    except (OSError, RuntimeError, SafetensorError, CheckpointException) as err:
+        _write_failed(err, directory, tmp, main)
+    return PendingSave(directory, step, main, job, start, time.perf_counter() - start)
+
+
+def _async_write(state: dict[str, Any], folder: Path) -> Future:
+    """dcp.async_save: staged to CPU memory now, written by a thread; its collectives run on a gloo group (a NCCL
+    group cannot serve a background thread's CPU collectives)."""
+    global _cpu_group
+    if _distributed() and _cpu_group is None:
+        _cpu_group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
+    staged = dcp.async_save(state, storage_writer=FileSystemWriter(folder), process_group=_cpu_group,
+                            no_dist=not _distributed())  # fmt: skip
+    return staged if isinstance(staged, Future) else staged.upload_completion
+
+
+def _executor() -> ThreadPoolExecutor:
+    global _background
+    if _background is None:
+        _background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sharpclip-checkpoint")
+    return _background
+
+
+def _then(staged: Future, files: Callable[[], None]) -> None:
+    staged.result()
+    files()
+
+
+def _write_failed(err: Exception, directory: Path, tmp: Path, main: bool) -> NoReturn:
+    """Raise the one-line `CheckpointError` for a failed write (a bug's error as it is); rank 0 removes `tmp`."""
+    reason = _write_failure(_first_cause(err), tmp)
     if main:
-        _log.info("checkpoint %s written in %.2f s", final.name, time.perf_counter() - start)
-    return final
+        shutil.rmtree(tmp, ignore_errors=True)
+    if reason is None:
+        raise err
+    raise CheckpointError(f"cannot write checkpoint to {directory}: {reason}") from err
+
+
+def snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
+    """`full_state(model)` as copies: tensors that still share memory with the model's (a model on the CPU) are
+    cloned, so a background write sees the weights of this step while training goes on."""
+    live = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    return {k: v.clone() if v.untyped_storage().data_ptr() in live else v for k, v in full_state(model).items()}
 
 
 def _prepare(final: Path, tmp: Path) -> None:
@@ -222,20 +321,11 @@ def sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler:
 def write_sharded(state: dict[str, Any], folder: Path) -> None:
     """Every rank writes its part of `state` into `folder` (rank 0 also DCP's metadata); synchronous. The seam for
     `dcp.async_save` on GPUs."""
-    with _one_process_is_intended():
-        dcp.save(state, storage_writer=FileSystemWriter(folder), no_dist=not _distributed())
+    dcp.save(state, storage_writer=FileSystemWriter(folder), no_dist=not _distributed())
 
 
 def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
-
-
-@contextlib.contextmanager
-def _one_process_is_intended() -> Iterator[None]:
-    """DCP warns on every save and load without a process group; one process is a supported run here."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
-        yield
 
 
 class _MetadataUnpickler(pickle.Unpickler):
@@ -288,9 +378,8 @@ def read_sharded(state: dict[str, Any], folder: Path, partial: bool = False) -> 
     if not (folder / ".metadata").is_file():
         raise CorruptCheckpoint(folder, "missing (no .metadata)")
     try:
-        with _one_process_is_intended():
-            dcp.load(state, storage_reader=SafeReader(folder), planner=SafeLoadPlanner(partial),
-                     no_dist=not _distributed())  # fmt: skip
+        dcp.load(state, storage_reader=SafeReader(folder), planner=SafeLoadPlanner(partial),
+                 no_dist=not _distributed())  # fmt: skip
     except (CheckpointException, OSError, RuntimeError, pickle.UnpicklingError, ValueError, KeyError) as err:
         cause = _first_cause(err)
         first = (str(cause).strip().splitlines() or [type(cause).__name__])[0][:200]

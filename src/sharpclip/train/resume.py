@@ -49,7 +49,7 @@ APPLIED = (
     "train.eval_every", "train.checkpoint_every", "train.keep_last", "train.grad_clip", "train.grad_checkpointing",
     "train.diagnostics_every", "train.nan_patience", "train.progress",
     "train.tensorboard", "train.wandb", "train.wandb_project", "train.wandb_name", "train.device", "train.tf32",
-    "train.dist_timeout_min", "train.layout",
+    "train.dist_timeout_min", "train.layout", "train.async_checkpoint",
     "train.compile", "train.encode_batch_size", "data.num_workers", "data.prefetch_factor", "data.preload", "eval",
 )  # fmt: skip
 REFUSED = (

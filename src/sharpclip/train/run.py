@@ -71,7 +71,8 @@ def _run_logging(directory: Path) -> Iterator[None]:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
         handler.sharpclip = True  # type: ignore[attr-defined]
         root.addHandler(handler)
-    level, root.level = root.level, logging.INFO
+    level = root.level
+    root.setLevel(logging.INFO)  # setLevel, not `.level =`: it clears the loggers' cached isEnabledFor answers
     try:
         yield
     finally:

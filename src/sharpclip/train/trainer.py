@@ -55,6 +55,7 @@ from sharpclip.train.optim import build_optimizer, build_scheduler, clamp_logit_
 from sharpclip.train.step import check_batch_split, run_step
 
 DIVERGED_GROWTH = 10.0  # an update that multiplies the largest |weight| by this much, then only failed steps: diverged
+ASYNC_CHECKPOINT_DEVICES = ("cuda",)  # train.async_checkpoint writes in the background on these devices only
 
 
 class TrainingDiverged(RuntimeError):
@@ -143,6 +144,8 @@ class Trainer:
         self._last_update: dict[str, float] = {}  # the last successful update: step, lr, max |w| before and after
         self._data_wait = 0.0  # seconds the current step waited for its batch (progress bar)
         self.is_main = distributed.rank() == 0
+        self._async_saves = cfg.async_checkpoint and self.device.type in ASYNC_CHECKPOINT_DEVICES
+        self._saving: tuple[checkpoint.PendingSave, bool, float] | None = None  # a save still being written
         if distributed.world_size() > 1:  # the weights are equal on every rank by now: from here ranks draw apart
             checkpoint.seed_rngs(cfg.seed + distributed.rank())  # dropout, augmentation in the main process, workers
         if self.is_main:
@@ -164,6 +167,9 @@ class Trainer:
             return self._fit()
 
     def _fit(self) -> TrainerState:
+        if self.cfg.async_checkpoint and not self._async_saves:
+            log.info("train.async_checkpoint: checkpoints are written in the background on CUDA only; on %s each is "
+                     "written at once", self.device.type)  # fmt: skip
         log.info("device %s, precision %s%s%s", devices.describe(self.device), self.cfg.precision,
                  ", TF32 matmuls" if self.device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32 else "",
                  ", towers compiled" if self.cfg.compile else "")  # fmt: skip
@@ -180,6 +186,7 @@ class Trainer:
             self._epoch(bar)
         if self._epoch_open:  # resumed from a checkpoint of the last step, written before its epoch's end ran
             self._end_epoch()
+        self._finish_saving()
         bar.close()
         self.logger.close()
         report = getattr(self.loader, "report", None)  # data.SampleLoader: samples skipped under on_bad_sample: skip
@@ -469,23 +476,38 @@ class Trainer:
         """Write a checkpoint of the current step, including every rank's loader position and RNG states, the world
         size and the per-rank batch; `best`: mark it best (before pruning). The checkpoint just written and the best
         are never pruned. Every rank must call it: the per-rank states and the model are gathered, and every rank
-        writes its shards of the optimiser's state (train.checkpoint)."""
+        writes its shards of the optimiser's state (train.checkpoint). With train.async_checkpoint on CUDA the files
+        are written in the background and the folder appears complete when the next save (or the run's end) waits for
+        it; the path is returned either way."""
+        self._finish_saving()
         world = distributed.world_size()
         loaders = distributed.all_ranks(self.loader.state_dict())  # each rank's position and RNG: no collective on 1
         rngs = distributed.all_ranks(checkpoint.rng_state(self.device))
         if self.is_main and not math.isfinite(largest_weight(self.params)):  # _check_weights stops earlier
             raise TrainingDiverged(f"refusing to checkpoint non-finite weights at step {self.state.step}")
         write_model = self.write_model
-        if checkpoint.is_sharded(self.model):  # gathered once, on every rank; rank 0 writes the one file
+        if self._async_saves:  # written while training goes on: this step's weights, copied
+            write_model = functools.partial(self.write_model, state=checkpoint.snapshot(self.model))
+        elif checkpoint.is_sharded(self.model):  # gathered once, on every rank; rank 0 writes the one file
             write_model = functools.partial(self.write_model, state=checkpoint.full_state(self.model))
         sharded = checkpoint.sharded_state(self.model, self.optimizer, self.scheduler, rngs)
         trainer_state = {**asdict(self.state), "loader": loaders[0], "loaders": loaders, "world_size": world,
                          "rank_batch": self.cfg.batch_size // world, "logs": self._log_sizes() if self.is_main else {},
                          "epoch_open": self._epoch_open, "saturated": self._saturated}  # fmt: skip
-        path = checkpoint.save(self.ckpt_dir, self.state.step, write_model, sharded, trainer_state, self.is_main)
+        pending = checkpoint.begin_save(self.ckpt_dir, self.state.step, write_model, sharded, trainer_state,
+                                        self.is_main, asynchronous=self._async_saves)  # fmt: skip
+        self._saving = (pending, best, self.state.best)
+        return pending.final if self._async_saves else self._finish_saving()
+
+    def _finish_saving(self) -> Path | None:
+        """Complete the save being written (rename, mark it best, prune; every rank); None when there is none."""
+        if self._saving is None:
+            return None
+        (pending, best, metric), self._saving = self._saving, None
+        path = pending.wait()
         if self.is_main:
             if best:
-                checkpoint.mark_best(self.ckpt_dir, path, self.state.best)
+                checkpoint.mark_best(self.ckpt_dir, path, metric)
             checkpoint.prune(self.ckpt_dir, self.cfg.keep_last, keep=(path,))
         distributed.barrier()
         return path
