@@ -67,7 +67,11 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
-from torch.distributed.tensor import DTensor
+
+try:
+    from torch.distributed.tensor import DTensor
+except ImportError:  # torch < 2.5 kept it private
+    from torch.distributed._tensor import DTensor
 
 from sharpclip.models.factory import CHECKPOINT_CONFIG, WEIGHTS, read_weights
 
@@ -191,7 +195,7 @@ class _Done(Future):
 
 
 _background: ThreadPoolExecutor | None = None
-_cpu_group: Any = None
+_cpu_groups: dict[int, Any] = {}  # id of the default process group → the group asynchronous saves coordinate on
 
 
 def begin_save(
@@ -234,10 +238,13 @@ def begin_save(
 def _async_write(state: dict[str, Any], folder: Path) -> Future:
     """dcp.async_save: staged to CPU memory now, written by a thread; its collectives run on a gloo group (a NCCL
     group cannot serve a background thread's CPU collectives)."""
-    global _cpu_group
-    if _distributed() and _cpu_group is None:
-        _cpu_group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
-    staged = dcp.async_save(state, storage_writer=FileSystemWriter(folder), process_group=_cpu_group,
+    group = None
+    if _distributed():
+        world = dist.group.WORLD
+        if id(world) not in _cpu_groups:  # created once per process group, on every rank (new_group is collective)
+            _cpu_groups[id(world)] = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else world
+        group = _cpu_groups[id(world)]
+    staged = dcp.async_save(state, storage_writer=FileSystemWriter(folder), process_group=group,
                             no_dist=not _distributed())  # fmt: skip
     return staged if isinstance(staged, Future) else staged.upload_completion
 
