@@ -48,12 +48,14 @@ def _add_config(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpu-memory", metavar="SIZE", help="with --memory: the GPU's memory (80GiB, 141GB): prints the "
                    "largest micro-batch that fits")  # fmt: skip
     p.add_argument("--world-size", type=int, default=1, metavar="N", help="with --memory: the number of ranks")
-    p.add_argument("--gpus-per-node", type=int, default=0, metavar="N",
-                   help="with --memory: ranks per node, for train.layout=hybrid (default: min(world size, 8))")
-    p.add_argument("--arch", default="", metavar="NAME", help="with --memory: the architecture when model.name is not "
-                   "on this machine: an open_clip config name (ViT-L-14, ViT-bigG-14, ...) or a model config JSON")
+    p.add_argument("--gpus-per-node", type=int, default=0, metavar="N", help="with --memory: ranks per node, for "
+                   "train.layout=hybrid (default: min(world size, 8))")  # fmt: skip
+    p.add_argument("--arch", default="", metavar="NAME", help="with --memory: the architecture when model.name is "
+                   "not on this machine: an open_clip config name (ViT-L-14, ViT-bigG-14, ...) or a model config "
+                   "JSON")  # fmt: skip
     p.add_argument("--measure", action="store_true", help="with --memory: measure activations by a forward and "
-                   "backward of 1 and 2 rows of a randomly initialised copy on train.device (else: estimated)")
+                   "backward of 1 and 2 rows of a randomly initialised copy on train.device (else: "
+                   "estimated)")  # fmt: skip
 
     def run(args: argparse.Namespace) -> int:
         if args.explain:  # the schema's own text: nothing heavy imported

@@ -101,8 +101,15 @@ def test_a_checkpoint_from_before_the_dcp_folder_still_resumes(tmp_path):
     old = tmp_path / "step-000002"
     old.mkdir()
     save_weights(model, old)
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "rng": checkpoint.rng_state(), "rank_rng": [checkpoint.rng_state()]}, old / checkpoint.TRAINING_STATE)
+    torch.save(
+        {
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "rng": checkpoint.rng_state(),
+            "rank_rng": [checkpoint.rng_state()],
+        },
+        old / checkpoint.TRAINING_STATE,
+    )
     (old / checkpoint.TRAINER_STATE).write_text('{"step": 2, "loader": {}}')
     assert checkpoint.is_legacy(old)
     weights, training, _ = checkpoint.load(old)

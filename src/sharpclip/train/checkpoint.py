@@ -400,7 +400,11 @@ def load_model(model: nn.Module, weights: dict[str, torch.Tensor]) -> None:
 
 
 def load_sharded(
-    checkpoint: Path, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, ranks: int | None,
+    checkpoint: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    ranks: int | None,
     device: torch.device | None = None,
 ) -> list | None:
     """Restore the optimiser and scheduler from `checkpoint`'s DCP folder onto this run's layout; returns every

@@ -46,8 +46,12 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers import AutoConfig, CLIPConfig, CLIPModel
 
+from sharpclip import devices
 from sharpclip.config import AUTO, Config, ConfigError
+from sharpclip.models import factory, open_clip
+from sharpclip.models.hf import wrap
 from sharpclip.train.logging import log
 
 GIB = 1 << 30
@@ -187,7 +191,7 @@ def parse_size(text: str) -> int:
     """'80GiB', '80GB', '141 GB', '24g' → bytes (a bare number is bytes; g/m/k mean GiB/MiB/KiB)."""
     raw = str(text).strip().lower().replace(" ", "")
     number = raw.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = raw[len(number):]
+    unit = raw[len(number) :]
     unit = {"g": "gib", "m": "mib", "k": "kib", "t": "tib"}.get(unit, unit)
     try:
         value = float(number)
@@ -419,9 +423,6 @@ def build_meta_model(cfg: Config, arch: str = "") -> nn.Module:
     device: a tiny preset is built for real (it is small); else the architecture comes from `arch` (an open_clip
     config name such as ViT-L-14, or a JSON path), a local folder's config.json / open_clip_config.json, or
     `model.open_clip_config`. A model that is not here to read is a ConfigError saying to pass --arch."""
-    from sharpclip.models import factory
-    from sharpclip.models.hf import wrap
-
     m = cfg.model
     if m.name.startswith("tiny-") and not arch:
         return factory.create_model(m)
@@ -435,10 +436,6 @@ def build_meta_model(cfg: Config, arch: str = "") -> nn.Module:
 
 
 def _meta_backbone(path: Path, arch: str) -> nn.Module:
-    from transformers import AutoConfig, CLIPModel
-
-    from sharpclip.models import factory, open_clip
-
     if arch:
         return CLIPModel(clip_config(open_clip.read_config_file(open_clip.find_config(arch))[0]))
     if open_clip.is_open_clip_folder(path):
@@ -457,8 +454,6 @@ def _meta_backbone(path: Path, arch: str) -> nn.Module:
 
 def clip_config(model_cfg: dict[str, Any]) -> Any:
     """The transformers CLIPConfig of an open_clip model config (shapes only: what the plan needs)."""
-    from transformers import CLIPConfig
-
     vision, text = model_cfg["vision_cfg"], model_cfg["text_cfg"]
     vwidth, twidth = int(vision["width"]), int(text.get("width", 512))
     return CLIPConfig(
@@ -478,13 +473,15 @@ def clip_config(model_cfg: dict[str, Any]) -> Any:
 
 
 def print_plan(
-    cfg: Config, arch: str = "", world: int = 1, per_node: int = 0, gpu_memory: str | None = None,
+    cfg: Config,
+    arch: str = "",
+    world: int = 1,
+    per_node: int = 0,
+    gpu_memory: str | None = None,
     measure: bool = False,
 ) -> Plan:
     """`sharpclip config RECIPE --memory`: the plan of `cfg` on `world` ranks printed (activations measured on
     train.device with `measure`); returns it."""
-    from sharpclip import devices
-
     if world < 1 or per_node < 0:
         raise ConfigError(f"--world-size {world} / --gpus-per-node {per_node}: give positive numbers of ranks")
     gpu = parse_size(gpu_memory) if gpu_memory else None
