@@ -152,3 +152,21 @@ def test_the_plan_heads_train_log_even_after_the_process_logged_before_the_run(t
     log = (tmp_path / "run" / "train.log").read_text()
     assert "memory plan per rank: layout replicate" in log and "activations per row (estimated)" in log, log[:3000]
     assert "checkpoint step-000001 written in" in log  # each save's seconds
+
+
+def test_measure_builds_the_architecture_on_the_meta_device_then_runs_it_for_real(tmp_path, capsys):
+    """--arch with a model config JSON (no weights anywhere) and --measure: the structure materialised with random
+    weights, a forward and backward measured; the same shapes give the estimate within the tolerance."""
+    import json
+
+    arch = tmp_path / "small.json"
+    arch.write_text(json.dumps({"embed_dim": 64, "vision_cfg": {"image_size": 64, "layers": 2, "width": 64,
+                                "patch_size": 16}, "text_cfg": {"context_length": 32, "width": 64, "heads": 4,
+                                "layers": 2}}))  # fmt: skip
+    cfg = load_config(["configs/hnclip_docci.yaml"], ["train.precision=fp32", "train.grad_checkpointing=false"])
+    measured = mp.print_plan(cfg, str(arch), measure=True)
+    estimated = mp.print_plan(cfg, str(arch))
+    assert "activations per row (measured on cpu)" in capsys.readouterr().out
+    assert measured.activation_source == "measured on cpu" and estimated.activation_source == "estimated"
+    assert measured.static == estimated.static and measured.total_params == estimated.total_params
+    assert abs(estimated.per_row - measured.per_row) <= ACTIVATION_TOLERANCE * measured.per_row, (measured, estimated)
