@@ -136,6 +136,14 @@ def main() -> None:
         path = save(directory, "sharded", model, optimizer, scheduler)
         compare(path, directory / "sharded.pt", False, "sharded -> replicated on 2 ranks", 2)
         compare(path, directory / "sharded.pt", True, "sharded -> sharded on 2 ranks", 2)
+        weights = checkpoint.snapshot(model)  # the same state again, written in the background while training goes on
+        rngs = [checkpoint.rng_state()] * 2
+        pending = checkpoint.begin_save(directory / "async", STEPS, lambda d: save_weights(model, d, weights),
+                                        checkpoint.sharded_state(model, optimizer, scheduler, rngs),
+                                        {"step": STEPS, "loader": {}, "world_size": 2}, main=dist.get_rank() == 0,
+                                        asynchronous=True)  # fmt: skip
+        train(model, optimizer, scheduler, steps=1)  # the step's own collectives while the save's run on their group
+        compare(pending.wait(), directory / "sharded.pt", False, "asynchronous sharded save -> replicated", 2)
     else:
         name = sys.argv[3]
         compare(directory / name / checkpoint.checkpoint_name(STEPS), directory / f"{name}.pt", True,

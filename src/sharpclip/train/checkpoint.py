@@ -236,13 +236,14 @@ def begin_save(
 
 
 def _async_write(state: dict[str, Any], folder: Path) -> Future:
-    """dcp.async_save: staged to CPU memory now, written by a thread; its collectives run on a gloo group (a NCCL
-    group cannot serve a background thread's CPU collectives)."""
+    """dcp.async_save: staged to CPU memory now, written by a thread; its collectives run on a gloo group of their
+    own (NCCL cannot serve a background thread's CPU collectives, and sharing the training's group would interleave
+    the thread's collectives with the step's)."""
     group = None
     if _distributed():
         world = dist.group.WORLD
         if id(world) not in _cpu_groups:  # created once per process group, on every rank (new_group is collective)
-            _cpu_groups[id(world)] = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else world
+            _cpu_groups[id(world)] = dist.new_group(backend="gloo")
         group = _cpu_groups[id(world)]
     staged = dcp.async_save(state, storage_writer=FileSystemWriter(folder), process_group=group,
                             no_dist=not _distributed())  # fmt: skip
@@ -274,7 +275,8 @@ def _write_failed(err: Exception, directory: Path, tmp: Path, main: bool) -> NoR
 def snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
     """`full_state(model)` as copies: tensors that still share memory with the model's (a model on the CPU) are
     cloned, so a background write sees the weights of this step while training goes on."""
-    live = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    tensors = [t.to_local() if isinstance(t, DTensor) else t for t in [*model.parameters(), *model.buffers()]]
+    live = {t.untyped_storage().data_ptr() for t in tensors}  # a DTensor's own storage cannot be read: its shard's
     return {k: v.clone() if v.untyped_storage().data_ptr() in live else v for k, v in full_state(model).items()}
 
 
