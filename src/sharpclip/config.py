@@ -502,7 +502,9 @@ class TrainConfig:
     # minutes a collective may wait for the slowest rank before the run stops (torch's default is 10): rank 0
     # counts shards and writes checkpoints while the others wait, which takes minutes for large data or models
     dist_timeout_min: float = 60.0
-    layout: str = "replicate"  # how parameters are laid out over ranks: replicate (every rank holds all, DDP's semantics) | hybrid (sharded within a node, replicated across nodes) | shard (sharded over all ranks)
+    # how parameters are laid out over ranks: replicate (every rank holds all, DDP's semantics) | hybrid (sharded
+    # within a node, replicated across nodes) | shard (sharded over all ranks)
+    layout: str = "replicate"
     precision: str = "fp32"  # fp32 | bf16 (autocast on the towers; losses in fp32)
     tf32: bool = True  # TF32 matmuls on CUDA (fp32 accumulation); no effect on the CPU
     compile: bool = False  # torch.compile the two towers (the first steps pay for compilation)
