@@ -78,6 +78,8 @@ def save(directory: Path, name: str, model, optimizer, scheduler) -> Path:
     reference = whole(model, optimizer)
     path = checkpoint.save(directory / name, STEPS, lambda d: save_weights(model, d, state), sharded, trainer_state,
                            main=rank == 0)  # fmt: skip
+    if dist.is_initialized():  # rank 0 renames the folder complete: nobody reads it before (the trainer's barrier)
+        dist.barrier()
     if rank == 0:
         torch.save({**reference, "last_epoch": scheduler.last_epoch}, directory / f"{name}.pt")
     return path
@@ -144,7 +146,9 @@ def main() -> None:
                                         {"step": STEPS, "loader": {}, "world_size": 2}, main=dist.get_rank() == 0,
                                         asynchronous=True)  # fmt: skip
         train(model, optimizer, scheduler, steps=1)  # the step's own collectives while the save's run on their group
-        compare(pending.wait(), directory / "sharded.pt", False, "asynchronous sharded save -> replicated", 2)
+        path = pending.wait()
+        dist.barrier()  # renamed complete by rank 0 before any rank reads it
+        compare(path, directory / "sharded.pt", False, "asynchronous sharded save -> replicated", 2)
     else:
         name = sys.argv[3]
         compare(directory / name / checkpoint.checkpoint_name(STEPS), directory / f"{name}.pt", True,
