@@ -170,3 +170,12 @@ def test_measure_builds_the_architecture_on_the_meta_device_then_runs_it_for_rea
     assert measured.activation_source == "measured on cpu" and estimated.activation_source == "estimated"
     assert measured.static == estimated.static and measured.total_params == estimated.total_params
     assert abs(estimated.per_row - measured.per_row) <= ACTIVATION_TOLERANCE * measured.per_row, (measured, estimated)
+
+
+def test_the_logged_plan_takes_the_runs_ranks_per_node_not_the_environment(monkeypatch):
+    """Training logs the plan for its parallel context's node size (what the hybrid mesh is built from), whatever
+    LOCAL_WORLD_SIZE says."""
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    cfg = load_config(["configs/hnclip_docci.yaml"], ["train.layout=hybrid", "train.precision=fp32"])
+    logged = mp.log_plan(cfg, toy_model(), torch.device("cpu"), world=4, local=2)
+    assert logged.shard_ranks == 2 and mp.plan_for(cfg, world=4, model=toy_model()).shard_ranks == 4

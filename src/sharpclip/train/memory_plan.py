@@ -496,10 +496,11 @@ def print_plan(
     return result
 
 
-def log_plan(cfg: Config, model: nn.Module, device: torch.device, world: int) -> Plan:
-    """At the start of training: the plan of the model as built (activations estimated), with the largest
-    micro-batch for the training GPU's memory; logged to train.log."""
-    result = plan_for(cfg, world=world, model=model)
+def log_plan(cfg: Config, model: nn.Module, device: torch.device, world: int, local: int | None = None) -> Plan:
+    """At the start of training: the plan of the model as built (activations estimated) on `world` ranks, `local`
+    per node (the run's parallel context), with the largest micro-batch for the training GPU's memory; logged to
+    train.log."""
+    result = plan_for(cfg, world=world, local=local, model=model)
     gpu = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
     for line in result.lines(gpu):
         log.info("%s", line)

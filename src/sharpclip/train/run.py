@@ -201,7 +201,7 @@ def build_trainer(cfg: Config, evaluate: Evaluate | None = None, ctx: ParallelCo
     checkpoint.seed_rngs(cfg.train.seed)  # the same weights on every rank (then broadcast from rank 0 anyway)
     model = create_model(cfg.model).to(device)
     log_model(model, cfg.model.name)
-    memory_plan.log_plan(cfg, model, device, world)
+    memory_plan.log_plan(cfg, model, device, world, ctx.local_world)
     if ctx.several:  # the engine shards what each rank holds: rank 0's weights everywhere first
         distributed.broadcast_parameters(model)
     preprocessing, data = model_transforms(model, alpha=cfg.data.image_alpha), cfg.data
