@@ -61,6 +61,19 @@ def _add_config(sub: argparse._SubParsersAction) -> None:
     _config_args(p)
     p.add_argument("--explain", metavar="KEY", help="print what KEY does, its type and default (a prefix such as "
                    "`train` lists its keys) instead of the config; docs/config.md lists them all")  # fmt: skip
+    p.add_argument("--memory", action="store_true", help="print the per-rank memory plan (parameters, gradients, "
+                   "optimiser, activations per row) instead of the config; docs/gpus.md#memory-plan")  # fmt: skip
+    p.add_argument("--gpu-memory", metavar="SIZE", help="with --memory: the GPU's memory (80GiB, 141GB): prints the "
+                   "largest micro-batch that fits")  # fmt: skip
+    p.add_argument("--world-size", type=int, default=1, metavar="N", help="with --memory: the number of ranks")
+    p.add_argument("--gpus-per-node", type=int, default=0, metavar="N", help="with --memory: ranks per node, for "
+                   "train.layout=hybrid (default: min(world size, 8))")  # fmt: skip
+    p.add_argument("--arch", default="", metavar="NAME", help="with --memory: the architecture when model.name is "
+                   "not on this machine: an open_clip config name (ViT-L-14, ViT-bigG-14, ...) or a model config "
+                   "JSON")  # fmt: skip
+    p.add_argument("--measure", action="store_true", help="with --memory: measure activations by a forward and "
+                   "backward of 1 and 2 rows of a randomly initialised copy on train.device (else: "
+                   "estimated)")  # fmt: skip
 
     def run(args: argparse.Namespace) -> int:
         if args.explain:  # the schema's own text: nothing heavy imported
@@ -73,6 +86,11 @@ def _add_config(sub: argparse._SubParsersAction) -> None:
 
         cfg = _load(args)
         check_config(cfg)  # what `train` refuses before it builds anything, refused here too
+        if args.memory:
+            from sharpclip.train.memory_plan import print_plan
+
+            print_plan(cfg, args.arch, args.world_size, args.gpus_per_node, args.gpu_memory, args.measure)
+            return 0
         print(to_yaml(cfg), end="")
         return 0
 
@@ -823,7 +841,8 @@ def console_logging(level: int = logging.INFO):
     handler.addFilter(TerminalOnly())  # training's progress lines stay off a terminal that shows the bar
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
     handler.setLevel(level if int(os.environ.get("RANK", 0)) == 0 else max(level, logging.WARNING))
-    level, root.level = root.level, logging.INFO
+    level = root.level
+    root.setLevel(logging.INFO)  # setLevel, not `.level =`: it clears the loggers' cached isEnabledFor answers
     root.addHandler(handler)
     try:
         yield

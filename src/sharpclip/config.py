@@ -562,6 +562,9 @@ class TrainConfig:
     # minutes a rank may make no progress within training before every rank stops with one line naming it (0: off;
     # saves and validations are bounded by train.dist_timeout_min instead)
     hang_timeout_min: float = 10.0
+    # CUDA only: a checkpoint's state is copied to CPU memory and written in the background (dcp.async_save) while
+    # training goes on; the folder is renamed complete when the write is done (off, or on the CPU: written at once)
+    async_checkpoint: bool = False
     eval_every: int = 1  # epochs between evaluations (0: never)
     best_metric: str = "mean_R@1"  # the evaluation number that picks the best checkpoint (higher is better)
     diagnostics_every: int = 0  # optimiser steps between gradient diagnostics (0: off)

@@ -211,6 +211,50 @@ def test_dropout_differs_per_rank_and_a_two_rank_resume_with_dropout_is_bit_iden
     assert (last["step"], last["epoch"], last["world_size"]) == (6, 2, 1)  # 2 steps of epoch 0, then epoch 1's 4
 
 
+@pytest.mark.slow
+def test_an_older_checkpoint_resumes_onto_two_sharded_ranks_to_the_uninterrupted_weights(tmp_path):
+    """A checkpoint in the format before the DCP folder (training_state.pt: the whole optimiser state by parameter
+    name, every rank's RNG) resumes onto `train.layout=shard` on 2 ranks, loaded by name into each rank's shards:
+    SIGKILL after step 3, the step-2 checkpoint rewritten in the older format, the resume ends bit-identical."""
+    proc = _trainer_run(tmp_path, "ref", "layout=shard")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    killed = _trainer_run(tmp_path, "run", "layout=shard", fault="step:3")
+    assert killed.returncode != 0
+    _rewrite_in_older_format(tmp_path / "run" / "checkpoints" / "step-000002")
+    resumed = _trainer_run(tmp_path, "run", "resume", "layout=shard")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [r["step"] for r in _steps(tmp_path / "run")] == list(range(1, 9))  # continued from step 2, once each
+    ref, weights = load_file(tmp_path / "ref.safetensors"), load_file(tmp_path / "run.safetensors")
+    assert weights.keys() == ref.keys()
+    for key, value in ref.items():
+        assert torch.equal(weights[key], value), key
+
+
+def _rewrite_in_older_format(path: Path) -> None:
+    """`path`'s state/ (DCP) replaced by the training_state.pt the trainer wrote before it: the optimiser state by
+    parameter name, gathered whole, the schedule, rank 0's RNG and every rank's."""
+    from _support.tiny_run import toy_model, train_config
+    from sharpclip.train import checkpoint
+    from sharpclip.train.engine import optimizer_state_fqn
+    from sharpclip.train.optim import build_optimizer, build_scheduler
+
+    cfg = train_config(str(path))
+    model = toy_model(attention_dropout=0.1)
+    model.load_state_dict(checkpoint.load_weights(path))
+    optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, cfg.module_lr, fused=False)
+    scheduler = build_scheduler(optimizer, cfg.warmup_steps, 8, cfg.min_lr_ratio)
+    assert checkpoint.load_sharded(path, model, optimizer, scheduler, 2, world=1) is None  # saved on 2 ranks
+    rngs = {"rng": {"ranks": [checkpoint.rng_state(), checkpoint.rng_state()]}}
+    checkpoint.read_sharded(rngs, path / checkpoint.STATE)
+    ranks = rngs["rng"]["ranks"]
+    state = {"optimizer": optimizer_state_fqn(model, optimizer), "scheduler": scheduler.state_dict(),
+             "rng": ranks[0], "rank_rng": ranks}  # fmt: skip
+    assert set(state["optimizer"]["state"]) and all(isinstance(k, str) for k in state["optimizer"]["state"])
+    torch.save(state, path / checkpoint.TRAINING_STATE)
+    shutil.rmtree(path / checkpoint.STATE)
+    assert checkpoint.is_legacy(path)
+
+
 # -- cluster start-up ---------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_ranks_that_see_different_run_directories_are_refused_on_every_rank(tmp_path):

@@ -117,7 +117,15 @@ def _corrupt(ckpt: Path, which: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("which", ["model.safetensors", checkpoint.TRAINER_STATE, checkpoint.TRAINING_STATE])
+@pytest.mark.parametrize(
+    "which",
+    [
+        "model.safetensors",
+        checkpoint.TRAINER_STATE,
+        f"{checkpoint.STATE}/.metadata",
+        f"{checkpoint.STATE}/__0_0.distcp",
+    ],
+)
 def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(trained, tmp_path, caplog, which):
     run = _copy(trained, tmp_path / "run")
     bad = _corrupt(run / "checkpoints" / "step-000002", which)

@@ -3,15 +3,31 @@
 Layout under `<run>/checkpoints/`:
 
     step-000120/                 one checkpoint
-        model.safetensors, ...   the model, as models.factory.save_checkpoint writes it (loadable and exportable)
-        training_state.pt        optimizer and scheduler state dicts and RNG states (tensors, numbers, lists only:
-                                 read back with torch.load(weights_only=True))
-        trainer_state.json       step, epoch, the loader's position, the best metric so far
+        model.safetensors, ...   the whole model in one file, as models.factory.save_checkpoint writes it (loadable
+                                 and exportable): gathered once from every rank's shards, written by rank 0
+        state/                   torch.distributed.checkpoint (DCP): the optimiser's state (each rank writes its
+                                 shards; replicated tensors once), the scheduler and every rank's RNG states
+        trainer_state.json       step, epoch, every rank's loader position, the best metric so far
     best.json                    {"name": "step-000100", "metric": ...}
 
-A checkpoint is written into `.step-000120.tmp/` and renamed when complete, so a crash mid-write leaves only a
+Every rank calls `save`: rank 0 prepares `.step-000120.tmp/`, every rank writes its part of `state/` into it, rank 0
+adds the model and the trainer state and renames the folder when complete, so a crash mid-write leaves only a
 temporary folder that `latest()` ignores and the next save removes. A checkpoint whose weights made every later step
 fail is marked with `diverged.json` and is no longer listed (resume falls back to the one before it).
+
+DCP reshards on load: the optimiser state is read into whatever layout the resuming run has (another world size,
+replicated or sharded parameters, `load_sharded`), through `get_optimizer_state_dict` / `set_optimizer_state_dict`,
+which serve plain modules and `fully_shard`ed ones alike; the model is loaded from the one safetensors file the same
+way (`load_model`). Nothing is unpickled unchecked: DCP's metadata file is read with an unpickler that admits only
+DCP's own record classes, torch sizes and dtypes (`SafeReader`), and its non-tensor values (the scheduler's numbers,
+Python's RNG state) with torch.load(weights_only=True) (`SafeLoadPlanner`). Checkpoints written before `state/`
+existed (a `training_state.pt`, read with weights_only=True: the whole optimiser state by parameter name) still
+resume onto any layout: the trainer loads that state by name (train.engine).
+
+`begin_save(asynchronous=True)` (the trainer's `train.async_checkpoint`, on CUDA) copies the sharded state to CPU
+memory (dcp.async_save's staging) and writes it, with the model snapshot and the trainer state, in a background
+thread; `PendingSave.wait()` renames the folder once everything is written, so a checkpoint is complete or absent
+either way. The log gives each save's seconds (and how long training waited for an asynchronous one).
 
 Reading one back (`load`) checks each of its three files and raises `CorruptCheckpoint` naming the bad one; a run's
 resume then falls back to the previous complete checkpoint (train.resume.pick_checkpoint). The model part is read
@@ -21,30 +37,55 @@ layout. `resolve_source` is how the commands that read a run (export, blend, eva
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
+import pickle
 import random
 import re
 import shutil
 import signal
 import time
+import warnings
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from safetensors import SafetensorError
+from torch import nn
+from torch.distributed.checkpoint import CheckpointException, FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+try:
+    from torch.distributed.tensor import DTensor
+except ImportError:  # torch < 2.5 kept it private
+    from torch.distributed._tensor import DTensor
 
 from sharpclip.models.factory import CHECKPOINT_CONFIG, WEIGHTS, read_weights
 
 _log = logging.getLogger("sharpclip.train")
-TRAINING_STATE = "training_state.pt"
+TRAINING_STATE = "training_state.pt"  # the optimiser, scheduler and RNG of checkpoints written before STATE
+STATE = "state"  # the DCP folder of a checkpoint
 TRAINER_STATE = "trainer_state.json"
 BEST = "best.json"
 DIVERGED = "diverged.json"
 LOW_SPACE = 1 << 20  # bytes free below which a failed write is put down to a full disk
+# DCP warns at every save and load without a process group (also from its background thread, where a local
+# catch_warnings cannot reach); one process is a run sharpclip supports, so that one message is silenced
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 
 class CheckpointError(RuntimeError):
@@ -106,35 +147,282 @@ def save(
     directory: Path,
     step: int,
     write_model: Callable[[Path], Any],
-    training_state: dict[str, Any],
+    sharded: dict[str, Any],
     trainer_state: dict[str, Any],
+    main: bool = True,
 ) -> Path:
-    """Write checkpoint `step` atomically (temporary folder, then rename); returns its final path."""
+    """Write checkpoint `step` atomically (temporary folder, then rename); returns its final path. Every rank calls
+    it: `sharded` (`sharded_state`) goes through DCP from every rank; rank 0 (`main`) writes the model
+    (`write_model(folder)`) and `trainer_state`, then renames."""
+    return begin_save(directory, step, write_model, sharded, trainer_state, main).wait()
+
+
+class PendingSave:
+    """A checkpoint whose files are written (at once, or in the background); `wait()` renames it complete on rank 0
+    and returns its path. Until then only its temporary folder exists, which resume ignores."""
+
+    def __init__(self, directory: Path, step: int, main: bool, job: Future, started: float, blocked: float):
+        self.directory, self.step, self.main, self._job = directory, step, main, job
+        self.final = directory / checkpoint_name(step)
+        self._started, self._blocked = started, blocked
+
+    def wait(self) -> Path:
+        tmp = self.directory / f".{self.final.name}.tmp"
+        try:
+            self._job.result()
+            if self.main:
+                fault_point("checkpoint", self.step)
+                if self.final.exists():
+                    shutil.rmtree(self.final)
+                os.replace(tmp, self.final)
+        except (OSError, RuntimeError, SafetensorError, CheckpointException) as err:  # disk full, permissions
+            _write_failed(err, self.directory, tmp, self.main)
+        if self.main:
+            seconds = time.perf_counter() - self._started
+            if not isinstance(self._job, _Done):
+                _log.info("checkpoint %s written in %.2f s in the background (training waited %.2f s for it)",
+                          self.final.name, seconds, self._blocked)  # fmt: skip
+            else:
+                _log.info("checkpoint %s written in %.2f s", self.final.name, seconds)
+        return self.final
+
+
+class _Done(Future):
+    """The job of a checkpoint written at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.set_result(None)
+
+
+_background: ThreadPoolExecutor | None = None
+_cpu_groups: dict[int, Any] = {}  # id of the default process group → the group asynchronous saves coordinate on
+
+
+def begin_save(
+    directory: Path,
+    step: int,
+    write_model: Callable[[Path], Any],
+    sharded: dict[str, Any],
+    trainer_state: dict[str, Any],
+    main: bool = True,
+    asynchronous: bool = False,
+) -> PendingSave:
+    """Start writing checkpoint `step` (every rank); `asynchronous`: `sharded` is copied to CPU memory here
+    (dcp.async_save's staging) and written, with rank 0's model and trainer state, in a background thread, so
+    `write_model` must write a snapshot, not the live model. The returned `PendingSave.wait()` completes it."""
     final = directory / checkpoint_name(step)
     tmp = directory / f".{final.name}.tmp"
+    if main:
+        _prepare(final, tmp)
+    _barrier()  # nobody writes into the temporary folder before rank 0 has emptied it
+    start = time.perf_counter()
+
+    def files() -> None:
+        if main:
+            write_model(tmp)
+            (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=2))
+
+    try:
+        if asynchronous:
+            staged = _async_write(sharded, tmp / STATE)
+            job: Future = _executor().submit(_then, staged, files)
+        else:
+            write_sharded(sharded, tmp / STATE)
+            files()
+            job = _Done()
+    except (OSError, RuntimeError, SafetensorError, CheckpointException) as err:
+        _write_failed(err, directory, tmp, main)
+    return PendingSave(directory, step, main, job, start, time.perf_counter() - start)
+
+
+def _async_write(state: dict[str, Any], folder: Path) -> Future:
+    """dcp.async_save: staged to CPU memory now, written by a thread; its collectives run on a gloo group of their
+    own (NCCL cannot serve a background thread's CPU collectives, and sharing the training's group would interleave
+    the thread's collectives with the step's)."""
+    group = None
+    if _distributed():
+        world = dist.group.WORLD
+        if id(world) not in _cpu_groups:  # created once per process group, on every rank (new_group is collective)
+            _cpu_groups[id(world)] = dist.new_group(backend="gloo")
+        group = _cpu_groups[id(world)]
+    staged = dcp.async_save(state, storage_writer=FileSystemWriter(folder), process_group=group,
+                            no_dist=not _distributed())  # fmt: skip
+    return staged if isinstance(staged, Future) else staged.upload_completion
+
+
+def _executor() -> ThreadPoolExecutor:
+    global _background
+    if _background is None:
+        _background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sharpclip-checkpoint")
+    return _background
+
+
+def _then(staged: Future, files: Callable[[], None]) -> None:
+    staged.result()
+    files()
+
+
+def _write_failed(err: Exception, directory: Path, tmp: Path, main: bool) -> NoReturn:
+    """Raise the one-line `CheckpointError` for a failed write (a bug's error as it is); rank 0 removes `tmp`."""
+    reason = _write_failure(_first_cause(err), tmp)
+    if main:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if reason is None:
+        raise err
+    raise CheckpointError(f"cannot write checkpoint to {directory}: {reason}") from err
+
+
+def snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
+    """`full_state(model)` as copies: tensors that still share memory with the model's (a model on the CPU) are
+    cloned, so a background write sees the weights of this step while training goes on."""
+    tensors = [t.to_local() if isinstance(t, DTensor) else t for t in [*model.parameters(), *model.buffers()]]
+    live = {t.untyped_storage().data_ptr() for t in tensors}  # a DTensor's own storage cannot be read: its shard's
+    return {k: v.clone() if v.untyped_storage().data_ptr() in live else v for k, v in full_state(model).items()}
+
+
+def _prepare(final: Path, tmp: Path) -> None:
+    """An empty temporary folder for `final`; refuses to replace anything that is not sharpclip's own folder."""
     for path in (final, tmp):  # replaced below: never through a link, never someone else's file
         if path.is_symlink() or (path.exists() and not path.is_dir()):
             raise CheckpointError(
                 f"cannot write checkpoint {final.name}: {path} exists and is not sharpclip's own checkpoint folder "
                 "(a symbolic link or a file); move it out of the run directory and resume"
             )
+    shutil.rmtree(tmp, ignore_errors=True)
     try:
-        shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        write_model(tmp)
-        torch.save(training_state, tmp / TRAINING_STATE)
-        (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=2))
-        fault_point("checkpoint", step)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    except (OSError, RuntimeError, SafetensorError) as err:  # disk full, read-only, permissions: one clear line
-        reason = _write_failure(err, tmp)
-        shutil.rmtree(tmp, ignore_errors=True)
-        if reason is None:
-            raise
-        raise CheckpointError(f"cannot write checkpoint to {directory}: {reason}") from err
-    return final
+    except OSError as err:
+        raise CheckpointError(f"cannot write checkpoint to {final.parent}: {_write_failure(err, tmp)}") from err
+
+
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def _first_cause(err: Exception) -> Exception:
+    """The error under DCP's CheckpointException (which gathers every rank's failures), else `err`."""
+    if isinstance(err, CheckpointException):
+        found = [e for e in err.failures.values() if isinstance(e, Exception)]
+        return found[0] if found else err
+    return err
+
+
+# -- the sharded part: DCP ---------------------------------------------------------------------------------------
+def full_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's whole state dict on the CPU, gathered from every rank's shards (every rank must call it; rank 0
+    receives the tensors, the others an empty dict when several processes run)."""
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """Whether any parameter is a DTensor (laid out over ranks by fully_shard)."""
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, rngs: list) -> dict:
+    """What DCP saves: the optimiser's state by parameter name (each rank its shards), the scheduler, and `rngs`,
+    every rank's RNG states (gathered: the same list on every rank)."""
+    return {"optimizer": get_optimizer_state_dict(model, optimizer), "scheduler": scheduler.state_dict(),
+            "rng": {"ranks": rngs}}  # fmt: skip
+
+
+def write_sharded(state: dict[str, Any], folder: Path) -> None:
+    """Every rank writes its part of `state` into `folder` (rank 0 also DCP's metadata); synchronous. The seam for
+    `dcp.async_save` on GPUs."""
+    dcp.save(state, storage_writer=FileSystemWriter(folder), no_dist=not _distributed())
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """DCP's metadata records and nothing else: its own classes, torch.Size, dtypes, paths."""
+
+    MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
+    ALLOWED = frozenset({("torch.serialization", "_get_layout"), ("torch", "Size"), ("pathlib", "PosixPath"),
+                         ("pathlib", "PurePosixPath"), ("collections", "OrderedDict")})  # fmt: skip
+
+    def find_class(self, module: str, name: str) -> Any:
+        dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+        if module in self.MODULES or (module, name) in self.ALLOWED or dtype:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of a DCP checkpoint's metadata")
+
+
+class SafeReader(FileSystemReader):
+    """FileSystemReader whose metadata is read by `_MetadataUnpickler` (DCP's own reader unpickles anything)."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        path = Path(self.path) / ".metadata"
+        with open(path, "rb") as f:
+            metadata = _MetadataUnpickler(f).load()
+        if getattr(metadata, "storage_meta", None) is not None:
+            metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """DefaultLoadPlanner reading non-tensor values with torch.load(weights_only=True)."""
+
+    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+        super().load_bytes(read_item, io.BytesIO(_safe_bytes(value)))
+
+    def __init__(self, allow_partial_load: bool = False):
+        super().__init__(allow_partial_load=allow_partial_load)
+
+
+def _safe_bytes(value: io.BytesIO) -> bytes:
+    """`value` unchanged after checking it loads with weights_only=True (the planner's own load then finds only
+    plain values)."""
+    raw = value.read()
+    torch.load(io.BytesIO(raw), weights_only=True)
+    return raw
+
+
+def read_sharded(state: dict[str, Any], folder: Path, partial: bool = False) -> None:
+    """Fill `state` in place from the DCP checkpoint in `folder`, resharded to this run's layout; `partial`: keys the
+    checkpoint lacks keep their values. A missing or damaged folder raises `CorruptCheckpoint`."""
+    if not (folder / ".metadata").is_file():
+        raise CorruptCheckpoint(folder, "missing (no .metadata)")
+    try:
+        dcp.load(state, storage_reader=SafeReader(folder), planner=SafeLoadPlanner(partial),
+                 no_dist=not _distributed())  # fmt: skip
+    except (CheckpointException, OSError, RuntimeError, pickle.UnpicklingError, ValueError, KeyError) as err:
+        cause = _first_cause(err)
+        first = (str(cause).strip().splitlines() or [type(cause).__name__])[0][:200]
+        raise CorruptCheckpoint(folder, f"unreadable sharded state: {type(cause).__name__}: {first}") from None
+
+
+def load_model(model: nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    """The whole state dict `weights` into `model`, however its parameters are laid out (each rank keeps its
+    shards of a fully_shard'ed model)."""
+    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True))
+
+
+def load_sharded(
+    checkpoint: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    ranks: int | None,
+    world: int = 1,
+    device: torch.device | None = None,
+) -> list | None:
+    """Restore the optimiser and scheduler from `checkpoint`'s DCP folder onto this run's layout; returns every
+    rank's saved RNG states when `ranks` (the saved world size) is `world` (this run's), else None."""
+    folder = checkpoint / STATE
+    state = {"optimizer": get_optimizer_state_dict(model, optimizer), "scheduler": scheduler.state_dict()}
+    read_sharded(state, folder)
+    set_optimizer_state_dict(model, optimizer, state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    if ranks != world:
+        return None
+    rngs = {"rng": {"ranks": [rng_state(device) for _ in range(world)]}}
+    read_sharded(rngs, folder, partial=True)  # a CUDA generator saved on a GPU is not asked for on the CPU
+    return rngs["rng"]["ranks"]
 
 
 def _write_failure(err: Exception, tmp: Path) -> str | None:
@@ -193,9 +481,43 @@ def load_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
 
 
 def load(checkpoint: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
-    """(weights, training state, trainer state) of `checkpoint`, each checked; `CorruptCheckpoint` names a bad file."""
+    """(weights, training state, trainer state) of `checkpoint`, each checked; `CorruptCheckpoint` names a bad file.
+    The training state of a sharded checkpoint is {} (its DCP metadata checked): `load_sharded` reads it into the
+    optimiser; an older checkpoint's is its training_state.pt."""
     trainer_state = load_trainer_state(checkpoint)
-    return load_weights(checkpoint), load_training_state(checkpoint), trainer_state
+    if is_legacy(checkpoint):
+        return load_weights(checkpoint), load_training_state(checkpoint), trainer_state
+    _check_metadata(checkpoint / STATE)
+    return load_weights(checkpoint), {}, trainer_state
+
+
+def is_legacy(checkpoint: Path) -> bool:
+    """A checkpoint written before the DCP folder: training_state.pt and no state/."""
+    return not (checkpoint / STATE).is_dir() and (checkpoint / TRAINING_STATE).is_file()
+
+
+def _check_metadata(folder: Path) -> None:
+    """DCP's metadata readable, and every data file it names present and long enough for its entries."""
+    path = folder / ".metadata"
+    try:
+        metadata = SafeReader(folder).read_metadata()
+    except FileNotFoundError:
+        raise CorruptCheckpoint(path, "missing") from None
+    except (OSError, pickle.UnpicklingError, EOFError, ValueError, AttributeError) as err:
+        raise CorruptCheckpoint(path, f"unreadable DCP metadata: {err}") from None
+    ends: dict[str, int] = {}
+    for info in (metadata.storage_data or {}).values():
+        ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+    for name, end in sorted(ends.items()):
+        size = (folder / name).stat().st_size if (folder / name).is_file() else -1
+        if size < end:
+            reason = "missing" if size < 0 else f"truncated ({size} bytes, its entries need {end})"
+            raise CorruptCheckpoint(folder / name, reason)
+
+
+def sharded_keys(checkpoint: Path) -> list[str]:
+    """The names DCP's metadata lists in `checkpoint` (flattened: optimizer.state.<param>.exp_avg, ...)."""
+    return sorted(SafeReader(checkpoint / STATE).read_metadata().state_dict_metadata)
 
 
 def all_checkpoints(directory: Path) -> list[Path]:

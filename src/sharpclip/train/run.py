@@ -40,7 +40,7 @@ from sharpclip.models.base import DualEncoder
 from sharpclip.models.factory import create_model, save_checkpoint
 from sharpclip.models.preprocessing import model_transforms
 from sharpclip.progress import TerminalOnly
-from sharpclip.train import checkpoint, distributed, rank_agreement, run_dir, slurm, validation
+from sharpclip.train import checkpoint, distributed, memory_plan, rank_agreement, run_dir, slurm, validation
 from sharpclip.train import resume as resume_policy
 from sharpclip.train.features import build_objective, check_provided
 from sharpclip.train.logging import log
@@ -77,7 +77,8 @@ def _run_logging(directory: Path, ctx: ParallelContext) -> Iterator[None]:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
         handler.sharpclip = True  # type: ignore[attr-defined]
         root.addHandler(handler)
-    level, root.level = root.level, logging.INFO
+    level = root.level
+    root.setLevel(logging.INFO)  # setLevel, not `.level =`: it clears the loggers' cached isEnabledFor answers
     try:
         yield
     finally:
@@ -202,6 +203,7 @@ def build_trainer(cfg: Config, evaluate: Evaluate | None = None, ctx: ParallelCo
     checkpoint.seed_rngs(cfg.train.seed)  # the same weights on every rank (then broadcast from rank 0 anyway)
     model = create_model(cfg.model).to(device)
     log_model(model, cfg.model.name)
+    memory_plan.log_plan(cfg, model, device, world, ctx.local_world)
     if ctx.several:  # the engine shards what each rank holds: rank 0's weights everywhere first
         distributed.broadcast_parameters(model)
     preprocessing, data = model_transforms(model, alpha=cfg.data.image_alpha), cfg.data

@@ -54,7 +54,7 @@ from sharpclip.train import checkpoint, failures, micro_batch, reshard
 from sharpclip.train import resume as resume_policy
 from sharpclip.train.compile import compile_blocks, dropout_rate, is_compile_error
 from sharpclip.train.diagnostics import gradient_diagnostics
-from sharpclip.train.engine import by_name, load_named_optimizer_state, local, optimizer_state_fqn
+from sharpclip.train.engine import by_name, load_named_optimizer_state, local
 from sharpclip.train.features import FeatureEncoder
 from sharpclip.train.heartbeat import Heartbeat
 from sharpclip.train.log_lines import ProgressLines
@@ -65,6 +65,7 @@ from sharpclip.train.step import check_batch_split, run_step
 from sharpclip.train.stop import RunControl, Stopped, stopped_message
 
 DIVERGED_GROWTH = 10.0  # an update that multiplies the largest |weight| by this much, then only failed steps: diverged
+ASYNC_CHECKPOINT_DEVICES = ("cuda",)  # train.async_checkpoint writes in the background on these devices only
 
 
 class TrainingDiverged(RuntimeError):
@@ -172,6 +173,8 @@ class Trainer:
         self._last_update: dict[str, float] = {}  # the last successful update: step, lr, max |w| before and after
         self._data_wait = 0.0  # seconds the current step waited for its batch (progress bar)
         self.is_main = self.ctx.is_main
+        self._async_saves = cfg.async_checkpoint and self.device.type in ASYNC_CHECKPOINT_DEVICES
+        self._saving: tuple[checkpoint.PendingSave, bool, float] | None = None  # a save still being written
         if self.ctx.several:  # the weights are equal on every rank by now: from here ranks draw apart
             checkpoint.seed_rngs(cfg.seed + self.ctx.rank)  # dropout, augmentation in the main process, workers
         if self.is_main:
@@ -190,6 +193,9 @@ class Trainer:
         return state
 
     def _fit(self) -> TrainerState:
+        if self.cfg.async_checkpoint and not self._async_saves:
+            log.info("train.async_checkpoint: checkpoints are written in the background on CUDA only; on %s each is "
+                     "written at once", self.device.type)  # fmt: skip
         log.info("device %s, precision %s%s%s", devices.describe(self.device), self.cfg.precision,
                  ", TF32 matmuls" if self.device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32 else "",
                  ", blocks compiled" if self.cfg.compile else "")  # fmt: skip
@@ -210,6 +216,8 @@ class Trainer:
         if self._epoch_open and not self.control.stopping:
             with self.heartbeat.busy("epoch end"):
                 self._end_epoch()
+        with self.heartbeat.busy("save"):  # a checkpoint still being written in the background
+            self._finish_saving()
         bar.close()
         self.logger.close()
         report = getattr(self.loader, "report", None)  # data.SampleLoader: samples skipped under on_bad_sample: skip
@@ -523,33 +531,42 @@ class Trainer:
 
     # -- checkpoints ------------------------------------------------------------------------------------------
     def save(self, best: bool = False) -> Path:
-        """Write a checkpoint of the current step (rank 0), including every rank's loader position and RNG states,
-        the world size and the per-rank batch; `best`: mark it best (before pruning). The checkpoint just written and
-        the best are never pruned. Every rank must call it (the per-rank states are gathered)."""
-        path = self.ckpt_dir / checkpoint.checkpoint_name(self.state.step)
+        """Write a checkpoint of the current step, including every rank's loader position and RNG states, the world
+        size and the per-rank batch; `best`: mark it best (before pruning). The checkpoint just written and the best
+        are never pruned. Every rank must call it: the per-rank states and the model are gathered, and every rank
+        writes its shards of the optimiser's state (train.checkpoint). With train.async_checkpoint on CUDA the files
+        are written in the background and the folder appears complete when the next save (or the run's end) waits for
+        it; the path is returned either way."""
+        self._finish_saving()
         world = self.ctx.world
         loaders = self.ctx.all_ranks(self.loader.state_dict())  # each rank's position and RNG: no collective on 1
         rngs = self.ctx.all_ranks(checkpoint.rng_state(self.device))
         finite = math.isfinite(float(self._max_abs()))  # _check_weights stops earlier; never save such weights
-        write_model, optimizer = self.write_model, None
-        if self.engine is not None:  # whole weights and optimiser state, gathered once onto rank 0's CPU
-            weights, optimizer = self.engine.full_model_state(), self.engine.full_optimizer_state(self.optimizer)
-            write_model = functools.partial(self.write_model, state=weights)
+        if self.is_main and not finite:
+            raise TrainingDiverged(f"refusing to checkpoint non-finite weights at step {self.state.step}")
+        write_model = self.write_model
+        if self.engine is not None:  # whole weights gathered once onto rank 0's CPU (a copy: safe to write later)
+            write_model = functools.partial(self.write_model, state=self.engine.full_model_state())
+        elif self._async_saves:  # written while training goes on: this step's weights, copied
+            write_model = functools.partial(self.write_model, state=checkpoint.snapshot(self.model))
+        sharded = checkpoint.sharded_state(self.model, self.optimizer, self.scheduler, rngs)
+        trainer_state = {**asdict(self.state), "loader": loaders[0], "loaders": loaders, "world_size": world,
+                         "rank_batch": self.cfg.batch_size // world, "logs": self._log_sizes() if self.is_main else {},
+                         "epoch_open": self._epoch_open, "saturated": self._saturated}  # fmt: skip
+        pending = checkpoint.begin_save(self.ckpt_dir, self.state.step, write_model, sharded, trainer_state,
+                                        self.is_main, asynchronous=self._async_saves)  # fmt: skip
+        self._saving = (pending, best, self.state.best)
+        return pending.final if self._async_saves else self._finish_saving()
+
+    def _finish_saving(self) -> Path | None:
+        """Complete the save being written (rename, mark it best, prune; every rank); None when there is none."""
+        if self._saving is None:
+            return None
+        (pending, best, metric), self._saving = self._saving, None
+        path = pending.wait()
         if self.is_main:
-            if not finite:
-                raise TrainingDiverged(f"refusing to checkpoint non-finite weights at step {self.state.step}")
-            training_state = {
-                "optimizer": optimizer or optimizer_state_fqn(self.model, self.optimizer),
-                "scheduler": self.scheduler.state_dict(),
-                "rng": rngs[0],
-                "rank_rng": rngs,
-            }
-            trainer_state = {**asdict(self.state), "loader": loaders[0], "loaders": loaders, "world_size": world,
-                             "rank_batch": self.cfg.batch_size // world, "logs": self._log_sizes(),
-                             "epoch_open": self._epoch_open, "saturated": self._saturated}  # fmt: skip
-            path = checkpoint.save(self.ckpt_dir, self.state.step, write_model, training_state, trainer_state)
             if best:
-                checkpoint.mark_best(self.ckpt_dir, path, self.state.best)
+                checkpoint.mark_best(self.ckpt_dir, path, metric)
             checkpoint.prune(self.ckpt_dir, self.cfg.keep_last, keep=(path,))
         self.ctx.barrier()
         self.control.saved()  # the checkpoint clock starts again
@@ -570,14 +587,11 @@ class Trainer:
         they held when the checkpoint was written, so no step is logged twice.
         """
         weights, training, trainer_state = loaded if loaded is not None else checkpoint.load(path)
-        optimizer = by_name(training["optimizer"])
         if self.engine is not None:
             self.engine.load_full_model_state(weights)
-            self.engine.load_full_optimizer_state(self.optimizer, optimizer)
         else:
             self.model.load_state_dict(weights)
-            load_named_optimizer_state(self.model, self.optimizer, optimizer)
-        self.scheduler.load_state_dict(training["scheduler"])
+        training = self._load_training(path, training, int(trainer_state.get("world_size", 1)))
         ranks, saved_world, first = resume_policy.rank_states(trainer_state, training)
         logs = trainer_state.pop("logs", None)
         self._epoch_open = bool(trainer_state.pop("epoch_open", False))  # then fit() owes that epoch its end
@@ -599,6 +613,22 @@ class Trainer:
         log.info("resumed from %s at step %d (epoch %d); learning rate %.3g: the schedule is rebuilt for %d steps "
                  "and read at step %d", path, self.state.step, self.state.epoch, self.optimizer.param_groups[0]["lr"],
                  self.total_steps, self.state.step)  # fmt: skip
+
+    def _load_training(self, path: Path, training: dict, saved_world: int) -> dict:
+        """Optimiser and scheduler from the checkpoint (resharded by DCP onto this run's layout); returns the RNG
+        part for `resume_policy.rank_states`. A checkpoint from before the DCP folder (training_state.pt: the whole
+        optimiser state, by parameter name or by index) loads onto any layout through the by-name state."""
+        if not checkpoint.is_legacy(path):
+            rngs = checkpoint.load_sharded(path, self.model, self.optimizer, self.scheduler, saved_world,
+                                           self.ctx.world, self.device)  # fmt: skip
+            return {"rank_rng": rngs or [None] * self.ctx.world}
+        optimizer = by_name(training["optimizer"])
+        if self.engine is not None:
+            self.engine.load_full_optimizer_state(self.optimizer, optimizer)
+        else:
+            load_named_optimizer_state(self.model, self.optimizer, optimizer)
+        self.scheduler.load_state_dict(training["scheduler"])
+        return training
 
     def _reschedule(self) -> None:
         """Each group's base rate from this config, times this config's schedule at the restored step."""
