@@ -39,7 +39,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from sharpclip.config import Config, ConfigError, TrainConfig, load_config
-from sharpclip.train import checkpoint, distributed
+from sharpclip.train import checkpoint
 from sharpclip.train.logging import log
 from sharpclip.train.run_dir import MARKER
 
@@ -199,11 +199,12 @@ def _checked(path: Path, loaded: tuple, expected: dict[str, Any] | None) -> tupl
 
 
 # -- per-rank states and a change of world size (the trainer's resume) -------------------------------------------
-def rank_states(trainer_state: dict, training: dict) -> tuple[tuple[dict, dict] | None, int, dict]:
+def rank_states(
+    trainer_state: dict, training: dict, rank: int, world: int
+) -> tuple[tuple[dict, dict] | None, int, dict]:
     """(this rank's (loader state, RNG state), or None when the world size changed; the saved world size; rank
-    0's loader state), taken out of a checkpoint's `trainer_state` (and its `training` state's RNG states). A
-    checkpoint that predates per-rank states holds rank 0's, which every rank then takes."""
-    world, rank = distributed.world_size(), distributed.rank()
+    0's loader state), taken out of a checkpoint's `trainer_state` (and its `training` state's RNG states), for
+    `rank` of `world`. A checkpoint that predates per-rank states holds rank 0's, which every rank then takes."""
     first = trainer_state.pop("loader")
     saved = int(trainer_state.pop("world_size", world))
     loaders = trainer_state.pop("loaders", None) or [first] * world
@@ -212,15 +213,14 @@ def rank_states(trainer_state: dict, training: dict) -> tuple[tuple[dict, dict] 
     return ((loaders[rank], rngs[rank]) if saved == world else None), saved, first
 
 
-def change_world(state: Any, cfg: TrainConfig, ranks_saved: int, saved: dict) -> bool:
+def change_world(state: Any, cfg: TrainConfig, ranks_saved: int, saved: dict, rank: int, world: int) -> bool:
     """Resume on another number of ranks at the next clean boundary: the saved epoch's start when the checkpoint
     is there, else the end of the saved epoch (validated and saved at once), then the next epoch from its start.
     Each rank's batches differ in size and content on another world size, so the saved epoch cannot continue
     part-way; the global batch and the step count are unchanged. Random streams restart from (seed, rank, step).
 
     state: the restored trainer state (step, epoch); saved: rank 0's saved loader state. Returns whether the
-    resumed epoch ends at once (batches of it were done)."""
-    world, rank = distributed.world_size(), distributed.rank()
+    resumed epoch ends at once (batches of it were done). rank, world: this process among the resumed run's."""
     done = int(saved.get("batches_done", saved.get("start", 0)))
     if rank == 0:
         rest = (f"the rest of epoch {state.epoch} after its {done} batches done is skipped (that epoch is "

@@ -272,7 +272,7 @@ def run_train(cfg: Config, resume: str | Path | None = None, overwrite: bool = F
             if lock is not None:
                 lock.release()
     except BaseException:
-        if created and distributed.rank() == 0:
+        if created and ctx.is_main:
             run_dir.remove_if_empty(directory)
         raise
     finally:

@@ -592,7 +592,7 @@ class Trainer:
         else:
             self.model.load_state_dict(weights)
         training = self._load_training(path, training, int(trainer_state.get("world_size", 1)))
-        ranks, saved_world, first = resume_policy.rank_states(trainer_state, training)
+        ranks, saved_world, first = resume_policy.rank_states(trainer_state, training, self.ctx.rank, self.ctx.world)
         logs = trainer_state.pop("logs", None)
         self._epoch_open = bool(trainer_state.pop("epoch_open", False))  # then fit() owes that epoch its end
         self._saturated = [tuple(pair) for pair in trainer_state.pop("saturated", [])]
@@ -604,7 +604,9 @@ class Trainer:
         elif not reshard.continue_mid_epoch(
             self.state, self.cfg, saved_world, first, self.loader, self.ctx.rank, self.ctx.world
         ):  # exact
-            self._end_at_once = resume_policy.change_world(self.state, self.cfg, saved_world, first)
+            self._end_at_once = resume_policy.change_world(
+                self.state, self.cfg, saved_world, first, self.ctx.rank, self.ctx.world
+            )
         self._reschedule()
         self._weights = float(self._max_abs())
         if self.is_main:
