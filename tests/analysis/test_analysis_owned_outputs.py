@@ -46,7 +46,7 @@ def _analyze_runs(ctx: dict, out: Path) -> int:
 
 
 def _sample_efficiency(ctx: dict, out: Path) -> int:
-    return main(["analyze", "--sample-efficiency", ctx["run"], "--out", str(out)])
+    return main(["analyze", "sample-efficiency", ctx["run"], "--out", str(out)])
 
 
 def _geometry(ctx: dict, out: Path) -> int:

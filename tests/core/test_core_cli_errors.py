@@ -175,7 +175,7 @@ def test_a_run_config_yaml_that_does_not_parse_is_one_line_naming_it(tmp_path, c
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.yaml").write_text("garbage: [unclosed\n")
-    assert main(["analyze", "--sample-efficiency", str(run), "--out", str(tmp_path / "se")]) == 2
+    assert main(["analyze", "sample-efficiency", str(run), "--out", str(tmp_path / "se")]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "config.yaml: not valid YAML" in err and "line 2" in err, err
 
