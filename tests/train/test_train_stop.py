@@ -31,8 +31,8 @@ def _trainer(run: Path, **overrides) -> Trainer:
     cfg = train_config(str(run), **overrides)  # 2 epochs of 4 steps
     objective = build_objective(LossConfig(terms={"c": TermConfig("infonce")}))
 
-    def write_model(d: Path) -> None:
-        save_checkpoint(model, d, ModelConfig(name="tiny-clip"))
+    def write_model(d: Path, state: dict | None = None) -> None:
+        save_checkpoint(model, d, ModelConfig(name="tiny-clip"), state=state)
 
     return Trainer(model, objective, ToyLoader(model.tokenizer, batch_size=cfg.batch_size), cfg, run, write_model)
 
@@ -67,10 +67,15 @@ def test_the_signal_handlers_are_restored_after_training(tmp_path):
     assert signal.getsignal(signal.SIGTERM) is before
 
 
-def test_checkpoints_by_rank_0s_clock_are_agreed_and_pruned_by_keep_last(tmp_path, monkeypatch):
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_checkpoints_by_rank_0s_clock_are_agreed_and_pruned_by_keep_last(tmp_path, monkeypatch, asynchronous):
+    """Also with train.async_checkpoint (forced on for the CPU): the clock starts again when a save starts, not
+    when its background write is found done at the next save (else every step after the first would save)."""
     clock = iter(range(0, 10_000, 7))  # each look at the clock is 7 "seconds" later
     monkeypatch.setattr("sharpclip.train.stop.clock", lambda: next(clock))
-    trainer = _trainer(tmp_path / "run", epochs=2, checkpoint_every_min=0.2, keep_last=1)  # every 12 s
+    monkeypatch.setattr("sharpclip.train.trainer.ASYNC_CHECKPOINT_DEVICES", ("cuda", "cpu"))
+    every_12_s = {"checkpoint_every_min": 0.2, "keep_last": 1, "async_checkpoint": asynchronous}
+    trainer = _trainer(tmp_path / "run", epochs=2, **every_12_s)
     saves, save = [], trainer.save
     monkeypatch.setattr(trainer, "save", lambda best=False: saves.append(trainer.state.step) or save(best))
     trainer.fit()

@@ -556,7 +556,10 @@ class Trainer:
         pending = checkpoint.begin_save(self.ckpt_dir, self.state.step, write_model, sharded, trainer_state,
                                         self.is_main, asynchronous=self._async_saves)  # fmt: skip
         self._saving = (pending, best, self.state.best)
-        return pending.final if self._async_saves else self._finish_saving()
+        if not self._async_saves:
+            return self._finish_saving()
+        self.control.saved()  # this step's state is taken: the checkpoint clock starts again now, not at the rename
+        return pending.final
 
     def _finish_saving(self) -> Path | None:
         """Complete the save being written (rename, mark it best, prune; every rank); None when there is none."""
