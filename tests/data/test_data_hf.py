@@ -176,7 +176,8 @@ def test_the_eval_manifest_counts_images_inside_parquet(tmp_path):
     assert other["sha256_of_sorted_list"] != record["sha256_of_sorted_list"]
 
 
-def test_validate_data_shows_a_bar_over_the_images(tmp_path, capsys):
+def test_validate_data_shows_a_bar_over_the_images(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("sharpclip.progress.on_terminal", lambda: True)  # bars draw on a terminal only
     root = hub_parquet(tmp_path / "hub")
     assert main(["validate-data", str(root), "data.caption_field=text", "--json", str(tmp_path / "r.json")]) == 0
     assert re.search(r"decode images: 100%.*5/5", capsys.readouterr().err)

@@ -220,9 +220,11 @@ def test_validate_data_on_an_empty_folder_fails(tmp_path, capsys):
     assert "no train.jsonl, train.csv or train.tsv" in capsys.readouterr().err  # names what it looked for
 
 
-def test_validate_data_shows_progress_and_says_how_many_shards_it_left_out(tmp_path, capsys):
+def test_validate_data_shows_progress_and_says_how_many_shards_it_left_out(tmp_path, capsys, monkeypatch):
     """Shards as webdataset's own ShardWriter writes them (maxcount 2 → 10 shards of 20 samples)."""
     import webdataset as wds
+
+    monkeypatch.setattr("sharpclip.progress.on_terminal", lambda: True)  # bars draw on a terminal only
 
     from sharpclip.cli import main
 

@@ -31,7 +31,7 @@ def _one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {' '.join(str(err).split())}"[:500]
 
 
-def _watch(store, stop: threading.Event, heartbeat=None) -> None:
+def _watch(store, stop: threading.Event, heartbeat=None, reporting: _Reporting | None = None) -> None:
     """Until `stop`: when another rank's failure appears in the store (or the store, hosted by rank 0 or by
     torchrun's agent, is gone), print its one line and end this process now: it may be blocked in a collective
     that would otherwise wait for `train.dist_timeout_min` (NCCL does not notice a dead peer). `heartbeat`
@@ -57,7 +57,9 @@ def _watch(store, stop: threading.Event, heartbeat=None) -> None:
             if stop.wait(FAILURE_WAIT_S):  # this rank is finishing as well
                 return
             message = f"the process group's store is gone ({_one_line(err)}): rank 0 or the launcher ended"
-        if stop.is_set():  # this rank failed itself meanwhile and reports on its own
+        if reporting is not None and not reporting.claim():  # this rank failed itself meanwhile: it reports
+            return
+        if reporting is None and stop.is_set():
             return
         print(f"sharpclip: rank {rank()} stops: {message}", file=sys.stderr, flush=True)
         with contextlib.suppress(Exception):  # after a hang no failing rank waits; the store's host (rank 0
@@ -67,6 +69,26 @@ def _watch(store, stop: threading.Event, heartbeat=None) -> None:
                 while store.add(SEEN_KEY, 0) < world_size() and time.monotonic() < deadline:
                     time.sleep(FAILURE_POLL_S / 5)
         os._exit(1)
+
+
+class _Reporting:
+    """Who reports this rank's end: the watcher (another rank failed or hung) or the training thread (this rank
+    raised), whichever claims it first, so a collective broken by the watcher's report is not reported again."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self._lock, self._stop, self._watcher = threading.Lock(), stop, False
+
+    def claim(self) -> bool:
+        """The watcher's claim: False when the training thread stopped first."""
+        with self._lock:
+            self._watcher = not self._stop.is_set()
+            return self._watcher
+
+    def stop(self) -> bool:
+        """The training thread's claim (and the watcher's stop): False when the watcher reports already."""
+        with self._lock:
+            self._stop.set()
+            return not self._watcher
 
 
 @contextlib.contextmanager
@@ -87,11 +109,16 @@ def failures_end_every_rank(heartbeat=None) -> Iterator[None]:
         return
     store = dist.distributed_c10d._get_default_store()
     stop = threading.Event()
-    threading.Thread(target=_watch, args=(store, stop, heartbeat), daemon=True, name="sharpclip-failures").start()
+    reporting = _Reporting(stop)
+    threading.Thread(target=_watch, args=(store, stop, heartbeat, reporting), daemon=True,
+                     name="sharpclip-failures").start()  # fmt: skip
     try:
         yield
     except Exception as err:
-        stop.set()
+        if not reporting.stop():  # the watcher is already ending this rank (another rank failed, or hung): a
+            # collective broken by that ends here too; the watcher's line stands and it exits with status 1
+            threading.Event().wait(3 * FAILURE_WAIT_S)
+            os._exit(1)
         first = f"rank {rank()} failed: {_one_line(err)}"
         alive = rendezvous.store_reachable(store)  # its host (rank 0) may be what failed: no calls, no C++ dumps
         # the store is gone (its host ended): our own line still stands
