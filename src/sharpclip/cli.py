@@ -68,9 +68,9 @@ def _add_config(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--world-size", type=int, default=1, metavar="N", help="with --memory: the number of ranks")
     p.add_argument("--gpus-per-node", type=int, default=0, metavar="N", help="with --memory: ranks per node, for "
                    "train.layout=hybrid (default: min(world size, 8))")  # fmt: skip
-    p.add_argument("--arch", default="", metavar="NAME", help="with --memory: the architecture when model.name is "
-                   "not on this machine: an open_clip config name (ViT-L-14, ViT-bigG-14, ...) or a model config "
-                   "JSON")  # fmt: skip
+    p.add_argument("--arch", type=path_arg, default="", metavar="NAME",
+                   help="with --memory: the architecture when model.name is not on this machine: an open_clip "
+                   "config name (ViT-L-14, ViT-bigG-14, ...) or a model config JSON")  # fmt: skip
     p.add_argument("--measure", action="store_true", help="with --memory: measure activations by a forward and "
                    "backward of 1 and 2 rows of a randomly initialised copy on train.device (else: "
                    "estimated)")  # fmt: skip
