@@ -46,7 +46,7 @@ class ToyLoader:
             self.epoch, self.start = epoch, 0
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "start": self.start}
+        return {"epoch": self.epoch, "start": self.start, "batches_done": self.start}  # global batches: any world
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.epoch, self.start = state["epoch"], state["start"]

@@ -184,6 +184,66 @@ def test_resume_through_the_default_shuffle_buffer_loses_nothing_and_repeats_the
     assert done + rest == reference and sorted(i for b in reference for i in b) == sorted(keys)
 
 
+def _ranks(root: Path, world: int, workers: int, **kw) -> list:
+    """Every rank's loader of a run on `world` ranks with `workers` loader workers each; global batches of 8."""
+    return [build_loader(cfg(root, num_workers=workers, **kw), "train", PREP, batch_size=8 // world, rank=rank,
+                         world_size=world, seed=3) for rank in range(world)]  # fmt: skip
+
+
+def _global_batches(loaders: list, epoch: int) -> list[list[str]]:
+    """Each step's global batch (the ranks' batches in rank order) of `epoch`, from where the loaders stand."""
+    for loader in loaders:
+        loader.set_epoch(epoch)
+    per_rank = [[b.ids for b in loader] for loader in loaders]
+    assert len({len(batches) for batches in per_rank}) == 1  # every rank the same number of steps
+    return [[i for ids in step for i in ids] for step in zip(*per_rank, strict=True)]
+
+
+@pytest.mark.parametrize("buffer", [0, None])  # seek to the position; replay through the default shuffle buffer
+@pytest.mark.parametrize("saved, resumed", [((2, 2), (1, 2)), ((1, 2), (2, 0)), ((2, 1), (4, 2)), ((2, 2), (2, 0))])
+def test_a_streamed_epoch_continues_exactly_on_another_number_of_ranks_or_workers(tmp_path, saved, resumed, buffer):
+    """A run on S ranks × K workers stopped after 2 of epoch 1's 6 steps, resumed from every rank's saved state on W
+    ranks × K' workers: each later step of that epoch has the uninterrupted run's global batch, rows in order; the
+    next epoch is dealt to the resumed run's own slots."""
+    keys = img2dataset(tmp_path, 8, 6)
+    kw = {} if buffer is None else {"shuffle_buffer": buffer}
+    (ranks, workers), (new_ranks, new_workers) = saved, resumed
+    reference = _global_batches(_ranks(tmp_path, ranks, workers, **kw), 1)
+    assert len(reference) == 6 and sorted(i for step in reference for i in step) == sorted(keys)
+    stopped = _ranks(tmp_path, ranks, workers, **kw)
+    for loader in stopped:
+        loader.set_epoch(1)
+    iterators = [iter(loader) for loader in stopped]
+    done = [[i for it in iterators for i in next(it).ids] for _ in range(2)]
+    states = [json.loads(json.dumps(loader.state_dict())) for loader in stopped]  # as a checkpoint stores them
+    del iterators
+    continued = _ranks(tmp_path, new_ranks, new_workers, **kw)
+    for loader in continued:
+        loader.resume_epoch(states, ranks)
+    assert done + _global_batches(continued, 1) == reference
+    assert _global_batches(continued, 2) == _global_batches(_ranks(tmp_path, new_ranks, new_workers, **kw), 2)
+
+
+def test_a_saved_slot_read_by_two_ranks_is_reported_bad_by_one(tmp_path):
+    """Saved on 1 rank, resumed on 2: both read the saved slot; its bad sample is counted once, by rank 0."""
+    members = []
+    for j in range(10):
+        members += [(f"k{j}.jpg", b"not a jpeg" if j == 6 else _jpeg(j)), (f"k{j}.txt", b"a photo")]
+    write_shard(tmp_path / "train-0.tar", members)
+    data = cfg(tmp_path, on_bad_sample="skip", shuffle=False)
+    one = build_loader(data, "train", PREP, batch_size=4, seed=3)
+    one.set_epoch(0)
+    first = next(iter(one)).ids
+    state = json.loads(json.dumps(one.state_dict()))
+    two = [build_loader(data, "train", PREP, batch_size=2, rank=r, world_size=2, seed=3) for r in (0, 1)]
+    for loader in two:
+        loader.resume_epoch([state], 1)
+        loader.set_epoch(0)
+    rests = [[b.ids for b in loader] for loader in two]
+    assert first == ["k0", "k1", "k2", "k3"] and rests == [[["k4", "k5"]], [["k7", "k8"]]]
+    assert [[b.record for b in loader.report.items] for loader in two] == [["k6"], []]
+
+
 def test_bad_samples_are_named_by_shard_and_key_and_skipped_by_policy(tmp_path):
     good = [("k1.jpg", _jpeg(1)), ("k1.txt", b"a photo")]
     bad = [("k2.jpg", b"not a jpeg"), ("k2.txt", b"a photo"), ("k3.txt", b"no image"), ("k4.jpg", _jpeg(4))]

@@ -180,6 +180,40 @@ def test_two_ranks_killed_mid_epoch_resume_to_the_uninterrupted_weights_and_samp
     assert json.loads((run / "resumes.jsonl").read_text())["world_size"] == 2
 
 
+@pytest.mark.slow
+def test_two_ranks_stopped_mid_epoch_and_relaunched_on_one_train_the_uninterrupted_rows(tmp_path):
+    """webdataset with the default shuffle buffer, 2 ranks, 4 steps an epoch: SIGTERM after step 5 (epoch 1), the
+    checkpoint of step 6, and the same command relaunched on 1 process. The rest of epoch 1 is read in the saved
+    layout (2 reader slots, batches of 4): steps 7-8 train the uninterrupted 2-rank run's global batches, rows in
+    order, and the run ends at its weights to 1e-6 (the noise-only attention key biases to 1e-5: see
+    test_train_same_rows)."""
+    data = write_shards(tmp_path / "wds", [8, 8, 8, 8])
+    args = [*TINY, "data.format=webdataset", f"data.root={data}", "train.batch_size=8", "train.epochs=2",
+            "train.keep_last=5"]  # fmt: skip
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    proc = _run([*TORCHRUN, str(WORKER), str(tmp_path / "ids_ref"), "train", *args, f"train.output_dir={ref}"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    command = ["train", *args, f"train.output_dir={run}", "--resume", "auto"]
+    stopped = _run([*TORCHRUN, str(WORKER), str(tmp_path / "ids"), *command], SHARPCLIP_SIGNAL="step:5:SIGTERM:0")
+    assert stopped.returncode != 0 and sorted(p.name for p in (run / "checkpoints").iterdir())[-1] == "step-000006"
+    relaunched = _run([sys.executable, str(WORKER), str(tmp_path / "ids_one"), *command])
+    assert relaunched.returncode == 0, relaunched.stderr[-3000:]
+    assert "epoch 1 continues after its 2 global batches done" in relaunched.stderr
+    assert "the rest of streamed epoch 1 is read as it was saved (2 ranks x 1 workers, batches of 4)" in (
+        relaunched.stderr
+    )
+    uninterrupted = {
+        step: ids + _ids(tmp_path / "ids_ref", 1)[step] for step, ids in _ids(tmp_path / "ids_ref", 0).items()
+    }
+    assert _ids(tmp_path / "ids_one", 0) == {s: uninterrupted[s] for s in (7, 8)}
+    final = load_file(run / "checkpoints" / "step-000008" / "model.safetensors")
+    expected = load_file(ref / "checkpoints" / "step-000008" / "model.safetensors")
+    assert final.keys() == expected.keys()
+    for key, value in expected.items():
+        bound = 1e-5 if "self_attn.k_proj.bias" in key else 1e-6
+        assert (final[key] - value).abs().max().item() <= bound, key
+
+
 def _trainer_run(tmp_path: Path, name: str, *args: str, procs: int = 2, fault: str | None = None):  # 1 or 2
     launcher = TORCHRUN if procs > 1 else [sys.executable]
     cmd = [*launcher, str(TRAINER_WORKER), str(tmp_path / name), str(tmp_path / f"{name}.safetensors"),
@@ -203,12 +237,14 @@ def test_dropout_differs_per_rank_and_a_two_rank_resume_with_dropout_is_bit_iden
     weights = load_file(tmp_path / "run.safetensors")
     for key, value in ref.items():
         assert torch.equal(weights[key], value), key
-    # another world size: the rest of the saved epoch is skipped (said), the next epoch starts from its beginning
+    # another world size: the saved epoch continues after its 2 global batches (the loader's position is global)
     one = _trainer_run(tmp_path, "one", "resume", procs=1)
     assert one.returncode == 0, one.stderr[-3000:]
-    assert "resumed on 1 ranks, saved on 2 (per-rank batch 16, was 8): the rest of epoch 0" in one.stderr
-    last = json.loads((tmp_path / "one" / "checkpoints" / "step-000006" / "trainer_state.json").read_text())
-    assert (last["step"], last["epoch"], last["world_size"]) == (6, 2, 1)  # 2 steps of epoch 0, then epoch 1's 4
+    assert "resumed on 1 ranks, saved on 2 (per-rank batch 16, was 8): epoch 0 continues after its 2 global" in (
+        one.stderr
+    )
+    last = json.loads((tmp_path / "one" / "checkpoints" / "step-000008" / "trainer_state.json").read_text())
+    assert (last["step"], last["epoch"], last["world_size"]) == (8, 2, 1)  # epoch 0's last 2 steps, epoch 1's 4
 
 
 @pytest.mark.slow

@@ -160,8 +160,8 @@ class Batch:
     edit_source, edit_target: (E,) long row indices of the source and edited halves of each complete edit
     ids: B sample ids ("<edit id>/source", "<edit id>/edited" for edit rows); instructions: E edit instructions
     skipped: bad samples dropped from this batch under `on_bad_sample: skip`
-    stream_position: (worker, shard position, samples read in that shard, samples taken from the worker's shuffled
-        stream) of a streamed batch (data.stream)
+    stream_position: (loader worker, {reader slot: (shard position, samples read in that shard, samples taken from
+        the slot's shuffled stream)}) of a streamed batch (data.stream)
     """
 
     ids: list[str]
@@ -175,7 +175,7 @@ class Batch:
     edit_target: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
     instructions: list[str] = field(default_factory=list)
     skipped: list[BadSample] = field(default_factory=list)
-    stream_position: tuple[int, int, int, int] | None = None
+    stream_position: tuple[int, dict[int, tuple[int, int, int]]] | None = None
 
     def __len__(self) -> int:
         return len(self.ids)

@@ -15,15 +15,21 @@ the common length is not seen that epoch (logged; a warning past 10 % of the sam
 overstate a shard, leave a rank short of that length at run time: the trainer then ends the epoch on every rank
 together (train.trainer).
 
-Resume: every batch carries its slot's read position (shard, samples read in it, samples taken from the slot's
-shuffled stream). `state_dict()` holds the position of the last consumed batch of each slot; `load_state_dict`
-restarts each slot there, in the same shard order, so the rest of the epoch is what the uninterrupted run would have
-seen, in its order (batches prefetched but not consumed are read again). Without a shuffle buffer the reader seeks to
-the saved shard and sample; through one (`data.shuffle_buffer` > 1, the default) the slot's stream is replayed from
-the epoch's start with the same seeded draw and the samples taken before the position are read but not decoded, so
-the samples that sat in the buffer are neither lost nor seen twice (the cost: reading that part of the epoch's tars
-again). Resuming with another worker count restarts the epoch from its start. Each rank has its own position; the
-trainer saves and restores every rank's.
+Resume: every batch carries its reader slots' read positions (shard, samples read in it, samples taken from the
+slot's shuffled stream). `state_dict()` holds the position of each slot's last consumed batch and the layout the
+epoch is read in (ranks × workers slots, rows per slot batch); `resume_epoch` restarts each slot there, in the same
+shard order, so the rest of the epoch is what the uninterrupted run would have seen, in its order (batches
+prefetched but not consumed are read again). Without a shuffle buffer the reader seeks to the saved shard and
+sample; through one (`data.shuffle_buffer` > 1, the default) the slot's stream is replayed from the epoch's start
+with the same seeded draw and the samples taken before the position are read but not decoded, so the samples that
+sat in the buffer are neither lost nor seen twice (the cost: reading that part of the epoch's tars again).
+
+On another number of ranks or loader workers the rest of the saved epoch is read in the layout it was saved in
+(`ReadLayout`): the saved run's global batch at each step is its ranks' batches in rank order, and each rank of the
+resumed run reads the saved slots whose rows its share of that global batch covers, with the saved worker count,
+keeping its rows (the other rows' images are decoded, to tell bad samples from good as the saved run did, but not
+transformed). Every later step of that epoch trains the rows of the uninterrupted run; the next epoch is dealt to
+this run's own slots. The price, for the rest of that one epoch only: a slot read by k ranks is read k times.
 """
 
 from __future__ import annotations
@@ -83,16 +89,42 @@ class StreamSettings:
     draft_size: int | None = None  # JPEG draft decoding to sides >= this (data.jpeg_draft), as the map-style loader
 
 
+@dataclass(frozen=True)
+class ReadLayout:
+    """How an epoch's samples are dealt: `ranks` × `workers` reader slots, each batching `batch` samples."""
+
+    ranks: int
+    workers: int
+    batch: int
+
+    @property
+    def slots(self) -> int:
+        """Reader slots in all."""
+        return self.ranks * self.workers
+
+    def readers(self, worker: int, rows: range) -> list[tuple[int, range, bool]]:
+        """(slot, the rows of its batches in `rows`, whether the slot's first row is in `rows`) for each slot of
+        `worker` whose rows of the global batch (rank r's batch: rows r·batch … (r + 1)·batch − 1) meet `rows`."""
+        found = []
+        for rank in range(self.ranks):
+            first = rank * self.batch
+            mine = range(max(rows.start, first) - first, min(rows.stop, first + self.batch) - first)
+            if len(mine):
+                found.append((rank * self.workers + worker, mine, first in rows))
+        return found
+
+
 class ShardStream(IterableDataset):
     """Batches of one rank: its reader slots' shards, shuffled, decoded, collated in the loader workers."""
 
     def __init__(self, urls, cfg: DataConfig, transform, collate: Collator, settings: StreamSettings):
         self.urls, self.cfg, self.transform, self.collate, self.settings = list(urls), cfg, transform, collate, settings
         self.epoch = 0
-        # worker -> (position in its shard order, samples read there, samples taken from the (shuffled) stream;
+        # slot -> (position in its shard order, samples read there, samples taken from the (shuffled) stream;
         # None in a position saved before the last was recorded)
         self.start: dict[int, tuple[int, int, int | None]] = {}
-        self.rotation = 0  # DataLoader worker i reads worker (i + rotation) mod workers's slot (see StreamLoader)
+        self.rotation = 0  # DataLoader worker i reads worker (i + rotation) mod workers's slots (see StreamLoader)
+        self.layout: ReadLayout | None = None  # a saved epoch read in its saved layout (see the module docstring)
 
     @property
     def shuffled(self) -> bool:
@@ -108,7 +140,8 @@ class ShardStream(IterableDataset):
                 cursor[1] += 1
                 yield url, raw
 
-    def _item(self, url: str, raw: dict, serial: int, report: BadSampleReport) -> Item | BadSample | None:
+    def _item(self, url: str, raw: dict, serial: int, report: BadSampleReport, transform: bool = True):
+        """The sample as an `Item` (its image transformed only with `transform`), a `BadSample`, or None."""
         sample = wds_format.to_sample(raw, self.cfg, report, url)
         if sample is None:
             return report.items.pop() if report.items else None
@@ -116,41 +149,63 @@ class ShardStream(IterableDataset):
         caption = wds_format.pick_caption(sample, self.cfg, self.settings.seed, self.epoch)
         try:
             image = load_image(sample.image, self.settings.draft_size, self.cfg.max_image_pixels)
-            return Item(replace(row, caption=caption), self.transform(image), caption)
+            return Item(replace(row, caption=caption), self.transform(image) if transform else None, caption)
         except ImageLoadError as err:  # returned, not raised: StreamLoader applies the policy in the main process
             return BadSample(sample.source, sample.id, err.reason)
 
     def __iter__(self) -> Iterator[Batch | list[BadSample]]:
+        """This rank's batches from one loader worker: its own slot's, or in a saved layout the rows of its share
+        of each global batch, taken from the saved slots of this worker that hold them."""
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         worker = (worker + self.rotation) % workers
         s = self.settings
-        slot = s.rank * workers + worker
-        shards = slot_shards(len(self.urls), slot, s.world_size * workers)
+        layout = self.layout or ReadLayout(s.world_size, workers, s.batch_size)
+        readers = layout.readers(worker, range(s.rank * s.batch_size, (s.rank + 1) * s.batch_size))
+        streams = [self._slot_batches(slot, layout, rows) for slot, rows, _ in readers]
+        for parts in zip(*streams, strict=False):  # up to the first stream's end
+            rows, bads, positions = [], [], {}
+            for (slot, mine, reports), (items, position) in zip(readers, parts, strict=True):
+                good = [it for it in items if isinstance(it, Item)]
+                rows += good if position is None else [good[i] for i in mine]
+                bads += [it for it in items if isinstance(it, BadSample)] if reports else []
+                positions[slot] = position
+            if None in positions.values():  # a stream's end: an evaluation's last partial batch, bad samples left
+                if rows and not s.train:
+                    yield self._batch(rows + bads, worker, {})  # never resumed
+                elif bads:
+                    yield bads
+                return
+            yield self._batch(rows + bads, worker, positions)
+
+    def _slot_batches(self, slot: int, layout: ReadLayout, mine: range):
+        """(items, read position after them) for each batch of `layout.batch` good samples of reader slot `slot`,
+        from its start position; the images of rows outside `mine` are checked but not transformed. Last: (the
+        partial batch or bad samples left at the stream's end, None)."""
+        s = self.settings
+        shards = slot_shards(len(self.urls), slot, layout.slots)
         order = shard_order(shards, s.seed, self.epoch, slot, s.train and self.cfg.shuffle)
         report = BadSampleReport("skip")  # bad samples travel to StreamLoader, which raises them under `error`
         cursor = [0, 0]
-        items = []
-        for serial, (url, sample) in self._positioned(order, worker, slot, report, cursor):
-            item = self._item(url, sample, serial, report)
+        items, good = [], 0
+        for serial, (url, sample) in self._positioned(order, self.start.get(slot, (0, 0, 0)), slot, report, cursor):
+            item = self._item(url, sample, serial, report, transform=good in mine)
             if item is not None:
                 items.append(item)
-            if sum(isinstance(it, Item) for it in items) == s.batch_size:
-                yield self._batch(items, worker, cursor, serial + 1)
-                items = []
-        if any(isinstance(it, Item) for it in items) and not s.train:
-            yield self._batch(items, worker, cursor, -1)  # an evaluation batch: never resumed
-        elif any(isinstance(it, BadSample) for it in items):  # the bad samples of a dropped partial batch
-            yield [it for it in items if isinstance(it, BadSample)]
+                good += isinstance(item, Item)
+            if good == layout.batch:
+                yield items, (cursor[0], cursor[1], serial + 1)
+                items, good = [], 0
+        yield items, None
 
-    def _positioned(self, order: list[int], worker: int, slot: int, report: BadSampleReport, cursor: list[int]):
-        """(serial, (url, raw sample)) of this worker from its resume position, through the shuffle buffer if any.
+    def _positioned(self, order: list[int], start: tuple, slot: int, report: BadSampleReport, cursor: list[int]):
+        """(serial, (url, raw sample)) of a slot from its resume position `start`, through the shuffle buffer if any.
 
         Unshuffled, the reader seeks to the saved shard and sample. Through a shuffle buffer the samples after the
         position are those the buffer would have drawn next, so the epoch's stream is replayed from its start with
         the same seeded draw and its first `taken` samples are read but neither decoded nor batched: exact, at the
         cost of reading the epoch's shards up to the position again."""
-        first, skip, taken = self.start.get(worker, (0, 0, 0))
+        first, skip, taken = start
         replay = self.shuffled and taken is not None
         raw = self._raw(order, 0, 0, report, cursor) if replay else self._raw(order, first, skip, report, cursor)
         if self.shuffled:
@@ -163,25 +218,28 @@ class ShardStream(IterableDataset):
             return itertools.islice(enumerate(raw), taken, None)
         return enumerate(raw, taken or 0)
 
-    def _batch(self, items: list, worker: int, cursor: list[int], taken: int) -> Batch:
+    def _batch(self, items: list, worker: int, positions: dict[int, tuple[int, int, int]]) -> Batch:
         batch = self.collate(items)
-        batch.stream_position = (worker, cursor[0], cursor[1], taken)
+        batch.stream_position = (worker, positions)
         return batch
 
 
 class StreamLoader(DataLoader):
     """A DataLoader over a `ShardStream`: `len()` batches per epoch on every rank, resumable, bad samples gathered.
 
-    The same interface as `SampleLoader` (set_epoch, state_dict, load_state_dict, report) for the trainer.
+    The same interface as `SampleLoader` (set_epoch, state_dict, load_state_dict, report) for the trainer, and
+    `resume_epoch` to continue from every saved rank's state on another number of ranks or workers.
     """
 
-    def __init__(self, stream: ShardStream, length: int, num_workers: int = 0, pin_memory: bool = False):
+    def __init__(self, stream: ShardStream, length: int, counts: list[int], num_workers: int = 0,
+                 pin_memory: bool = False):  # fmt: skip
         # no persistent workers: each epoch's shard order and start positions are set on the stream in this process
         super().__init__(stream, batch_size=None, num_workers=num_workers, pin_memory=pin_memory)
-        self.stream, self.length, self.workers = stream, length, max(num_workers, 1)
+        self.stream, self.length, self.counts, self.workers = stream, length, counts, max(num_workers, 1)
+        self.native = (length, num_workers)  # this run's own epoch length and workers (see _read_in)
         self.report = BadSampleReport("skip")
         self.consumed = 0
-        self.positions: dict[int, tuple[int, int, int | None]] = {}
+        self.positions: dict[int, tuple[int, int, int | None]] = {}  # slot -> read position after its last batch
         self.next_worker = 0  # the worker whose batch comes next (the DataLoader takes them in turn)
         self._resumed_epoch: int | None = None
 
@@ -193,33 +251,71 @@ class StreamLoader(DataLoader):
         """What the batches carry beyond images and captions: short captions when the first sample has one."""
         return frozenset({SHORT_CAPTIONS} if self.stream.collate.with_short else ())
 
+    @property
+    def layout(self) -> ReadLayout:
+        """The layout this epoch is read in: this run's own, or a resumed epoch's saved one."""
+        s = self.stream.settings
+        return self.stream.layout or ReadLayout(s.world_size, self.workers, s.batch_size)
+
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch's shard order and buffer draw; a resumed epoch keeps its start positions."""
         if epoch != self._resumed_epoch:
-            self.stream.start, self.consumed, self.positions, self.next_worker = {}, 0, {}, 0
-            self._resumed_epoch = None
+            self._start_epoch()
         self.stream.epoch = epoch
 
+    def _start_epoch(self) -> None:
+        """A new epoch: from its start, in this run's own layout."""
+        self.stream.start, self.consumed, self.positions, self.next_worker = {}, 0, {}, 0
+        self._resumed_epoch = None
+        self._read_in(None)
+
     def state_dict(self) -> dict:
-        """Epoch, batches consumed in it, each worker's read position after its last consumed batch, and the worker
-        whose batch comes next."""
-        positions = {str(w): list(p) for w, p in self.positions.items()}
-        return {"epoch": self.stream.epoch, "batches_done": self.consumed, "workers": self.workers,
-                "positions": positions, "next_worker": self.next_worker}  # fmt: skip
+        """Epoch, batches consumed in it, the layout it is read in, each of this rank's slots' read position after
+        its last consumed batch, and the worker whose batch comes next."""
+        layout = self.layout
+        slots = {str(slot): list(p) for slot, p in self.positions.items()}
+        return {"epoch": self.stream.epoch, "batches_done": self.consumed, "ranks": layout.ranks,
+                "workers": layout.workers, "batch": layout.batch, "slots": slots,
+                "next_worker": self.next_worker}  # fmt: skip
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue the saved epoch from the saved positions (from its start if the worker count changed)."""
-        self.stream.epoch = self._resumed_epoch = int(state["epoch"])
-        self.consumed = int(state.get("batches_done", 0))
-        if state.get("workers") != self.workers:
-            saved = state.get("workers")
-            log.warning("data: resumed with %d loader workers (saved: %s); the epoch restarts", self.workers, saved)
-            self.consumed = 0
-            return
-        self.positions = {int(w): (int(p[0]), int(p[1]), int(p[2]) if len(p) > 2 else None)
-                          for w, p in state.get("positions", {}).items()}  # fmt: skip
+        """Continue the epoch from this rank's saved state (on as many ranks as it was saved on)."""
+        self.resume_epoch([state], self.stream.settings.world_size, ranks=[self.stream.settings.rank])
+
+    def resume_epoch(self, states: list[dict], saved_world: int, ranks: list[int] | None = None) -> None:
+        """Continue the saved epoch from the saved ranks' states (`ranks`: whose they are; default every rank's, in
+        rank order), read in the saved layout when it is not this run's own (see the module docstring)."""
+        first = states[0]
+        self.stream.epoch = self._resumed_epoch = int(first["epoch"])
+        self.consumed = int(first.get("batches_done", 0))
+        self.next_worker = int(first.get("next_worker", 0))
+        s = self.stream.settings
+        workers = int(first.get("workers", 1))
+        saved = ReadLayout(int(first.get("ranks", saved_world)), workers,
+                           int(first.get("batch", s.batch_size * s.world_size // saved_world)))  # fmt: skip
+        self.positions = {}
+        for rank, state in zip(ranks or range(len(states)), states, strict=True):
+            self.positions.update(_slot_positions(state, rank, workers))
         self.stream.start = dict(self.positions)
-        self.next_worker = int(state.get("next_worker", 0))
+        self._read_in(None if saved == ReadLayout(s.world_size, max(self.native[1], 1), s.batch_size) else saved)
+
+    def _read_in(self, saved: ReadLayout | None) -> None:
+        """Read this epoch in the `saved` layout (its length and worker count), or in this run's own (None)."""
+        if saved == self.stream.layout:
+            return
+        self.stream.layout = saved
+        length, num_workers = self.native
+        if saved is not None:
+            length = epoch_length(self.stream.cfg, self.counts, saved.batch, saved.ranks, saved.workers)
+            num_workers = saved.workers if saved.workers > 1 else min(num_workers, 1)
+            if self.stream.settings.rank == 0:
+                log.warning("data: the rest of streamed epoch %d is read as it was saved (%d ranks x %d workers, "
+                            "batches of %d), so each step trains the rows of the uninterrupted run; this run's own "
+                            "layout starts with the next epoch", self.stream.epoch, saved.ranks, saved.workers,
+                            saved.batch)  # fmt: skip
+        self.length, self.num_workers, self.workers = length, num_workers, max(num_workers, 1)
+        if num_workers and self.prefetch_factor is None:  # built without workers: the DataLoader's default
+            self.prefetch_factor = 2
 
     def __iter__(self) -> Iterator[Batch]:
         if self.consumed >= self.length:
@@ -235,20 +331,30 @@ class StreamLoader(DataLoader):
                 self._record(batch)
                 continue
             self.consumed += 1
-            worker, shard_pos, offset, taken = batch.stream_position
-            self.positions[worker] = (shard_pos, offset, taken)
+            worker, positions = batch.stream_position
+            self.positions.update(positions)
             self.next_worker = (worker + 1) % self.workers
             self._record(batch.skipped)
             yield batch
             if self.consumed >= self.length:
                 break
         self.stream.epoch += 1
-        self.stream.start, self.consumed, self.positions, self._resumed_epoch = {}, 0, {}, None
-        self.next_worker = 0
+        self._start_epoch()
 
     def _record(self, bads: list[BadSample]) -> None:
         known = {(b.where, b.record) for b in self.report.items}
         self.report.items += [b for b in bads if (b.where, b.record) not in known]
+
+
+def _slot_positions(state: dict, rank: int, workers: int) -> dict[int, tuple[int, int, int | None]]:
+    """slot -> read position in rank `rank`'s saved loader state (positions by worker before the slots were
+    saved: slot = rank × workers + worker)."""
+    if "slots" in state:
+        found = state["slots"].items()
+    else:
+        found = ((rank * workers + int(w), p) for w, p in state.get("positions", {}).items())
+    return {int(slot): (int(p[0]), int(p[1]), int(p[2]) if len(p) > 2 and p[2] is not None else None)
+            for slot, p in found}  # fmt: skip
 
 
 def rank_capacity(counts: list[int], batch_size: int, rank: int, world_size: int, workers: int) -> int:
@@ -313,7 +419,7 @@ def build_stream_loader(
     with_short = _has_short(urls[0], cfg)
     settings = StreamSettings(batch_size, rank, world_size, seed, train, draft_size)
     stream = ShardStream(urls, cfg, image_transform, Collator(tokenize, with_short), settings)
-    loader = StreamLoader(stream, length, num_workers, pin_memory)
+    loader = StreamLoader(stream, length, counts, num_workers, pin_memory)
     loader._record(checked.items)  # counted from the start: the epoch may end before the stream reaches them
     return loader
 

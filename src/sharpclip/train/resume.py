@@ -1,5 +1,5 @@
 """What `sharpclip train --resume` continues, where it writes, which changed settings it may apply, and how each
-rank takes up its saved state (also on another number of ranks: `rank_states`, `change_world`).
+rank takes up its saved state (`rank_states`; on another number of ranks: train.reshard).
 
 `--resume RUN` continues the run directory RUN (its newest complete checkpoint) and writes into RUN, wherever the
 run was first started: `train.output_dir` in RUN/config.yaml is only where it started. `--resume
@@ -38,7 +38,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from sharpclip.config import Config, ConfigError, TrainConfig, load_config
+from sharpclip.config import Config, ConfigError, load_config
 from sharpclip.train import checkpoint
 from sharpclip.train.logging import log
 from sharpclip.train.run_dir import MARKER
@@ -198,37 +198,16 @@ def _checked(path: Path, loaded: tuple, expected: dict[str, Any] | None) -> tupl
     return loaded
 
 
-# -- per-rank states and a change of world size (the trainer's resume) -------------------------------------------
+# -- per-rank states (the trainer's resume) ---------------------------------------------------------------------
 def rank_states(
     trainer_state: dict, training: dict, rank: int, world: int
-) -> tuple[tuple[dict, dict] | None, int, dict]:
-    """(this rank's (loader state, RNG state), or None when the world size changed; the saved world size; rank
-    0's loader state), taken out of a checkpoint's `trainer_state` (and its `training` state's RNG states), for
+) -> tuple[tuple[dict, dict] | None, list[dict]]:
+    """(this rank's (loader state, RNG state), or None when the world size changed; every saved rank's loader
+    state, in rank order), taken out of a checkpoint's `trainer_state` (and its `training` state's RNG states), for
     `rank` of `world`. A checkpoint that predates per-rank states holds rank 0's, which every rank then takes."""
     first = trainer_state.pop("loader")
     saved = int(trainer_state.pop("world_size", world))
-    loaders = trainer_state.pop("loaders", None) or [first] * world
+    loaders = trainer_state.pop("loaders", None) or [first] * saved
     trainer_state.pop("rank_batch", None)
     rngs = training.get("rank_rng") or [training["rng"]] * world
-    return ((loaders[rank], rngs[rank]) if saved == world else None), saved, first
-
-
-def change_world(state: Any, cfg: TrainConfig, ranks_saved: int, saved: dict, rank: int, world: int) -> bool:
-    """Resume on another number of ranks at the next clean boundary: the saved epoch's start when the checkpoint
-    is there, else the end of the saved epoch (validated and saved at once), then the next epoch from its start.
-    Each rank's batches differ in size and content on another world size, so the saved epoch cannot continue
-    part-way; the global batch and the step count are unchanged. Random streams restart from (seed, rank, step).
-
-    state: the restored trainer state (step, epoch); saved: rank 0's saved loader state. Returns whether the
-    resumed epoch ends at once (batches of it were done). rank, world: this process among the resumed run's."""
-    done = int(saved.get("batches_done", saved.get("start", 0)))
-    if rank == 0:
-        rest = (f"the rest of epoch {state.epoch} after its {done} batches done is skipped (that epoch is "
-                f"validated and saved now), training continues at the start of epoch {state.epoch + 1}"
-                if done else f"training continues at the start of epoch {state.epoch}")  # fmt: skip
-        log.warning(
-            "resumed on %d ranks, saved on %d (per-rank batch %d, was %d): %s, with the same global batch of %d",
-            world, ranks_saved, cfg.batch_size // world, cfg.batch_size // ranks_saved, rest, cfg.batch_size,
-        )  # fmt: skip
-    checkpoint.seed_rngs(cfg.seed + rank + 1_000_003 * state.step)
-    return bool(done)
+    return ((loaders[rank], rngs[rank]) if saved == world else None), loaders

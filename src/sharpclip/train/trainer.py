@@ -166,7 +166,6 @@ class Trainer:
         self._resume_rng: dict | None = None  # RNG states to restore once the resumed epoch's iterator exists
         self._resumed_epoch = False  # the next epoch continues a checkpoint's epoch part-way
         self._ran_out: list[int] = []  # the ranks whose loader ended the last epoch early
-        self._end_at_once = False  # the resumed epoch ends without a batch (resumed on another world size)
         self._epoch_open = False  # steps of the current epoch were taken but its end (validation, best) is not done
         self._saturated: list[tuple[float, float]] = []  # (saturated, all) contrastive matrices of this epoch's steps
         self._weights = float(self._max_abs())  # max |w| after the last update
@@ -255,8 +254,6 @@ class Trainer:
             checkpoint.set_rng_state(self._resume_rng, self.device)
             self._resume_rng = None
         taken, budget = 0, self.state.step < self.total_steps
-        if self._end_at_once:  # resumed on another world size part-way through this epoch (resume.change_world)
-            self._end_at_once, batches = False, iter(())
         for batch in self._steps(batches):
             taken += 1
             record = self._train_step(batch, self._data_wait)
@@ -582,8 +579,7 @@ class Trainer:
 
     def resume(self, path: Path, loaded: tuple | None = None) -> None:
         """Continue exactly from checkpoint `path`: weights, optimiser, schedule, each rank's loader position and RNG
-        (on another number of ranks: where it stopped when the loader's position is global, `train.reshard`, else from
-        the next clean boundary, `train.resume.change_world`).
+        (on another number of ranks too, where it stopped: `train.reshard`).
 
         `loaded`: `checkpoint.load(path)` already read (and checked). The learning rate then follows this trainer's
         config at the restored step (train.resume documents what may change); the JSONL logs are cut back to what
@@ -595,7 +591,7 @@ class Trainer:
         else:
             self.model.load_state_dict(weights)
         training = self._load_training(path, training, int(trainer_state.get("world_size", 1)))
-        ranks, saved_world, first = resume_policy.rank_states(trainer_state, training, self.ctx.rank, self.ctx.world)
+        ranks, loaders = resume_policy.rank_states(trainer_state, training, self.ctx.rank, self.ctx.world)
         logs = trainer_state.pop("logs", None)
         self._epoch_open = bool(trainer_state.pop("epoch_open", False))  # then fit() owes that epoch its end
         self._saturated = [tuple(pair) for pair in trainer_state.pop("saturated", [])]
@@ -604,12 +600,8 @@ class Trainer:
         if ranks is not None:  # the same world size: each rank continues its own position and random streams
             self.loader.load_state_dict(ranks[0])
             self._resume_rng = ranks[1]
-        elif not reshard.continue_mid_epoch(
-            self.state, self.cfg, saved_world, first, self.loader, self.ctx.rank, self.ctx.world
-        ):  # exact
-            self._end_at_once = resume_policy.change_world(
-                self.state, self.cfg, saved_world, first, self.ctx.rank, self.ctx.world
-            )
+        else:  # exact, on this world size: train.reshard
+            reshard.continue_mid_epoch(self.state, self.cfg, loaders, self.loader, self.ctx.rank, self.ctx.world)
         self._reschedule()
         self._weights = float(self._max_abs())
         if self.is_main:
