@@ -357,7 +357,8 @@ class AugmentConfig:
     The papers' recipes train on CLIP's centre crop, so every recipe leaves this off. On: a random crop of
     `scale` × the image area and aspect ratio in `ratio` (log-uniform), resized to the model's size, then with
     probability `color_jitter_prob` brightness / contrast / saturation / hue jitter of the given strengths, and
-    with probability `gray_scale_prob` greyscale.
+    with probability `gray_scale_prob` greyscale. Each sample's draws are seeded from (train.seed, epoch, sample),
+    so a run draws the same crops at every world size and loader worker count, and after a resume.
     """
 
     enabled: bool = False  # turn the augmentation on (training only)

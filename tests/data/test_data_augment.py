@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 
 import pytest
 import torch
 from data_helpers import cfg_for, prep
 from PIL import Image
 
-from sharpclip.config import AugmentConfig, ConfigError
+from _support.tiny_files import write_generic
+from sharpclip.config import AugmentConfig, ConfigError, DataConfig
 from sharpclip.data import build_loader
 from sharpclip.data.augment import AugmentedTransform, color_jitter, crop_box
 from sharpclip.data.transforms import ClipImageTransform
@@ -46,15 +49,43 @@ def test_augmented_transform_keeps_shape_and_normalisation_and_varies():
     assert not torch.equal(outs[0], outs[1]) and not torch.equal(outs[0], base(image))
 
 
-def test_draws_follow_pythons_generator_so_a_restored_state_repeats_them():
+def test_draws_follow_the_given_generator():
     aug = AugmentedTransform(ClipImageTransform(16), AugmentConfig(enabled=True, scale=[0.2, 0.5]))
     image = Image.effect_noise((40, 30), 80).convert("RGB")
-    random.seed(7)
-    first = aug(image)
-    state = random.getstate()  # what a checkpoint stores (train.checkpoint.rng_state)
-    second = aug(image)
-    random.setstate(state)
-    assert torch.equal(aug(image), second) and not torch.equal(first, second)
+    assert torch.equal(aug(image, random.Random(7)), aug(image, random.Random(7)))
+    assert not torch.equal(aug(image, random.Random(7)), aug(image, random.Random(8)))
+
+
+def _pixels(root: Path, workers: int, epoch: int, stop_after: int | None = None, state: dict | None = None):
+    """{row id: pixels} of one training epoch of 12 generic rows with augmentation, batches of 3; with `stop_after`,
+    (the first batches' pixels, the loader's state) instead; with `state`, from that saved position."""
+    augment = AugmentConfig(enabled=True, scale=[0.1, 0.3], color_jitter=[0.3, 0.3, 0.3, 0.05])
+    data = DataConfig(format="generic", root=str(root), num_workers=workers, augment=augment)
+    loader = build_loader(data, "train", prep(TOK, 16), batch_size=3, seed=5)
+    if state is not None:
+        loader.load_state_dict(state)
+    loader.set_epoch(epoch)
+    seen, batches = {}, iter(loader)
+    for k, batch in enumerate(batches):
+        seen |= dict(zip(batch.ids, batch.pixel_values, strict=True))
+        if stop_after is not None and k + 1 == stop_after:
+            return seen, json.loads(json.dumps(loader.state_dict()))
+    return seen
+
+
+def test_each_sample_draws_its_own_crops_whichever_worker_reads_it_and_after_a_resume(tmp_path):
+    """The loaders seed each sample's draws from (seed, epoch, row): the same pixels with 0 or 2 loader workers and
+    after a resume mid-epoch with workers (whose generators restart), other crops in another epoch."""
+    root = write_generic(tmp_path, n=12, splits=("train",))
+    alone = _pixels(root, 0, epoch=1)
+    workers = _pixels(root, 2, epoch=1)
+    first, state = _pixels(root, 2, epoch=1, stop_after=2)
+    resumed = _pixels(root, 2, epoch=1, state=state)
+    assert len(alone) == 12 and len(first) == 6 and first.keys().isdisjoint(resumed)
+    for pixels in (workers, first | resumed):
+        assert pixels.keys() == alone.keys() and all(torch.equal(pixels[k], alone[k]) for k in alone)
+    other = _pixels(root, 0, epoch=2)
+    assert not any(torch.equal(other[k], alone[k]) for k in alone)
 
 
 def test_off_by_default_and_never_in_evaluation():

@@ -1,15 +1,17 @@
 """Training-time augmentation like open_clip's `--aug-cfg`: random resized crop and colour jitter, in PIL + numpy.
 
-    transform = AugmentedTransform(model_transform, cfg.augment, seed)   # PIL image -> (3, size, size), as before
+    transform = AugmentedTransform(model_transform, cfg.augment)   # PIL image -> (3, size, size), as before
+    pixels = augmented(transform, image, seed, epoch, key)         # with the sample's own draws
 
 Random resized crop: a box of area `scale` × the image's (uniform) and aspect ratio `ratio` (log-uniform), up to 10
 draws, else the largest centred box within `ratio` (the rule torchvision's RandomResizedCrop follows); the box is
 resized to size × size with the model's resample filter and normalised with its mean/std. Colour jitter (with
 probability `color_jitter_prob`): brightness, contrast, saturation and hue factors drawn uniformly in [1 - s, 1 + s]
 (hue: a shift in [-s, s] of the hue circle), applied in a random order; greyscale with probability
-`gray_scale_prob`. Draws come from Python's global generator: in a DataLoader worker torch seeds it per worker and
-epoch from the run's seed, and in the main process the checkpoint saves and restores it, so a run and its resume
-draw the same crops.
+`gray_scale_prob`. The loaders give each sample its own generator, seeded from (run seed, epoch, sample)
+(`sample_draws`), so a sample's crop and jitter in an epoch do not depend on which rank or loader worker reads it,
+nor on how far that worker had read: a run draws the same crops at every world size and worker count, and a resume
+mid-epoch draws the uninterrupted run's. Called without one, the transform draws from Python's global generator.
 Evaluation never uses this: only `build_loader(..., train=True)` wraps the model's transform.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from types import ModuleType
 
 import numpy as np
@@ -87,9 +90,10 @@ class AugmentedTransform:
         crop, jitter = self.cfg.scale, self.cfg.color_jitter
         return f"{self.base.interpolation}; training: random resized crop of area {crop}, colour jitter {jitter}"
 
-    def __call__(self, image: Image.Image) -> Tensor:
-        """RGB → random crop → size × size → jitter / greyscale → normalised (3, size, size) float32."""
-        rng, size = random, self.base.size  # the global generator (see the module docstring)
+    def __call__(self, image: Image.Image, rng: random.Random | None = None) -> Tensor:
+        """RGB → random crop → size × size → jitter / greyscale → normalised (3, size, size) float32; the draws from
+        `rng` (default: Python's global generator)."""
+        rng, size = rng or random, self.base.size
         image = to_rgb(image, self.base.alpha)  # the base's transparency policy (data.image_alpha)
         box = crop_box(*image.size, self.cfg.scale, self.cfg.ratio, rng)
         image = image.resize((size, size), self.base.resample, box=box)
@@ -99,3 +103,15 @@ class AugmentedTransform:
             image = image.convert("L").convert("RGB")
         chw = np.asarray(image, dtype=np.float32).transpose(2, 0, 1) / 255.0
         return torch.from_numpy((chw - self.base.mean) / self.base.std)
+
+
+def sample_draws(seed: int, epoch: int, key: object) -> random.Random:
+    """The generator of one sample's augmentation in one epoch (`key`: its row index or id); see the docstring."""
+    return random.Random(f"{seed}:{epoch}:{key}")
+
+
+def augmented(transform: Callable[[Image.Image], Tensor], image: Image.Image, seed: int, epoch: int, key: object):
+    """`transform(image)`, drawing from the sample's own generator when the transform augments."""
+    if isinstance(transform, AugmentedTransform):
+        return transform(image, sample_draws(seed, epoch, key))
+    return transform(image)

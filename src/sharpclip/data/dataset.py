@@ -31,6 +31,7 @@ from PIL import Image
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from sharpclip.data.augment import augmented
 from sharpclip.data.images import ImageLoadError, describe, load_image
 from sharpclip.data.schema import (
     EDIT_PAIRS,
@@ -152,7 +153,8 @@ class SampleDataset(Dataset):
     def _pixels(self, i: int) -> Tensor | BadSample:
         row = self.rows[i]
         try:
-            return self.transform(load_image(row.image, self.draft_size, self.max_image_pixels))
+            image = load_image(row.image, self.draft_size, self.max_image_pixels)
+            return augmented(self.transform, image, self.seed, self.epoch, i)
         except ImageLoadError as err:  # returned, not raised: a loader worker would wrap it in its traceback
             return BadSample(self.samples[row.sample].source or describe(row.image), row.id, err.reason)
 

@@ -46,6 +46,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from sharpclip.config import DataConfig
+from sharpclip.data.augment import augmented
 from sharpclip.data.dataset import Collator, Item, Row
 from sharpclip.data.formats import webdataset as wds_format
 from sharpclip.data.images import ImageLoadError, load_image
@@ -103,7 +104,7 @@ class ReadLayout:
         return self.ranks * self.workers
 
     def readers(self, worker: int, rows: range) -> list[tuple[int, range, bool]]:
-        """(slot, the rows of its batches in `rows`, whether the slot's first row is in `rows`) for each slot of
+        """(slot, the rows of its batches in `rows`, whether its batches' first row is in `rows`) for each slot of
         `worker` whose rows of the global batch (rank r's batch: rows r·batch … (r + 1)·batch − 1) meet `rows`."""
         found = []
         for rank in range(self.ranks):
@@ -149,7 +150,8 @@ class ShardStream(IterableDataset):
         caption = wds_format.pick_caption(sample, self.cfg, self.settings.seed, self.epoch)
         try:
             image = load_image(sample.image, self.settings.draft_size, self.cfg.max_image_pixels)
-            return Item(replace(row, caption=caption), self.transform(image) if transform else None, caption)
+            pixels = augmented(self.transform, image, self.settings.seed, self.epoch, sample.id) if transform else None
+            return Item(replace(row, caption=caption), pixels, caption)
         except ImageLoadError as err:  # returned, not raised: StreamLoader applies the policy in the main process
             return BadSample(sample.source, sample.id, err.reason)
 
@@ -162,7 +164,7 @@ class ShardStream(IterableDataset):
         s = self.settings
         layout = self.layout or ReadLayout(s.world_size, workers, s.batch_size)
         readers = layout.readers(worker, range(s.rank * s.batch_size, (s.rank + 1) * s.batch_size))
-        streams = [self._slot_batches(slot, layout, rows) for slot, rows, _ in readers]
+        streams = [self._slot_batches(slot, layout, mine) for slot, mine, _ in readers]
         for parts in zip(*streams, strict=False):  # up to the first stream's end
             rows, bads, positions = [], [], {}
             for (slot, mine, reports), (items, position) in zip(readers, parts, strict=True):

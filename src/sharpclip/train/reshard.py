@@ -10,7 +10,7 @@ resumed run reads the rest of the saved epoch in the saved layout, each rank kee
 (`StreamLoader.resume_epoch`, from every saved rank's state), and deals the next epoch to its own slots.
 
 Either way the resumed run trains, at each step, the rows the uninterrupted run would have trained. What cannot
-carry over is each rank's random streams (dropout, augmentation in the main process): they restart from (seed,
+carry over is each rank's random streams (dropout; augmentation is seeded per sample): they restart from (seed,
 rank, step), as at a clean boundary, and the loader workers' seeds follow (seed, epoch, rank) as always.
 """
 

@@ -175,7 +175,7 @@ class Trainer:
         self._async_saves = cfg.async_checkpoint and self.device.type in ASYNC_CHECKPOINT_DEVICES
         self._saving: tuple[checkpoint.PendingSave, bool, float] | None = None  # a save still being written
         if self.ctx.several:  # the weights are equal on every rank by now: from here ranks draw apart
-            checkpoint.seed_rngs(cfg.seed + self.ctx.rank)  # dropout, augmentation in the main process, workers
+            checkpoint.seed_rngs(cfg.seed + self.ctx.rank)  # dropout, LoRA dropout, the workers' base seeds
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         sinks = (cfg.tensorboard, cfg.wandb, cfg.wandb_project, cfg.wandb_name)
