@@ -15,6 +15,15 @@ from _support.tiny_run import caption
 from sharpclip.config import Config, load_config
 
 
+def write_image_folder(folder: Path, n: int = 4) -> Path:
+    """An image-folder dataset: `n` coloured 32-px JPEGs `NNNNN.jpg`, each beside its caption `NNNNN.txt`."""
+    folder.mkdir(parents=True)
+    for i in range(n):
+        Image.new("RGB", (32, 32), (60 * i, 80, 120)).save(folder / f"{i:05d}.jpg")
+        (folder / f"{i:05d}.txt").write_text(f"square {i}")
+    return folder
+
+
 def write_generic(root: Path, n: int = 8, splits: tuple[str, ...] = ("train", "test")) -> Path:
     """`root/<split>.jsonl` of `n` rows each, with `n` small random PNGs per split under `root/images/`
     (`<split>-<i>.png`: splits share no image, as training refuses a validation split that overlaps it)."""

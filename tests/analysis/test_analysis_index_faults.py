@@ -13,24 +13,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from PIL import Image
 from safetensors.torch import save_file
 
+from _support.tiny_files import write_image_folder
 from sharpclip.analysis import index as ix
 from sharpclip.cli import main
 
 
-def _images(folder: Path, n: int = 4) -> Path:
-    folder.mkdir(parents=True)
-    for i in range(n):
-        Image.new("RGB", (32, 32), (60 * i, 80, 120)).save(folder / f"{i:05d}.jpg")
-        (folder / f"{i:05d}.txt").write_text(f"square {i}")
-    return folder
-
-
 @pytest.fixture
 def es(tmp_path: Path) -> Path:
-    return _images(tmp_path / "es")
+    return write_image_folder(tmp_path / "es")
 
 
 def _search(images: Path, index: Path, *extra: str) -> int:
@@ -90,7 +82,7 @@ def test_a_folder_holding_another_tools_manifest_is_refused_and_nothing_in_it_de
 
 # -- point 2: the index's identity decides its folder ---------------------------------------------------------------
 def test_two_folders_named_images_get_two_indexes_and_rebuilding_one_keeps_the_other(tmp_path: Path):
-    a, b = _images(tmp_path / "a" / "images", 3), _images(tmp_path / "b" / "images", 5)
+    a, b = write_image_folder(tmp_path / "a" / "images", 3), write_image_folder(tmp_path / "b" / "images", 5)
     assert _search(a, tmp_path / "idx") == 0 and _search(b, tmp_path / "idx") == 0
     folders = sorted(p.parent for p in (tmp_path / "idx").rglob(ix.MANIFEST))
     assert len(folders) == 2 and all(f.parent.name.startswith("images-") for f in folders)

@@ -11,16 +11,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from _support.tiny_files import write_image_folder
 from sharpclip.analysis import index as ix
 from sharpclip.cli import main
-
-
-def _images(folder: Path, n: int = 4) -> Path:
-    folder.mkdir(parents=True)
-    for i in range(n):
-        Image.new("RGB", (32, 32), (60 * i, 80, 120)).save(folder / f"{i:05d}.jpg")
-        (folder / f"{i:05d}.txt").write_text(f"square {i}")
-    return folder
 
 
 def _generic(root: Path) -> Path:
@@ -46,7 +39,7 @@ def in_tmp(tmp_path: Path):
 
 
 def test_an_image_folder_index_is_the_same_from_any_working_directory_or_path_form(in_tmp: Path, capsys):
-    _images(in_tmp / "es")
+    write_image_folder(in_tmp / "es")
     query = ["--model", "tiny-clip", "--text", "square", "-k", "2", "eval.progress=false"]
     assert main(["search", "--images", "es", "--index", "idx", *query]) == 0
     built = _manifests(in_tmp / "idx")
