@@ -9,6 +9,7 @@ import json
 import logging
 import multiprocessing
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -267,6 +268,40 @@ def test_overwrite_refuses_a_run_directory_that_also_holds_other_files_and_names
     with pytest.raises(RunDirError, match=r"checkpoints/notes\.txt, thesis\.tex"):
         run_train(tiny_config(data, run), overwrite=True)
     assert (run / "thesis.tex").is_file() and (run / "checkpoints" / "step-000040").is_dir()
+
+
+def _sink_folders(run: Path) -> None:
+    """What TensorBoard's SummaryWriter and wandb (dir=RUN) leave in a run directory."""
+    (run / "tensorboard" / "1700000000.123").mkdir(parents=True)  # add_hparams' sub-folder
+    (run / "tensorboard" / "events.out.tfevents.1700000000.host.1.0").write_bytes(b"\x00events")
+    (run / "tensorboard" / "1700000000.123" / "events.out.tfevents.1700000001.host.1.1").write_bytes(b"\x00")
+    (run / "wandb" / "run-20261205_040000-abc123" / "files").mkdir(parents=True)
+    (run / "wandb" / "run-20261205_040000-abc123" / "files" / "config.yaml").write_text("wandb_version: 1\n")
+    (run / "wandb" / "latest-run").symlink_to("run-20261205_040000-abc123")
+    (run / "wandb" / "debug.log").write_text("log\n")
+
+
+@pytest.mark.parametrize("mine", ["tensorboard/my_notes.txt", "tensorboard/1700000000.123/plot.png",
+                                  "wandb/analysis.ipynb"])  # fmt: skip
+def test_overwrite_keeps_a_users_file_among_the_sinks_folders_and_names_it(data, tmp_path, mine):
+    """tensorboard/ and wandb/ hold what those sinks write (event files, wandb's run folders and logs); a user's
+    file beside them makes --overwrite refuse, naming it, and nothing is deleted."""
+    run = tmp_path / "run"
+    _fake_old_run(run, (40,))
+    _sink_folders(run)
+    user = run / mine
+    user.write_text("mine")
+    with pytest.raises(RunDirError, match=re.escape(mine)):
+        run_train(tiny_config(data, run), overwrite=True)
+    assert user.read_text() == "mine" and (run / "tensorboard" / "events.out.tfevents.1700000000.host.1.0").is_file()
+
+
+def test_overwrite_removes_the_sinks_folders_when_they_hold_only_the_sinks_files(data, tmp_path):
+    run = tmp_path / "run"
+    _fake_old_run(run, (40,))
+    _sink_folders(run)
+    assert run_train(tiny_config(data, run), overwrite=True).step == 2
+    assert not (run / "tensorboard").exists() and not (run / "wandb").exists()
 
 
 def test_a_run_killed_during_start_up_is_started_again_with_overwrite(data, tmp_path):

@@ -8,8 +8,8 @@ A folder is a run directory only by sharpclip's own evidence: the marker `.sharp
 takes the folder (before the model is built, so a run killed during start-up is still recognised), or the checkpoint
 layout (`checkpoints/step-*/trainer_state.json`, for runs written before the marker existed). A `config.yaml` alone
 proves nothing: many projects have one. `--overwrite` deletes only the files and folders a run writes (`RUN_FILES`,
-`RUN_FOLDERS`) and refuses, naming them, when anything else is there; the refusal of a fresh run suggests
-`--overwrite` only when that would be safe.
+`RUN_FOLDERS`, and inside tensorboard/, wandb/ and eval/ only what their writers write) and refuses, naming them,
+when anything else is there; the refusal of a fresh run suggests `--overwrite` only when that would be safe.
 
 While a run writes, `.sharpclip.lock` holds the writer's host and pid and an `flock` that the writer keeps for its
 whole life. The lock file is written completely under a temporary name and then hard-linked into place, so it never
@@ -69,7 +69,7 @@ def foreign(path: Path) -> list[str]:
     ckpts = path / CHECKPOINTS
     if ckpts.is_dir() and not ckpts.is_symlink():
         found += [f"{CHECKPOINTS}/{p.name}" for p in sorted(ckpts.iterdir()) if not _is_checkpoint_entry(p)]
-    return sorted(found + _foreign_reports(path))
+    return sorted(found + _foreign_reports(path) + _foreign_sink_files(path))
 
 
 def _foreign_reports(path: Path) -> list[str]:
@@ -80,6 +80,28 @@ def _foreign_reports(path: Path) -> list[str]:
         return []
     files = [p for p in sorted(folder.rglob("*")) if p.is_symlink() or not p.is_dir()]
     return [str(p.relative_to(path)) for p in files if p.name != owned_files.REGISTRY and not owned_files.is_ours(p)]
+
+
+WANDB_TOP = frozenset({"latest-run", "debug.log", "debug-internal.log", "settings"})  # besides run-* folders
+
+
+def _foreign_sink_files(path: Path) -> list[str]:
+    """Entries under the run's tensorboard/ and wandb/ that those sinks do not write: TensorBoard writes only event
+    files (`events.out.tfevents.*`, in sub-folders too), wandb its run folders (`run-*`, `offline-run-*`) and
+    `WANDB_TOP` (links in recent versions). Anything else is a user's, never deleted with the folder."""
+    found = []
+    tensorboard = path / "tensorboard"
+    if tensorboard.is_dir() and not tensorboard.is_symlink():
+        for p in sorted(tensorboard.rglob("*")):
+            if p.is_symlink() or (not p.is_dir() and not p.name.startswith("events.out.tfevents.")):
+                found.append(str(p.relative_to(path)))
+    wandb = path / "wandb"
+    if wandb.is_dir() and not wandb.is_symlink():
+        for p in sorted(wandb.iterdir()):
+            runs = p.name.startswith(("run-", "offline-run-")) and p.is_dir() and not p.is_symlink()
+            if not runs and p.name not in WANDB_TOP:
+                found.append(str(p.relative_to(path)))
+    return found
 
 
 def _is_checkpoint_entry(p: Path) -> bool:
@@ -149,7 +171,7 @@ def remove_if_empty(path: Path) -> None:
 
 def _remove_run_folder(folder: Path) -> None:
     if folder.name != CHECKPOINTS:
-        shutil.rmtree(folder)  # tensorboard/, wandb/, eval/: written by this run's sinks and reports
+        shutil.rmtree(folder)  # tensorboard/, wandb/, eval/: only the sinks' and reports' files (`foreign`)
         return
     for entry in folder.iterdir():
         if _is_checkpoint_entry(entry):
