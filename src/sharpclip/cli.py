@@ -277,11 +277,15 @@ def _add_distill(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--to", type=path_arg, required=True, metavar="DIR", help="where to write the student's sharpclip checkpoint"
     )
+    p.add_argument(
+        "--overwrite", action="store_true", help="empty an earlier distillation's train.output_dir (its files only)"
+    )
 
     def run(args: argparse.Namespace) -> int:
         from sharpclip.train.distill import run_distill
 
-        print(run_distill(_load(args), args.captions, args.to))  # optimisation settings: the config's `train`
+        # optimisation settings: the config's `train`
+        print(run_distill(_load(args), args.captions, args.to, overwrite=args.overwrite))
         return 0
 
     p.set_defaults(handler=run)

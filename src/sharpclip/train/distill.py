@@ -29,6 +29,7 @@ from sharpclip.models.long_context import stretched_length
 from sharpclip.train import distributed, rank_agreement
 from sharpclip.train.features import FeatureEncoder, build_objective
 from sharpclip.train.parallel import ParallelContext
+from sharpclip.train.run import open_run
 from sharpclip.train.trainer import Trainer
 
 DISTILL_TERMS = {"distill": TermConfig("distill_cosine")}
@@ -96,8 +97,11 @@ def check_target(directory: Path) -> None:
         raise ValueError(f"--to {directory}: not empty ({shown}); give a new or empty folder for the student")
 
 
-def run_distill(cfg: Config, captions_file: str | Path, out_dir: str | Path) -> str:
-    """The `sharpclip distill` command: 5% of the captions (at least one) are held out for the closing report."""
+def run_distill(cfg: Config, captions_file: str | Path, out_dir: str | Path, overwrite: bool = False) -> str:
+    """The `sharpclip distill` command: 5% of the captions (at least one) are held out for the closing report.
+
+    `train.output_dir` is a run directory as `sharpclip train` keeps one (train.run_dir): new or empty, or with
+    `overwrite` an earlier run's (emptied of what a run writes, nothing else), locked while the run writes."""
     check_target(Path(out_dir))  # before anything is loaded or trained
     device = devices.resolve_device(cfg.train.device, "train.device")
     devices.configure_tf32(device, cfg.train.tf32)  # before any model runs
@@ -110,7 +114,13 @@ def run_distill(cfg: Config, captions_file: str | Path, out_dir: str | Path) -> 
             raise rank_agreement.RankConfigMismatch(
                 f"the ranks were given different --captions ({captions_file} on this rank): give every rank one file"
             )
-        return _distill_run(cfg, captions, out_dir, ctx)
+        mode = "overwrite" if overwrite else "fresh"
+        _, lock = open_run(cfg, Path(cfg.train.output_dir), mode, None, ctx, resumable=False)
+        try:
+            return _distill_run(cfg, captions, out_dir, ctx)
+        finally:
+            if lock is not None:
+                lock.release()
     finally:
         distributed.shutdown()
 
@@ -122,9 +132,8 @@ def _distill_run(cfg: Config, captions: list[str], out_dir: str | Path, ctx: Par
     settings = DistillSettings(length, cfg.model.rope_theta, cfg.model.rope_ntk_factor)
     student_cfg = replace(teacher_cfg, text_encoder="rope", context_length=length)
     held = max(1, len(captions) // 20)
-    run_dir = Path(cfg.train.output_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    if ctx.is_main:  # in the run directory open_run has taken
+        (Path(cfg.train.output_dir) / "config.yaml").write_text(to_yaml(cfg))
     student = distill(teacher, captions[:-held], cfg.train, settings, student_cfg, ctx)
     if ctx.is_main:
         save_checkpoint(student, out_dir, student_cfg)

@@ -259,7 +259,7 @@ def run_train(cfg: Config, resume: str | Path | None = None, overwrite: bool = F
     created = mode == "fresh" and not directory.exists()  # a failed start removes a folder it made, once empty
     try:
         rank_agreement.check_same_config(cfg, ctx.all_ranks)  # before anything is opened or trained
-        changed, lock = _open(cfg, directory, mode, named, ctx)
+        changed, lock = open_run(cfg, directory, mode, named, ctx)
         try:
             with _run_logging(directory, ctx):
                 placement = describe_placement(device, ctx)
@@ -290,21 +290,22 @@ def describe_placement(device: torch.device, ctx: ParallelContext | None = None)
     return f"world size {ctx.world}, backend {backend}{layout}, devices: {listed}, torch {torch.__version__}"
 
 
-def _open(
-    cfg: Config, directory: Path, mode: str, named: Path | None, ctx: ParallelContext
+def open_run(
+    cfg: Config, directory: Path, mode: str, named: Path | None, ctx: ParallelContext, resumable: bool = True
 ) -> tuple[dict, run_dir.RunLock | None]:
     """Check the directory for `mode` and reconcile a resume's config (every rank), then take the lock and empty
-    the directory under overwrite (rank 0); when any rank cannot, every rank stops rather than wait at a barrier."""
+    the directory under overwrite (rank 0); when any rank cannot, every rank stops rather than wait at a barrier.
+    Returns (the config changes a resume applies, rank 0's held lock). `resumable`: as run_dir.check_run_dir."""
 
     def check() -> dict:
-        run_dir.check_run_dir(directory, mode)
+        run_dir.check_run_dir(directory, mode, resumable)
         if mode != "resume":
             return {}
         cfg.train.output_dir = str(directory)
         return resume_policy.reconcile(directory, cfg, named)
 
     changed = _together(check, ctx)
-    lock = _together(lambda: run_dir.open_run_dir(directory, mode) if ctx.is_main else None, ctx)
+    lock = _together(lambda: run_dir.open_run_dir(directory, mode, resumable) if ctx.is_main else None, ctx)
     try:
         check_shared_dir(directory, ctx)
     except run_dir.RunDirError:

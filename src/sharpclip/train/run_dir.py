@@ -117,8 +117,9 @@ def _shown(names: list[str]) -> str:
     return ", ".join(names[:5]) + (f", ... ({len(names)} in all)" if len(names) > 5 else "")
 
 
-def check_run_dir(path: Path, mode: str) -> None:
-    """Raise `RunDirError` unless `path` may be used for `mode` (fresh | resume | overwrite); writes nothing."""
+def check_run_dir(path: Path, mode: str, resumable: bool = True) -> None:
+    """Raise `RunDirError` unless `path` may be used for `mode` (fresh | resume | overwrite); writes nothing.
+    `resumable`: whether the command can continue a run (`--resume`), which its refusals then suggest."""
     if mode not in MODES:
         raise ValueError(f"run directory mode {mode!r} is not one of {', '.join(MODES)}")
     if path.exists() and not path.is_dir():
@@ -127,15 +128,16 @@ def check_run_dir(path: Path, mode: str) -> None:
     if not found or mode == "resume":
         return
     run, extra = is_run_dir(path), foreign(path)
+    resume = f"continue that run with `--resume {path}`, " if resumable else ""
     if mode == "fresh" and run and extra:  # --overwrite would refuse: do not suggest it
         raise RunDirError(
-            f"train.output_dir={path} holds a run and files a run does not write ({_shown(extra)}); continue the "
-            f"run with `--resume {path}`, or choose a new train.output_dir"
+            f"train.output_dir={path} holds a run and files a run does not write ({_shown(extra)}); "
+            f"{resume}choose a new train.output_dir"
         )
     if mode == "fresh" and run:
         raise RunDirError(
-            f"train.output_dir={path} is not empty ({_shown(found)}); continue that run with `--resume {path}`, "
-            "replace it with `--overwrite`, or choose a new train.output_dir"
+            f"train.output_dir={path} is not empty ({_shown(found)}); {resume}replace it with `--overwrite`, or "
+            "choose a new train.output_dir"
         )
     if not run:
         raise RunDirError(
@@ -323,14 +325,14 @@ def _same_file(fd: int, path: Path) -> bool:
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
-def open_run_dir(path: str | Path, mode: str) -> RunLock:
+def open_run_dir(path: str | Path, mode: str, resumable: bool = True) -> RunLock:
     """Take `path`'s lock, check it for `mode` under the lock, empty it under `overwrite` and mark it (fresh and
-    overwrite); returns the held lock."""
+    overwrite); returns the held lock. `resumable`: as `check_run_dir`."""
     path = Path(path)
-    check_run_dir(path, mode)  # before creating anything: a refused folder is left exactly as it was
+    check_run_dir(path, mode, resumable)  # before creating anything: a refused folder is left exactly as it was
     lock = RunLock(path).acquire()
     try:
-        check_run_dir(path, mode)  # again under the lock: another run may have started in between
+        check_run_dir(path, mode, resumable)  # again under the lock: another run may have started in between
         if mode == "overwrite" and contents(path):
             log.warning("emptying the run directory %s (overwrite)", path)
             empty_dir(path)
