@@ -625,6 +625,13 @@ class TrainConfig:
 
     def _check_ranges(self) -> None:
         check_declared(self, "train")
+        rate = max([self.lr, *self.module_lr.values()])
+        if self.weight_decay * rate >= 1:  # AdamW's decoupled decay: w ← w·(1 − lr·weight_decay) every step
+            raise ConfigError(
+                f"train.weight_decay: {self.weight_decay:g} with a learning rate of {rate:g} makes AdamW multiply "
+                f"every decayed weight by 1 - lr·weight_decay = {1 - rate * self.weight_decay:.3g} each step, which "
+                "erases or flips it; lower train.weight_decay (typical values 0.01-0.5, CLIP's 0.2)"
+            )
         if self.best_metric not in VALIDATION_METRICS:
             raise ConfigError(
                 f"train.best_metric: {self.best_metric!r} is not a validation metric; use one of "
