@@ -284,8 +284,9 @@ def _add_distill(sub: argparse._SubParsersAction) -> None:
     def run(args: argparse.Namespace) -> int:
         from sharpclip.train.distill import run_distill
 
-        # optimisation settings: the config's `train`
-        print(run_distill(_load(args), args.captions, args.to, overwrite=args.overwrite))
+        summary = run_distill(_load(args), args.captions, args.to, overwrite=args.overwrite)  # settings: `train`
+        if int(os.environ.get("RANK", 0)) == 0:  # under torchrun: one summary, not one per rank
+            print(summary)
         return 0
 
     p.set_defaults(handler=run)
