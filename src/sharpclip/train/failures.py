@@ -31,12 +31,13 @@ def _one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {' '.join(str(err).split())}"[:500]
 
 
-def _watch(store, stop: threading.Event, heartbeat=None, reporting: _Reporting | None = None) -> None:
-    """Until `stop`: when another rank's failure appears in the store (or the store, hosted by rank 0 or by
-    torchrun's agent, is gone), print its one line and end this process now: it may be blocked in a collective
-    that would otherwise wait for `train.dist_timeout_min` (NCCL does not notice a dead peer). `heartbeat`
-    (train.heartbeat): this rank's progress is published, and a rank stalled past its timeout is a failure too."""
-    while not stop.wait(FAILURE_POLL_S):
+def _watch(store, reporting: _Reporting, heartbeat=None) -> None:
+    """Until the training thread stops (`reporting`): when another rank's failure appears in the store (or the
+    store, hosted by rank 0 or by torchrun's agent, is gone), print its one line and end this process now: it may be
+    blocked in a collective that would otherwise wait for `train.dist_timeout_min` (NCCL does not notice a dead
+    peer). `heartbeat` (train.heartbeat): this rank's progress is published, and a rank stalled past its timeout is a
+    failure too."""
+    while not reporting.stopped.wait(FAILURE_POLL_S):
         try:
             if not rendezvous.store_reachable(store):  # a call on a dead store prints a C++ stack dump
                 raise ConnectionError("its host accepts no connection")
@@ -54,12 +55,10 @@ def _watch(store, stop: threading.Event, heartbeat=None, reporting: _Reporting |
             while not store.check([REPORTED_KEY]) and time.monotonic() < deadline:
                 time.sleep(FAILURE_POLL_S / 5)
         except Exception as err:  # the store is unreachable: its host ended (a rank that finished first, too)
-            if stop.wait(FAILURE_WAIT_S):  # this rank is finishing as well
+            if reporting.stopped.wait(FAILURE_WAIT_S):  # this rank is finishing as well
                 return
             message = f"the process group's store is gone ({_one_line(err)}): rank 0 or the launcher ended"
-        if reporting is not None and not reporting.claim():  # this rank failed itself meanwhile: it reports
-            return
-        if reporting is None and stop.is_set():
+        if not reporting.claim():  # this rank failed itself, or finished, meanwhile: nothing for the watcher to say
             return
         print(f"sharpclip: rank {rank()} stops: {message}", file=sys.stderr, flush=True)
         with contextlib.suppress(Exception):  # after a hang no failing rank waits; the store's host (rank 0
@@ -75,19 +74,20 @@ class _Reporting:
     """Who reports this rank's end: the watcher (another rank failed or hung) or the training thread (this rank
     raised), whichever claims it first, so a collective broken by the watcher's report is not reported again."""
 
-    def __init__(self, stop: threading.Event) -> None:
-        self._lock, self._stop, self._watcher = threading.Lock(), stop, False
+    def __init__(self) -> None:
+        self.stopped = threading.Event()  # set by the training thread's claim, or when it leaves the loop
+        self._lock, self._watcher = threading.Lock(), False
 
     def claim(self) -> bool:
         """The watcher's claim: False when the training thread stopped first."""
         with self._lock:
-            self._watcher = not self._stop.is_set()
+            self._watcher = not self.stopped.is_set()
             return self._watcher
 
     def stop(self) -> bool:
         """The training thread's claim (and the watcher's stop): False when the watcher reports already."""
         with self._lock:
-            self._stop.set()
+            self.stopped.set()
             return not self._watcher
 
 
@@ -108,9 +108,8 @@ def failures_end_every_rank(heartbeat=None) -> Iterator[None]:
         yield
         return
     store = dist.distributed_c10d._get_default_store()
-    stop = threading.Event()
-    reporting = _Reporting(stop)
-    threading.Thread(target=_watch, args=(store, stop, heartbeat, reporting), daemon=True,
+    reporting = _Reporting()
+    threading.Thread(target=_watch, args=(store, reporting, heartbeat), daemon=True,
                      name="sharpclip-failures").start()  # fmt: skip
     try:
         yield
@@ -137,4 +136,4 @@ def failures_end_every_rank(heartbeat=None) -> Iterator[None]:
             pass
         raise RankFailed(first) from err
     finally:
-        stop.set()
+        reporting.stopped.set()
