@@ -38,7 +38,6 @@ what `sharpclip config RECIPE --memory` and the start of `train.log` print.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -382,17 +381,16 @@ def materialise(model: nn.Module, device: torch.device) -> nn.Module:
 def plan_for(
     cfg: Config,
     arch: str = "",
-    world: int | None = None,
+    world: int = 1,
     local: int | None = None,
     activations: dict[str, int] | None = None,
     source: str = "estimated",
     model: nn.Module | None = None,
 ) -> Plan:
     """The plan of `cfg` (its model, precision, layout, checkpointing and rows per pass) on `world` ranks, `local`
-    of them per node (default: WORLD_SIZE / LOCAL_WORLD_SIZE, else 1 and min(world, 8)). `model`: the model itself
-    (training start); else it is built on the meta device (`build_meta_model`)."""
-    world = world or int(os.environ.get("WORLD_SIZE", 1))
-    local = local or int(os.environ.get("LOCAL_WORLD_SIZE", min(world, 8)))
+    of them per node (default: min(world, 8), a node of 8 GPUs). `model`: the model itself (training start); else
+    it is built on the meta device (`build_meta_model`)."""
+    local = local or min(world, 8)
     model = model if model is not None else build_meta_model(cfg, arch)
     shape = model_shape(model, frozen_reference=uses_frozen_reference(cfg))
     t = cfg.train
