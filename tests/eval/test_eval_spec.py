@@ -113,8 +113,13 @@ def test_sharpclip_eval_runs_spec_on_a_tiny_model(tmp_path: Path, capsys: pytest
     argv = ["eval", "--model", "tiny-clip", "--suite", "spec", "--data-root", str(FIXTURE.parent)]
     assert main([*argv, "--out", str(tmp_path / "out"), "eval.progress=false"]) == 0
     printed = capsys.readouterr().out
-    assert "| spec | i2t_mean |" in printed and "| spec | t2i: count |" in printed
+    assert "| spec | i2t_mean |" in printed
     report = json.loads((tmp_path / "out" / "eval_report.json").read_text())["spec"]
+    # one breakdown table, a row per subset: its accuracies and item counts in each direction
+    assert "| spec | i2t | i2t_items | t2i | t2i_items |" in printed
+    for subset in SPEC_SUBSETS:
+        cells = [f"{report['i2t'][subset]:.2f}", str(report["i2t_items"][subset]), f"{report['t2i'][subset]:.2f}"]
+        assert f"| {subset} | " + " | ".join(cells) + f" | {report['t2i_items'][subset]} |" in printed
     assert set(report["i2t"]) == set(SPEC_SUBSETS) and 0.0 <= report["mean"] <= 100.0
 
 

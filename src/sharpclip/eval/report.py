@@ -43,7 +43,8 @@ def _fmt(x: Any) -> str:
 
 
 def markdown_report(results: dict[str, dict[str, Any]], ks: list[int]) -> str:
-    """Retrieval rows (T→I and I→T R@K) in one table, every other suite's headline numbers in a second."""
+    """Retrieval rows (T→I and I→T R@K) in one table, every other suite's headline numbers in a second, then each
+    suite's breakdowns (`breakdowns`): one table per group of metrics broken down by the same keys."""
     lines = []
     retrieval = {k: v for k, v in results.items() if v.get("task") == "retrieval"}
     if retrieval:
@@ -60,12 +61,26 @@ def markdown_report(results: dict[str, dict[str, Any]], ks: list[int]) -> str:
             for key, value in r.items():
                 if isinstance(value, float):
                     lines.append(f"| {name} | {key} | {_fmt(value)} |")
-                elif isinstance(value, dict):
-                    lines += [f"| {name} | {key}: {k} | {_fmt(v)} |" for k, v in value.items()]
                 elif isinstance(value, list) and value and all(isinstance(v, str) for v in value):  # SPEC's subsets
                     lines.append(f"| {name} | {key} | {', '.join(value)} |")
         lines.append("")
+        for name, r in others.items():
+            for keys, columns in breakdowns(r):
+                lines += [f"{name} in detail:", ""]
+                lines += [f"| {name} | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+                lines += [f"| {k} | " + " | ".join(_fmt(r[c].get(k, "")) for c in columns) + " |" for k in keys]
+                lines.append("")
     return "\n".join(lines)
+
+
+def breakdowns(metrics: dict[str, Any]) -> list[tuple[list[str], list[str]]]:
+    """(the keys, the metrics broken down by them) for each group of `metrics`' dict-valued entries that share their
+    keys, e.g. SPEC's i2t, i2t_items, t2i and t2i_items by subset: one table each, a row per key."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for name, value in metrics.items():
+        if isinstance(value, dict) and value:
+            groups.setdefault(tuple(value), []).append(name)
+    return [(list(keys), names) for keys, names in groups.items()]
 
 
 REPORT_FILES = ("eval_report.json", "eval_report.md", "eval_manifest.json")
