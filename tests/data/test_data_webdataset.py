@@ -208,7 +208,8 @@ def test_a_streamed_epoch_continues_exactly_on_another_number_of_ranks_or_worker
     keys = img2dataset(tmp_path, 8, 6)
     kw = {} if buffer is None else {"shuffle_buffer": buffer}
     (ranks, workers), (new_ranks, new_workers) = saved, resumed
-    reference = _global_batches(_ranks(tmp_path, ranks, workers, **kw), 1)
+    uninterrupted = _ranks(tmp_path, ranks, workers, **kw)
+    reference = _global_batches(uninterrupted, 1)
     assert len(reference) == 6 and sorted(i for step in reference for i in step) == sorted(keys)
     stopped = _ranks(tmp_path, ranks, workers, **kw)
     for loader in stopped:
@@ -221,7 +222,15 @@ def test_a_streamed_epoch_continues_exactly_on_another_number_of_ranks_or_worker
     for loader in continued:
         loader.resume_epoch(states, ranks)
     assert done + _global_batches(continued, 1) == reference
-    assert _global_batches(continued, 2) == _global_batches(_ranks(tmp_path, new_ranks, new_workers, **kw), 2)
+    fresh = _global_batches(_ranks(tmp_path, new_ranks, new_workers, **kw), 2)
+    assert _global_batches(continued, 2) == fresh
+    # saved at the end of epoch 1: epoch 2 has not begun, and is read in the resumed run's own layout
+    at_end = [json.loads(json.dumps(loader.state_dict())) for loader in uninterrupted]
+    assert {(state["epoch"], state["batches_done"]) for state in at_end} == {(2, 0)}
+    at_boundary = _ranks(tmp_path, new_ranks, new_workers, **kw)
+    for loader in at_boundary:
+        loader.resume_epoch(at_end, ranks)
+    assert _global_batches(at_boundary, 2) == fresh
 
 
 def test_a_saved_slot_read_by_two_ranks_is_reported_bad_by_one(tmp_path):

@@ -286,7 +286,8 @@ class StreamLoader(DataLoader):
 
     def resume_epoch(self, states: list[dict], saved_world: int, ranks: list[int] | None = None) -> None:
         """Continue the saved epoch from the saved ranks' states (`ranks`: whose they are; default every rank's, in
-        rank order), read in the saved layout when it is not this run's own (see the module docstring)."""
+        rank order), read in the saved layout when it is not this run's own and the epoch had begun (see the module
+        docstring); an epoch saved before its first batch is read in this run's own layout."""
         first = states[0]
         self.stream.epoch = self._resumed_epoch = int(first["epoch"])
         self.consumed = int(first.get("batches_done", 0))
@@ -299,7 +300,8 @@ class StreamLoader(DataLoader):
         for rank, state in zip(ranks or range(len(states)), states, strict=True):
             self.positions.update(_slot_positions(state, rank, workers))
         self.stream.start = dict(self.positions)
-        self._read_in(None if saved == ReadLayout(s.world_size, max(self.native[1], 1), s.batch_size) else saved)
+        own = saved == ReadLayout(s.world_size, max(self.native[1], 1), s.batch_size)
+        self._read_in(None if own or not self.consumed else saved)  # an epoch not begun: this run's own layout
 
     def _read_in(self, saved: ReadLayout | None) -> None:
         """Read this epoch in the `saved` layout (its length and worker count), or in this run's own (None)."""
