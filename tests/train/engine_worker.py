@@ -1,6 +1,6 @@
 """Worker of the engine's equality test, launched by torchrun on gloo: in one launch, 3 training steps of the tiny
-CLIP through `Trainer.fit` for every accumulation mode and layout (`CASES`), each from the same initial weights;
-rank 0 writes every case's losses per step (JSON) and its whole weights after the 3 steps (safetensors).
+CLIP through `Trainer.fit` for every accumulation mode and layout, and fused AdamW, each from the same initial
+weights; rank 0 writes every case's losses per step (JSON) and its whole weights after the 3 steps (safetensors).
 
 python engine_worker.py OUT_DIR
 """
@@ -18,6 +18,7 @@ from safetensors.torch import save_file
 from _support.tiny_dual import parallel_context
 from _support.tiny_run import ToyLoader, toy_model, train_config
 from sharpclip.config import LossConfig, TermConfig
+from sharpclip.train import trainer as trainer_module
 from sharpclip.train.features import build_objective
 from sharpclip.train.trainer import Trainer
 
@@ -39,6 +40,7 @@ def train(out: Path, mode: str, layout: str, rank: int = 0, world: int = 1, ctx=
     loader = ToyLoader(model.tokenizer, batch_size=cfg.batch_size, **ranks)
     objective = build_objective(LossConfig(terms=TERMS))
     trainer = Trainer(model, objective, loader, cfg, out, write_model=lambda d, state=None: None, ctx=ctx)
+    assert bool(trainer.optimizer.defaults["fused"]) == ("cpu" in trainer_module.FUSED_ADAMW_DEVICES)
     trainer.fit()
     weights = trainer.engine.full_model_state() if trainer.engine is not None else model.state_dict()
     metrics = out / "metrics.jsonl"
@@ -57,6 +59,13 @@ def main(out: Path) -> None:
             case = f"{mode}/{layout}"
             losses[case], weights = train(out / case.replace("/", "-"), mode, layout, rank, world, ctx)
             tensors |= {f"{case}/{k}": v for k, v in weights.items()}
+    # AdamW's fused kernel (the CUDA choice; torch's CPU kernel here) over the shards' DTensors and the plain,
+    # 0-dimensional logit scale (an ignored parameter) in one parameter group
+    trainer_module.FUSED_ADAMW_DEVICES = ("cuda", "cpu")
+    case = "exact/shard, fused AdamW"
+    losses[case], weights = train(out / "fused", "exact", "shard", rank, world, parallel_context("shard"))
+    tensors |= {f"{case}/{k}": v for k, v in weights.items()}
+    trainer_module.FUSED_ADAMW_DEVICES = ("cuda",)
     # bf16: FSDP2's mixed-precision policy (bf16 compute and all-gathers, fp32 reduction and master weights)
     losses["bf16"], _ = train(out / "bf16", "exact", "shard", rank, world, parallel_context("shard"), "bf16")
     # the gradient diagnostics of a sharded run (computed on a plain copy of the gathered weights)

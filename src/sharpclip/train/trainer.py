@@ -66,6 +66,7 @@ from sharpclip.train.stop import RunControl, Stopped, stopped_message
 
 DIVERGED_GROWTH = 10.0  # an update that multiplies the largest |weight| by this much, then only failed steps: diverged
 ASYNC_CHECKPOINT_DEVICES = ("cuda",)  # train.async_checkpoint writes in the background on these devices only
+FUSED_ADAMW_DEVICES = ("cuda",)  # AdamW's fused kernel on these devices (tests force torch's CPU one too)
 
 
 class TrainingDiverged(RuntimeError):
@@ -147,7 +148,7 @@ class Trainer:
             self._check_compile_replay()
             compile_blocks(model)
         self.engine = self.ctx.shard(model, self.device, cfg.precision)  # None on one process
-        fused = self.device.type == "cuda"  # AdamW in one fused kernel on CUDA, the foreach form elsewhere
+        fused = self.device.type in FUSED_ADAMW_DEVICES  # AdamW in one fused kernel on CUDA, foreach elsewhere
         betas = (cfg.beta1, cfg.beta2)
         self.optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, cfg.module_lr, betas, cfg.eps, fused=fused)
         if len(loader) == 0:
