@@ -62,15 +62,20 @@ def test_each_rank_embeds_its_share_and_receives_everything_in_order():
             inners[rank], rank, world, gather=lambda mine, r=rank: [*shards[:r], mine, *shards[r + 1 :]]
         )
         out = sharded.images(items)
-        assert inners[rank].seen == items[rank::world]  # this rank's share only
+        padding = [items[0]] * (4 - len(items[rank::world]))  # 11 items on 3 ranks: 4 passes' worth each
+        assert inners[rank].seen == items[rank::world] + padding  # this rank's share (padded)
         assert out.tolist() == [[float(x), -float(x)] for x in items]
 
 
-def test_a_rank_with_nothing_to_embed_still_takes_part():
+@pytest.mark.parametrize("items, seen", [([0], [0]), ([0, 1, 2], [1, 0]), ([0, 1, 2, 3], [1, 3])])
+def test_every_rank_embeds_as_many_items_padding_its_share_with_the_first(items, seen):
+    """A sharded model gathers its parameters in every forward pass: rank 1 of 2 makes the passes rank 0 makes,
+    padding a share one short (none at all, with 1 item) with item 0, whose embedding it drops."""
     inner = Recorder()
-    shards = [torch.tensor([[0.0, 0.0]]), torch.empty(0)]
-    out = ShardedEmbedder(inner, 1, 2, gather=lambda mine: [shards[0], mine]).images([0])
-    assert inner.seen == [] and out.tolist() == [[0.0, 0.0]]
+    mine = []
+    out = ShardedEmbedder(inner, 1, 2, gather=lambda rows: mine.append(rows) or []).images(items)
+    assert inner.seen == seen and out.numel() == 0
+    assert mine[0].tolist() == [[float(x), -float(x)] for x in items[1::2]]  # the padding's row is not sent
 
 
 def test_a_rank_that_does_not_score_embeds_its_share_and_gets_nothing_back():

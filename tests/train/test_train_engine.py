@@ -157,13 +157,17 @@ def test_auto_micro_batches_under_a_sharded_layout_are_refused_in_one_line(tmp_p
 
 
 @pytest.mark.slow
-def test_a_sharded_run_validates_and_checkpoints_as_one_process_does(tmp_path):
+@pytest.mark.parametrize("validation_images", [21, 1])
+def test_a_sharded_run_validates_and_checkpoints_as_one_process_does(tmp_path, validation_images):
     """`sharpclip train` on 2 gloo ranks with train.layout=shard and validation every epoch (each rank embeds its
-    share of 21 images through the sharded towers): the same validation metrics as one process, and checkpoints
-    written from the gathered weights."""
+    share of the images through the sharded towers, in as many forward passes as the other: with 1 image, rank 1
+    embeds a padding item, else rank 0's passes wait for its gathers, a collective mismatch that aborted the run):
+    the same validation metrics as one process, and checkpoints written from the gathered weights."""
     from _support.tiny_files import write_generic
 
     data = write_generic(tmp_path / "data", n=21)
+    validation = (data / "test.jsonl").read_text().splitlines(keepends=True)[:validation_images]
+    (data / "test.jsonl").write_text("".join(validation))
     args = ["model.name=tiny-clip", "data.num_workers=0", "train.device=cpu", "train.eval_every=1", "train.lr=1e-3",
             "train.progress=false", "train.dist_timeout_min=1", "data.format=generic", f"data.root={data}",
             "train.batch_size=8", "train.micro_batch_size=2", "train.epochs=2"]  # fmt: skip

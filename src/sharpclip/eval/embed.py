@@ -295,7 +295,11 @@ Gather = Callable[[Tensor], list[Tensor]]  # this rank's rows -> every rank's in
 class ShardedEmbedder:
     """An Embedder whose rank `rank` of `world` embeds every world-th item (from `rank` on) and `gather` collects
     the ranks' shards: each item is embedded once over the ranks. The rank that `gather` hands the shards to
-    receives all (N, D) in order; a rank it hands nothing gets an empty tensor (it embedded for the scoring rank)."""
+    receives all (N, D) in order; a rank it hands nothing gets an empty tensor (it embedded for the scoring rank).
+
+    Every rank embeds the same number of items, ⌈N / world⌉: a share one short is padded with the first item, whose
+    embedding is dropped. A sharded model (train.layout shard or hybrid) gathers its parameters from every rank in
+    each forward pass, so the ranks must make the same passes, also when there are fewer items than ranks."""
 
     def __init__(self, inner: Embedder, rank: int, world: int, gather: Gather) -> None:
         self.inner, self.rank, self.world, self.gather = inner, rank, world, gather
@@ -304,7 +308,9 @@ class ShardedEmbedder:
         return getattr(self.inner, name)
 
     def _sharded(self, items: Sequence[Any], embed: Callable[[list], Tensor]) -> Tensor:
-        mine = embed(list(items[self.rank :: self.world]))
+        share = list(items[self.rank :: self.world])
+        padding = [items[0]] * (-(-len(items) // self.world) - len(share))  # the same passes on every rank
+        mine = embed(share + padding)[: len(share)] if share or padding else embed(share)
         shards = [s.cpu() for s in self.gather(mine)]
         if not shards:  # not the scoring rank: its share went there
             return torch.empty(0)
