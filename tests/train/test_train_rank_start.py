@@ -223,3 +223,20 @@ def test_rank_1_answered_by_another_program_on_its_port_prints_one_line_and_no_s
         lines = _own_lines(err)
         assert status == 2 and len(lines) == 1 and "frame #" not in err and "Traceback" not in err, f"{rank}: {err}"
         assert f"rank {rank} could not join the process group within 0.25 min" in lines[0], lines
+
+
+@pytest.mark.slow
+def test_training_data_rank_0_cannot_read_ends_every_rank_with_its_one_line(tmp_path):
+    """Rank 0 reads the training data first while the others wait (a generated corpus is written once): its error (a
+    group of 5 rows, more than a rank's batch of 2) left rank 1 at the barrier, dying in the broken collective with a
+    gloo traceback. Now rank 0 prints its line and rank 1 stops with nothing of its own to add."""
+    data = write_generic(tmp_path / "data")
+    rows = [json.loads(line) for line in (data / "train.jsonl").read_text().splitlines()]
+    for i, row in enumerate(rows):
+        row["group"] = "big" if i < 5 else f"single-{i}"
+    (data / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (status0, err0), (status1, err1) = _launch(_free_port(), [_train_args(data, tmp_path / "run")] * 2)
+    assert (status0, status1) == (2, 2), err0[-2000:] + err1[-2000:]
+    assert _own_lines(err0) == ["sharpclip train: a group has 5 rows but a batch holds 2; raise the batch size "
+                                "(--debug for the traceback)"]  # fmt: skip
+    assert _own_lines(err1) == [] and "Traceback" not in err1 and "gloo" not in err1, err1

@@ -24,6 +24,7 @@ import secrets
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -52,6 +53,7 @@ RESOLVED_CONFIG = resume_policy.RESOLVED_CONFIG
 RESUMES = "resumes.jsonl"  # one line per resume: the step, the checkpoint and the settings it changed
 GUARDS_INITIAL = "guards_initial.json"  # the guards' evaluation report of the initial model (train.guards)
 SUBSET_RECORD = "train_subset.json"  # the training subset's sizes, seed and ids sha256 (data.subset)
+T = TypeVar("T")  # what a step run on every rank returns (_rank0_first)
 
 
 class AlreadyFinished(Exception):
@@ -207,19 +209,15 @@ def build_trainer(cfg: Config, evaluate: Evaluate | None = None, ctx: ParallelCo
     if ctx.several:  # the engine shards what each rank holds: rank 0's weights everywhere first
         distributed.broadcast_parameters(model)
     preprocessing, data = model_transforms(model, alpha=cfg.data.image_alpha), cfg.data
-    if rank != 0:  # rank 0 reads first: a generated corpus (SynthDense) is written once, not by every rank at once
-        ctx.barrier()
-    loader = build_loader(
+    loader = _rank0_first(lambda: build_loader(
         data, data.train_split, preprocessing, batch_size=cfg.train.batch_size // world, rank=rank,
         world_size=world, seed=cfg.train.seed, pin_memory=device.type == "cuda",
         whole_units=cfg.train.accumulation == "exact",  # per_micro_batch: each rank its share of micro-batches
-    )  # fmt: skip
+    ), ctx, "could not read the training data")  # fmt: skip
     draft = getattr(preprocessing.image, "size", None) if data.jpeg_draft else None  # every format decodes alike
     decoding = f"to sides >= {draft} px" if draft else "off"
     log.info("data: %s, %d loader workers, JPEG draft decoding %s, images over %s pixels refused", data.format,
              loader.num_workers, decoding, f"{data.max_image_pixels:,}")  # fmt: skip
-    if rank == 0:
-        ctx.barrier()
     # every rank read the same data: the same decision on every rank
     check_provided(objective, loader.provides, f"data.format={data.format} (split {data.train_split!r})")
     if cfg.train.eval_every:
@@ -349,6 +347,24 @@ def check_shared_dir(directory: Path, ctx: ParallelContext | None = None) -> Non
             f"{directory}: rank {others} does not see the run directory rank 0 writes; the ranks of several nodes "
             "need one shared file system path as train.output_dir (and for --resume)"
         )
+
+
+def _rank0_first(step: Callable[[], T], ctx: ParallelContext, failure: str) -> T:
+    """`step()` on rank 0, then on the other ranks (a generated corpus, SynthDense, is written once, not by every
+    rank at once). An error on any rank ends every rank: the others raise a ConfigError saying which rank `failure`
+    (the CLI prints only the failing rank's own line), instead of one rank waiting at a barrier for a rank that has
+    gone and dying in the collective."""
+    if ctx.rank != 0 and not ctx.all_true(True):  # rank 0's outcome
+        raise ConfigError(f"rank 0 {failure}; its error says why")
+    try:
+        result, error = step(), None
+    except Exception as err:
+        result, error = None, err
+    if ctx.rank == 0 and not ctx.all_true(error is None):  # tells the others
+        raise error
+    if not ctx.all_true(error is None):
+        raise error or ConfigError(f"another rank {failure}; its error says why")
+    return result
 
 
 def _together(step, ctx: ParallelContext):
