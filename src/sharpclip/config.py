@@ -630,7 +630,8 @@ class TrainConfig:
             raise ConfigError(
                 f"train.weight_decay: {self.weight_decay:g} with a learning rate of {rate:g} makes AdamW multiply "
                 f"every decayed weight by 1 - lr·weight_decay = {1 - rate * self.weight_decay:.3g} each step, which "
-                "erases or flips it; lower train.weight_decay (typical values 0.01-0.5, CLIP's 0.2)"
+                "erases or flips it; lower train.weight_decay (typically 0.01-0.5, CLIP's 0.2) or the learning rate "
+                "(typically 1e-6-1e-3)"
             )
         if self.best_metric not in VALIDATION_METRICS:
             raise ConfigError(

@@ -192,14 +192,15 @@ def test_the_learning_rate_floor_is_where_an_update_still_moves_a_weight():
 
 @pytest.mark.parametrize("overrides", [["train.weight_decay=1e300"], ["train.lr=0.5", "train.weight_decay=2"],
                                        ["train.module_lr={backbone: 1.0}", "train.weight_decay=1"]])  # fmt: skip
-def test_a_weight_decay_that_erases_the_weights_in_a_step_names_the_decay_not_the_rate(overrides):
+def test_a_weight_decay_that_erases_the_weights_in_a_step_is_refused_naming_both_knobs(overrides):
     """AdamW multiplies each decayed weight by 1 − lr·weight_decay per step: at lr·weight_decay ≥ 1 (the largest of
-    train.lr and train.module_lr) every weight is zeroed or flipped. 1e300 used to be stopped mid-run with "lower
-    train.lr"."""
+    train.lr and train.module_lr) every weight is zeroed or flipped. 1e300 used to be stopped mid-run with only
+    "lower train.lr"."""
     with pytest.raises(ConfigError) as err:
         load_config(None, overrides)
     message = str(err.value)
     assert message.startswith("train.weight_decay: ") and "lower train.weight_decay" in message and "\n" not in message
+    assert "or the learning rate (typically 1e-6-1e-3)" in message
     assert load_config(None, ["train.lr=0.5", "train.weight_decay=1.9"]).train.weight_decay == 1.9  # 0.95 < 1
 
 

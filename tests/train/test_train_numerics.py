@@ -20,7 +20,9 @@ from train.test_train_trainer import _trainer
 
 
 def test_a_huge_lr_is_reported_as_a_diverged_update_and_its_checkpoint_is_not_resumed(tmp_path):
-    trainer = _trainer(tmp_path, lr=1e6, warmup_steps=0, checkpoint_every=1, nan_patience=3, epochs=3)
+    # no weight decay: at lr·weight_decay >= 1 the config is refused before any step (config.TrainConfig)
+    trainer = _trainer(tmp_path, lr=1e6, weight_decay=0.0, warmup_steps=0, checkpoint_every=1, nan_patience=3,
+                       epochs=3)  # fmt: skip
     with pytest.raises(TrainingDiverged) as err:
         trainer.fit()
     message = str(err.value)
@@ -115,8 +117,10 @@ def data(tmp_path_factory):
 
 
 def _diverging(data, run, lr: str):
-    """Tiny CLIP, 2 steps an epoch, validated after each: the first update blows the weights up."""
-    cfg = tiny_config(data, run, f"train.lr={lr}", "train.warmup_steps=0", "train.max_steps=0", "train.epochs=4")
+    """Tiny CLIP, 2 steps an epoch, validated after each: the first update blows the weights up (no weight decay:
+    at lr·weight_decay >= 1 the config is refused before any step)."""
+    cfg = tiny_config(data, run, f"train.lr={lr}", "train.weight_decay=0", "train.warmup_steps=0", "train.max_steps=0",
+                      "train.epochs=4")  # fmt: skip
     with pytest.raises(TrainingDiverged) as err:
         run_train(cfg)
     return str(err.value)

@@ -237,6 +237,7 @@ def test_training_data_rank_0_cannot_read_ends_every_rank_with_its_one_line(tmp_
     (data / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     (status0, err0), (status1, err1) = _launch(_free_port(), [_train_args(data, tmp_path / "run")] * 2)
     assert (status0, status1) == (2, 2), err0[-2000:] + err1[-2000:]
-    assert _own_lines(err0) == ["sharpclip train: a group has 5 rows but a batch holds 2; raise the batch size "
-                                "(--debug for the traceback)"]  # fmt: skip
+    assert _own_lines(err0) == ["sharpclip train: a group has 5 rows but a batch holds 2 (train.batch_size 4 over 2 "
+                                "ranks), and a group's rows share a batch; raise train.batch_size, or set "
+                                "data.group_batches=false (--debug for the traceback)"]  # fmt: skip
     assert _own_lines(err1) == [] and "Traceback" not in err1 and "gloo" not in err1, err1

@@ -79,7 +79,7 @@ def test_no_weight_decay_on_gains_biases_and_the_logit_scale():
 
 
 def test_logit_scale_is_clamped_after_each_step(tmp_path):
-    trainer = _trainer(tmp_path, epochs=1, lr=10.0, warmup_steps=0, grad_clip=0.0)
+    trainer = _trainer(tmp_path, epochs=1, lr=10.0, weight_decay=0.0, warmup_steps=0, grad_clip=0.0)
     with torch.no_grad():
         trainer.model.logit_scale.fill_(math.log(99.9))
     trainer.fit()

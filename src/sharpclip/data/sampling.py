@@ -86,7 +86,11 @@ class GroupBatchSampler:
         self.units, self.members = list(units), _members(units)
         largest = max((len(m) for m in self.members), default=0)
         if largest > batch_size:
-            raise ValueError(f"a group has {largest} rows but a batch holds {batch_size}; raise the batch size")
+            share = f" (train.batch_size {batch_size * world_size} over {world_size} ranks)" if world_size > 1 else ""
+            raise ValueError(
+                f"a group has {largest} rows but a batch holds {batch_size}{share}, and a group's rows share a batch; "
+                "raise train.batch_size, or set data.group_batches=false"
+            )
         self.batch_size, self.captions, self.distinct = batch_size, captions, distinct_captions
         self.shuffle, self.drop_last, self.seed = shuffle, drop_last, seed
         self.rank, self.world_size, self.whole_units = rank, world_size, whole_units
