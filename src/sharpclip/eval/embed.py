@@ -309,8 +309,8 @@ class ShardedEmbedder:
 
     def _sharded(self, items: Sequence[Any], embed: Callable[[list], Tensor]) -> Tensor:
         share = list(items[self.rank :: self.world])
-        padding = [items[0]] * (-(-len(items) // self.world) - len(share))  # the same passes on every rank
-        mine = embed(share + padding)[: len(share)] if share or padding else embed(share)
+        short = -(-len(items) // self.world) - len(share)  # padded so that every rank makes the same passes
+        mine = embed(share + [items[0]] * short)[: len(share)] if short else embed(share)
         shards = [s.cpu() for s in self.gather(mine)]
         if not shards:  # not the scoring rank: its share went there
             return torch.empty(0)
