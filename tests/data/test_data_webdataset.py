@@ -233,6 +233,38 @@ def test_a_streamed_epoch_continues_exactly_on_another_number_of_ranks_or_worker
     assert _global_batches(at_boundary, 2) == fresh
 
 
+def _take(loaders: list, steps: int) -> tuple[list[list[str]], list[dict]]:
+    """`steps` global batches from where the loaders stand in epoch 1, then every rank's state as a checkpoint holds
+    it."""
+    for loader in loaders:
+        loader.set_epoch(1)
+    iterators = [iter(loader) for loader in loaders]
+    taken = [[i for it in iterators for i in next(it).ids] for _ in range(steps)]
+    states = [json.loads(json.dumps(loader.state_dict())) for loader in loaders]
+    del iterators
+    return taken, states
+
+
+@pytest.mark.parametrize("buffer", [0, None])
+def test_a_streamed_epoch_stopped_twice_on_three_layouts_still_trains_the_uninterrupted_rows(tmp_path, buffer):
+    """2 ranks × 2 workers stopped after 2 steps, resumed on 1 rank (reading the saved layout) and stopped again after
+    1 more, resumed on 4 ranks × 1 worker: the checkpoint of the second stop keeps the first layout and every slot's
+    position, and the epoch's 6 global batches are the uninterrupted run's."""
+    img2dataset(tmp_path, 8, 6)
+    kw = {} if buffer is None else {"shuffle_buffer": buffer}
+    reference = _global_batches(_ranks(tmp_path, 2, 2, **kw), 1)
+    first, states = _take(_ranks(tmp_path, 2, 2, **kw), 2)
+    one = _ranks(tmp_path, 1, 2, **kw)
+    one[0].resume_epoch(states, 2)
+    second, states = _take(one, 1)
+    assert (states[0]["ranks"], states[0]["workers"], states[0]["batch"]) == (2, 2, 4)  # still the first layout
+    assert sorted(states[0]["slots"], key=int) == ["0", "1", "2", "3"]  # the one rank read every saved slot
+    four = _ranks(tmp_path, 4, 1, **kw)
+    for loader in four:
+        loader.resume_epoch(states, 1)
+    assert first + second + _global_batches(four, 1) == reference
+
+
 def test_a_saved_slot_read_by_two_ranks_is_reported_bad_by_one(tmp_path):
     """Saved on 1 rank, resumed on 2: both read the saved slot; its bad sample is counted once, by rank 0."""
     members = []
