@@ -57,6 +57,19 @@ def _spec(root: Path) -> Path:
     return root / "spec"
 
 
+def _first_query(spec: Path, query: str) -> None:
+    """The first image→text item of subset `count` names `query` as its image."""
+    path = spec / "count" / "image2text.json"
+    rows = json.loads(path.read_text())
+    rows[0]["query"] = query
+    path.write_text(json.dumps(rows))
+
+
+def _eval_spec(*settings: str, out: str = "out") -> list[str]:
+    return ["eval", "--model", "tiny-clip", "--suite", "spec", "--data-root", "h", "--out", out,
+            "eval.progress=false", *settings]  # fmt: skip
+
+
 @pytest.mark.parametrize("fault", ["one image missing", "every images folder missing", "a query naming a text file"])
 def test_an_unreadable_spec_image_is_one_line_naming_the_record_and_the_file(tmp_path, monkeypatch, capsys, fault):
     monkeypatch.chdir(tmp_path)  # relative paths, as a user types them
@@ -68,13 +81,8 @@ def test_an_unreadable_spec_image_is_one_line_naming_the_record_and_the_file(tmp
             shutil.rmtree(folder)
     else:
         Path("passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")
-        path = spec / "count" / "image2text.json"
-        rows = json.loads(path.read_text())
-        rows[0]["query"] = "../../../passwd"
-        path.write_text(json.dumps(rows))
-    argv = ["eval", "--model", "tiny-clip", "--suite", "spec", "--data-root", "h", "--out", "out",
-            "eval.progress=false", "eval.num_workers=1"]  # fmt: skip
-    assert main(argv) == 2
+        _first_query(spec, "../../../passwd")
+    assert main(_eval_spec("eval.num_workers=1")) == 2
     line = _one_line(capsys.readouterr().err)
     assert line.startswith("sharpclip eval: h/spec/") and ".json[" in line and "cannot read image h/spec/" in line
     assert "eval.data_options.spec.on_bad_sample=skip" in line and "--data-root" not in line
@@ -88,17 +96,13 @@ def test_an_unreadable_spec_image_is_one_line_naming_the_record_and_the_file(tmp
 def test_under_skip_an_unreadable_spec_image_is_skipped_and_counted(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     spec = _spec(Path("h"))
-    path = spec / "count" / "image2text.json"
-    rows = json.loads(path.read_text())
-    rows[0]["query"] = "images/gone.png"
-    path.write_text(json.dumps(rows))
-    argv = ["eval", "--model", "tiny-clip", "--suite", "spec", "--data-root", "h", "--out", "out",
-            "eval.progress=false", "eval.data_options.spec.on_bad_sample=skip"]  # fmt: skip
-    assert main(argv) == 0
+    _first_query(spec, "images/gone.png")
+    skip = "eval.data_options.spec.on_bad_sample=skip"
+    assert main(_eval_spec(skip)) == 0
     report = json.loads(Path("out/eval_report.json").read_text())["spec"]
     assert report["skipped"] == 1 and report["i2t_items"]["count"] == 3
     (spec / "count" / "images" / "count_3.png").unlink()  # a candidate of every text-to-image item of `count`
-    assert main([*argv[:-3], "out2", *argv[-2:]]) == 2
+    assert main(_eval_spec(skip, out="out2")) == 2
     assert "every t2i sample of subset 'count' was skipped as bad" in _one_line(capsys.readouterr().err)
 
 
