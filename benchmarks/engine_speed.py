@@ -32,6 +32,7 @@ import torch.distributed as dist
 from _old_reducer import GradSync
 from _small_model import random_batch, small_clip
 from sharpclip.config import LossConfig, TermConfig
+from sharpclip.train import distributed
 from sharpclip.train.engine import local
 from sharpclip.train.features import FeatureEncoder, build_objective
 from sharpclip.train.optim import build_optimizer
@@ -127,7 +128,7 @@ def worker(steps: int, out: str) -> None:
         print(text)
         if out:
             Path(out).write_text(text + "\n")
-    dist.destroy_process_group()
+    distributed.shutdown()  # collects garbage first (gloo's threads, train.distributed)
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
 from _support.tiny_run import toy_model
 from sharpclip.models.factory import save_weights
-from sharpclip.train import checkpoint
+from sharpclip.train import checkpoint, distributed
 from sharpclip.train import memory_plan as mp
 from sharpclip.train.optim import build_optimizer, build_scheduler
 
@@ -154,7 +154,7 @@ def main() -> None:
         compare(directory / name / checkpoint.checkpoint_name(STEPS), directory / f"{name}.pt", True,
                 "replicated on 1 rank -> sharded on 2 ranks", 1)  # fmt: skip
     dist.barrier()
-    dist.destroy_process_group()
+    distributed.shutdown()  # collects garbage first (gloo's threads, train.distributed)
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ def main(out: Path, backend: str) -> None:
     if rank == 0:
         save_file(tensors, out / "grads.safetensors")
         (out / "records.json").write_text(json.dumps(records))
-    dist.destroy_process_group()
+    distributed.shutdown()  # collects garbage first (gloo's threads, train.distributed)
 
 
 if __name__ == "__main__":

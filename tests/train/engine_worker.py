@@ -18,6 +18,7 @@ from safetensors.torch import save_file
 from _support.tiny_dual import parallel_context
 from _support.tiny_run import ToyLoader, toy_model, train_config
 from sharpclip.config import LossConfig, TermConfig
+from sharpclip.train import distributed
 from sharpclip.train import trainer as trainer_module
 from sharpclip.train.features import build_objective
 from sharpclip.train.trainer import Trainer
@@ -73,7 +74,7 @@ def main(out: Path) -> None:
     if rank == 0:
         save_file(tensors, out / "weights.safetensors")
         (out / "losses.json").write_text(json.dumps(losses))
-    dist.destroy_process_group()
+    distributed.shutdown()  # collects garbage first (gloo's threads, train.distributed)
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ def main(out: Path) -> None:
     every = distributed.all_ranks(results)
     if distributed.rank() == 0:
         out.write_text(json.dumps(every))
-    dist.destroy_process_group()
+    distributed.shutdown()
 
 
 if __name__ == "__main__":
