@@ -363,3 +363,67 @@ def test_resuming_a_finished_run_with_nothing_to_do_says_so_and_writes_nothing(t
     assert "eval after" not in err and "training " not in err
     after = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != "train.log"}
     assert after == before  # config.yaml, metrics.jsonl, resumes.jsonl, checkpoints: untouched
+
+
+def _killed_at(point: tuple[str, int]):
+    fault = checkpoint.fault_point
+
+    def killed(where, step):  # as SHARPCLIP_FAULT=<where>:<step>, in-process: nothing after it runs
+        if (where, step) == point:
+            raise KeyboardInterrupt
+        fault(where, step)
+
+    return killed
+
+
+@pytest.mark.parametrize("extra", [("train.keep_last=1",), ("train.keep_last=1", "train.eval_every=0")])
+def test_an_epoch_end_on_a_checkpoint_step_never_leaves_the_run_without_a_complete_checkpoint(
+    data, trained, tmp_path, monkeypatch, extra
+):
+    """Matrix 6 K1/K2: the epoch end at a step just checkpointed used to write the step again, deleting the complete
+    folder first. It now records the epoch's end in that checkpoint by one atomic rename; a kill inside it (with
+    or without a best kept by keep_last=1) leaves the step's checkpoint complete, and the resume continues there."""
+    run = tmp_path / "run"
+    monkeypatch.setattr(checkpoint, "fault_point", _killed_at(("update", 2)))
+    with pytest.raises(KeyboardInterrupt):
+        run_train(tiny_config(data, run, "train.warmup_steps=1", *extra))
+    monkeypatch.undo()
+    names = sorted(p.name for p in (run / "checkpoints").iterdir() if p.is_dir())
+    assert names == ["step-000002"]  # no temporary copy stranded, step 1 pruned by keep_last=1
+    assert checkpoint.load_trainer_state(run / "checkpoints" / "step-000002")["epoch_open"]  # the step's own record
+    state = run_train(load_resume_config(run, [], []), resume=run)
+    assert state.step == 2 and state.epoch == 1
+    weights = checkpoint.load_weights(run / "checkpoints" / "step-000002")
+    expected = checkpoint.load_weights(trained / "checkpoints" / "step-000002")
+    assert all(torch.equal(weights[k], v) for k, v in expected.items())
+    log = (run / "train.log").read_text()
+    assert log.count("checkpoint step-000002 written") == 1  # the step is written once, its epoch end recorded
+    assert "checkpoint step-000002 updated with the end of epoch 0" in log
+
+
+def test_a_checkpoint_replacing_an_older_copy_of_its_step_deletes_that_copy_only_once_it_is_in_place(
+    trained, tmp_path, monkeypatch
+):
+    """A step written again after a fallback (the stale copy of an abandoned attempt there) swaps the new folder in:
+    a kill between the renames leaves the complete resume point, the next prune removes the set-aside copy."""
+    ckpts = _copy(trained, tmp_path / "run") / "checkpoints"
+    shutil.copytree(ckpts / "step-000002", ckpts / ".step-000002.tmp")  # a complete new copy, not yet renamed
+    monkeypatch.setattr(checkpoint, "fault_point", _killed_at(("swap", 2)))
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.swap_in(ckpts / ".step-000002.tmp", ckpts / "step-000002")
+    monkeypatch.undo()
+    assert checkpoint.latest(ckpts) == ckpts / "step-000001"
+    checkpoint.load(ckpts / "step-000001")  # complete
+    assert (ckpts / ".step-000002.old" / checkpoint.TRAINER_STATE).is_file()  # set aside, not deleted
+    checkpoint.swap_in(ckpts / ".step-000002.tmp", ckpts / "step-000002")
+    checkpoint.prune(ckpts, keep_last=5)
+    assert sorted(p.name for p in ckpts.iterdir()) == ["best.json", "step-000001", "step-000002"]
+
+
+def test_no_readable_checkpoint_is_refused_without_advising_a_command_that_deletes_it(trained, tmp_path):
+    run = _copy(trained, tmp_path / "run")
+    for name in ("step-000001", "step-000002"):
+        _corrupt(run / "checkpoints" / name, f"{checkpoint.STATE}/.metadata")
+    with pytest.raises(checkpoint.CheckpointError, match="nothing was changed") as refused:
+        run_train(load_resume_config(run, [], []), resume=run)
+    assert "--overwrite" not in str(refused.value)

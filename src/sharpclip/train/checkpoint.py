@@ -37,6 +37,7 @@ layout. `resolve_source` is how the commands that read a run (export, blend, eva
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -48,7 +49,7 @@ import shutil
 import signal
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NoReturn
@@ -82,6 +83,7 @@ STATE = "state"  # the DCP folder of a checkpoint
 TRAINER_STATE = "trainer_state.json"
 BEST = "best.json"
 DIVERGED = "diverged.json"
+MANIFEST_KEYS = ("files", "id", "run_id")  # what a checkpoint's trainer_state.json records about its own files
 LOW_SPACE = 1 << 20  # bytes free below which a failed write is put down to a full disk
 # DCP warns at every save and load without a process group (also from its background thread, where a local
 # catch_warnings cannot reach); one process is a run sharpclip supports, so that one message is silenced
@@ -122,6 +124,18 @@ def rng_state(device: torch.device | None = None) -> dict[str, Any]:
         },
         "python": {"version": py_version, "state": list(py_state), "gauss": py_gauss},
     }
+
+
+@contextlib.contextmanager
+def rng_kept(device: torch.device | None = None) -> Iterator[None]:
+    """Every generator `rng_state` saves is as it was before the block (a validation's DataLoader draws its seed
+    from torch's): training's random streams do not depend on whether or how often it validates, and the
+    checkpoint of an epoch's last step holds the streams its next epoch starts from."""
+    saved = rng_state(device)
+    try:
+        yield
+    finally:
+        set_rng_state(saved, device)
 
 
 def seed_rngs(seed: int) -> None:
@@ -172,9 +186,7 @@ class PendingSave:
             self._job.result()
             if self.main:
                 fault_point("checkpoint", self.step)
-                if self.final.exists():
-                    shutil.rmtree(self.final)
-                os.replace(tmp, self.final)
+                swap_in(tmp, self.final)
         except (OSError, RuntimeError, SafetensorError, CheckpointException) as err:  # disk full, permissions
             _write_failed(err, self.directory, tmp, self.main)
         if self.main:
@@ -185,6 +197,42 @@ class PendingSave:
             else:
                 _log.info("checkpoint %s written in %.2f s", self.final.name, seconds)
         return self.final
+
+
+def swap_in(tmp: Path, final: Path) -> None:
+    """Rename the complete folder `tmp` to `final`. A `final` already there (a checkpoint of this step from an
+    abandoned attempt: the run resumed from an older one) is renamed aside to `.step-N.old` first and deleted only
+    once the new copy is in place, so nothing complete is deleted before its replacement is complete; a kill in
+    between leaves the resume point the run started from, and the next save or prune removes the leftover."""
+    if not final.exists():
+        os.replace(tmp, final)
+        return
+    aside = final.parent / f".{final.name}.old"
+    shutil.rmtree(aside, ignore_errors=True)
+    os.replace(final, aside)
+    fault_point("swap", int(final.name.removeprefix("step-")))
+    os.replace(tmp, final)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def update_trainer_state(checkpoint: Path, trainer_state: dict[str, Any]) -> None:
+    """Record the end of an epoch in the complete checkpoint of its last step, which is already written (its
+    weights and sharded state are the step's; validation changes neither): the trainer state (epoch, best metric,
+    loader positions) is replaced by one atomic rename of a file, so the checkpoint is complete at every instant,
+    and the step is never written twice. What `save` recorded about the files (`MANIFEST_KEYS`) is kept."""
+    path, tmp = checkpoint / TRAINER_STATE, checkpoint / f".{TRAINER_STATE}.tmp"
+    previous = load_trainer_state(checkpoint)
+    kept = {k: previous[k] for k in MANIFEST_KEYS if k in previous}
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(json.dumps({**trainer_state, **kept}, indent=2))
+            f.flush()
+            os.fsync(f.fileno())
+        fault_point("update", int(trainer_state["step"]))
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise CheckpointError(f"cannot write checkpoint to {checkpoint}: {_write_failure(err, tmp)}") from err
 
 
 class _Done(Future):
@@ -584,7 +632,7 @@ def prune(directory: Path, keep_last: int, keep: tuple[Path, ...] = ()) -> None:
     for path in all_checkpoints(directory):
         if path not in kept:
             _remove(path)
-    for tmp in directory.glob(".step-*.tmp"):
+    for tmp in [*directory.glob(".step-*.tmp"), *directory.glob(".step-*.old")]:
         if _own_entry(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
     if skipped:
@@ -593,7 +641,7 @@ def prune(directory: Path, keep_last: int, keep: tuple[Path, ...] = ()) -> None:
                      "s" if len(skipped) > 1 else "", directory)  # fmt: skip
 
 
-CHECKPOINT_NAME = re.compile(r"\.?step-\d+(\.tmp)?")  # checkpoint_name(step), and its temporary copy
+CHECKPOINT_NAME = re.compile(r"\.?step-\d+(\.tmp|\.old)?")  # checkpoint_name(step), its temporary and set-aside copies
 
 
 def _own_entry(path: Path) -> bool:

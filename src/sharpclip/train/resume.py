@@ -175,9 +175,10 @@ def pick_checkpoint(run_dir: Path, named: Path | None, expected: dict[str, Any] 
         except checkpoint.CorruptCheckpoint as err:
             log.warning("cannot resume from %s: %s; falling back to the previous checkpoint", path.name, err)
     found = ", ".join(p.name for p in candidates) or "none"
-    raise checkpoint.CheckpointError(
-        f"--resume {run_dir}: no complete, readable checkpoint in {run_dir / 'checkpoints'} (found: {found}); "
-        "start again with --overwrite"
+    raise checkpoint.CheckpointError(  # never --overwrite: it would delete what may still be recovered by hand
+        f"--resume {run_dir}: no complete, readable checkpoint in {run_dir / 'checkpoints'} (found: {found}; each "
+        "damaged file is named above); nothing was changed: move the damaged checkpoints out of that folder, or "
+        "start a new run from a checkpoint you trust (model.name=CHECKPOINT train.output_dir=NEW)"
     )
 
 

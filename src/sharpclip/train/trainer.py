@@ -175,6 +175,7 @@ class Trainer:
         self.is_main = self.ctx.is_main
         self._async_saves = cfg.async_checkpoint and self.device.type in ASYNC_CHECKPOINT_DEVICES
         self._saving: tuple[checkpoint.PendingSave, bool, float] | None = None  # a save still being written
+        self._written: int | None = None  # the step of the checkpoint written (or resumed from) last
         if self.ctx.several:  # the weights are equal on every rank by now: from here ranks draw apart
             checkpoint.seed_rngs(cfg.seed + self.ctx.rank)  # dropout, LoRA dropout, the workers' base seeds
         if self.is_main:
@@ -341,7 +342,8 @@ class Trainer:
             log.info("epoch %d: %.1f%% of contrastive batches had InfoNCE < 1e-3", self.state.epoch, 100 * share)
             self.logger.step({"step": self.state.step, "epoch": self.state.epoch, "saturated_batches": share})
         checkpoint.fault_point("validation", self.state.epoch)
-        metrics = self._evaluate()  # recorded under this epoch's index, as its steps are
+        with checkpoint.rng_kept(self.device):  # validation draws nothing from the training's random streams
+            metrics = self._evaluate()  # recorded under this epoch's index, as its steps are
         self.state.epoch += 1
         self._epoch_open = False
         # every rank holds rank 0's metrics (train.validation), so every rank decides the same below
@@ -538,6 +540,11 @@ class Trainer:
         self._finish_saving()
         world = self.ctx.world
         loaders = self.ctx.all_ranks(self.loader.state_dict())  # each rank's position and RNG: no collective on 1
+        trainer_state = {**asdict(self.state), "loader": loaders[0], "loaders": loaders, "world_size": world,
+                         "rank_batch": self.cfg.batch_size // world, "logs": self._log_sizes() if self.is_main else {},
+                         "epoch_open": self._epoch_open, "saturated": self._saturated}  # fmt: skip
+        if self._written == self.state.step:  # the epoch's end at a step just checkpointed: record it, not rewrite
+            return self._record_epoch_end(trainer_state, best)
         rngs = self.ctx.all_ranks(checkpoint.rng_state(self.device))
         finite = math.isfinite(float(self._max_abs()))  # _check_weights stops earlier; never save such weights
         if self.is_main and not finite:
@@ -548,23 +555,32 @@ class Trainer:
         elif self._async_saves:  # written while training goes on: this step's weights, copied
             write_model = functools.partial(self.write_model, state=checkpoint.snapshot(self.model))
         sharded = checkpoint.sharded_state(self.model, self.optimizer, self.scheduler, rngs)
-        trainer_state = {**asdict(self.state), "loader": loaders[0], "loaders": loaders, "world_size": world,
-                         "rank_batch": self.cfg.batch_size // world, "logs": self._log_sizes() if self.is_main else {},
-                         "epoch_open": self._epoch_open, "saturated": self._saturated}  # fmt: skip
         pending = checkpoint.begin_save(self.ckpt_dir, self.state.step, write_model, sharded, trainer_state,
                                         self.is_main, asynchronous=self._async_saves)  # fmt: skip
         self._saving = (pending, best, self.state.best)
+        self._written = self.state.step
         if not self._async_saves:
             return self._finish_saving()
         self.control.saved()  # this step's state is taken: the checkpoint clock starts again now, not at the rename
         return pending.final
+
+    def _record_epoch_end(self, trainer_state: dict, best: bool) -> Path:
+        """The checkpoint of this step is complete already (written at the step, or resumed from): its trainer state
+        takes the epoch's end in one atomic rename (train.checkpoint.update_trainer_state), then best and pruning."""
+        path = self.ckpt_dir / checkpoint.checkpoint_name(self.state.step)
+        if self.is_main:
+            checkpoint.update_trainer_state(path, trainer_state)
+            log.info("checkpoint %s updated with the end of epoch %d", path.name, self.state.epoch - 1)
+        return self._completed(path, best, self.state.best)
 
     def _finish_saving(self) -> Path | None:
         """Complete the save being written (rename, mark it best, prune; every rank); None when there is none."""
         if self._saving is None:
             return None
         (pending, best, metric), self._saving = self._saving, None
-        path = pending.wait()
+        return self._completed(pending.wait(), best, metric)
+
+    def _completed(self, path: Path, best: bool, metric: float) -> Path:
         if self.is_main:
             if best:
                 checkpoint.mark_best(self.ckpt_dir, path, metric)
@@ -598,6 +614,7 @@ class Trainer:
         self._saturated = [tuple(pair) for pair in trainer_state.pop("saturated", [])]
         self.state = TrainerState(**trainer_state)
         self._resumed_epoch = True
+        self._written = self.state.step  # complete: its epoch's end, if still owed, is recorded in it
         if ranks is not None:  # the same world size: each rank continues its own position and random streams
             self.loader.load_state_dict(ranks[0])
             self._resume_rng = ranks[1]
