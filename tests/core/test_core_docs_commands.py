@@ -275,15 +275,18 @@ def test_the_gpu_page_holds_a_checked_one_task_per_gpu_script_without_torchrun()
     assert "torchrun" not in launch.words and launch.words[launch.words.index("-m") - 1] == "python"
 
 
-def test_the_gpu_page_holds_a_checked_torchrun_script_for_one_node_of_eight_gpus() -> None:
+def test_the_gpu_page_holds_a_checked_torchrun_script_with_its_ranks_from_the_allocation() -> None:
     """One task per node: torchrun inside srun with a c10d rendezvous, its options parsed by torchrun's parser."""
     script = _script("train_torchrun.sbatch")
     directives = {line.split()[1] for line in script.lines if line.startswith("#SBATCH")}
     assert {"--nodes=1", "--ntasks-per-node=1", "--gpus-per-node=8"} <= directives
     launch = _requeue_safe(script)
     launcher = torchrun_parser().parse_args(list(launch.words[launch.words.index("torchrun") + 1 :]))
-    assert (launcher.nproc_per_node, launcher.rdzv_backend, launcher.module) == ("8", "c10d", True)
-    assert "TORCHELASTIC_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1" in "\n".join(script.lines)
+    assert (launcher.nproc_per_node, launcher.rdzv_backend, launcher.module) == ("$GPUS", "c10d", True)
+    assert launcher.rdzv_endpoint == "$HEAD:$PORT"  # a port from the job id: two jobs on a node never share one
+    # the pinned torchrun takes --signals-to-handle's default from PET_SIGNALS_TO_HANDLE and overwrites the older name
+    assert "PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1" in "\n".join(script.lines)
+    assert any(a.option_strings[:1] == ["--signals-to-handle"] for a in torchrun_parser()._actions)
 
 
 def test_a_batch_script_is_a_template_only_with_the_comment_after_its_directives() -> None:

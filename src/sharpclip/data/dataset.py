@@ -48,6 +48,7 @@ from sharpclip.data.schema import (
 )
 from sharpclip.data.subset import SubsetRecord
 from sharpclip.data.transforms import MemoTokenizer, TextTokenizer
+from sharpclip.data.workers import ignore_stop_signals
 
 ImageTransform = Callable[[Image.Image], Tensor]
 
@@ -230,6 +231,7 @@ class SampleLoader(DataLoader):
         # its own generator, seeded per epoch (set_epoch): the DataLoader draws its workers' base seed from it, never
         # from the global torch RNG, which a resume restores and dropout draws from
         kwargs.setdefault("generator", torch.Generator())
+        kwargs.setdefault("worker_init_fn", ignore_stop_signals)  # the rank decides on a stop (data.workers)
         super().__init__(dataset, **kwargs)
         self.report = BadSampleReport("skip")
         self.times_skipped: Counter[tuple[str, str]] = Counter()  # (where, record) -> skips over all epochs

@@ -52,6 +52,7 @@ from sharpclip.data.formats import webdataset as wds_format
 from sharpclip.data.images import ImageLoadError, load_image
 from sharpclip.data.schema import SHORT_CAPTIONS, BadSample, BadSampleError, BadSampleReport, Batch, PairSample, log
 from sharpclip.data.transforms import TextTokenizer
+from sharpclip.data.workers import ignore_stop_signals
 from sharpclip.devices import resolve_num_workers
 
 ImageTransform = Callable[[Image.Image], Tensor]
@@ -236,7 +237,8 @@ class StreamLoader(DataLoader):
     def __init__(self, stream: ShardStream, length: int, counts: list[int], num_workers: int = 0,
                  pin_memory: bool = False):  # fmt: skip
         # no persistent workers: each epoch's shard order and start positions are set on the stream in this process
-        super().__init__(stream, batch_size=None, num_workers=num_workers, pin_memory=pin_memory)
+        super().__init__(stream, batch_size=None, num_workers=num_workers, pin_memory=pin_memory,
+                         worker_init_fn=ignore_stop_signals)  # the rank decides on a stop (data.workers)
         self.stream, self.length, self.counts, self.workers = stream, length, counts, max(num_workers, 1)
         self.native = (length, num_workers)  # this run's own epoch length and workers (see _read_in)
         self.report = BadSampleReport("skip")

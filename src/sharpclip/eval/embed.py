@@ -28,6 +28,7 @@ from torch import Tensor
 from sharpclip.data.files import NotRegularFileError, open_regular
 from sharpclip.data.images import load_image as load_source
 from sharpclip.data.images import request_draft, to_rgb
+from sharpclip.data.workers import ignore_stop_signals
 from sharpclip.progress import bar as progress_bar
 
 
@@ -263,6 +264,7 @@ class ModelEmbedder:
         loader = torch.utils.data.DataLoader(
             _Pixels(refs, self.preprocess, self.draft_size), batch_size=self.batch_size, num_workers=workers,
             pin_memory=self.device.type == "cuda", prefetch_factor=4 if workers else None, collate_fn=_stack,
+            worker_init_fn=ignore_stop_signals,  # a validation's workers survive a stop signal: the rank decides
         )  # fmt: skip
         bar = progress_bar(loader, enabled=self.progress, desc="embed images", unit="batch")
         out = []
