@@ -5,6 +5,7 @@ stopped by a signal exits 75 (train.auto_resume, train.stop)."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -73,3 +74,19 @@ def test_auto_leaves_a_folder_that_is_not_a_run_alone(data, tmp_path, capsys):
     assert main(_args(data, run)) == 2
     assert "is not a sharpclip run directory" in capsys.readouterr().err
     assert (run / "notes.txt").read_text() == "mine\n"
+
+
+def test_auto_refuses_a_run_whose_checkpoints_are_gone_and_never_empties_it(data, tmp_path, capsys):
+    """Matrix 6 A5: a finished run whose checkpoints were archived was taken for one "stopped before its first
+    checkpoint" and retrained from scratch, deleting its metrics and logs."""
+    run = tmp_path / "run"
+    assert main(_args(data, run, "train.max_steps=2", "train.checkpoint_every=1")) == 0
+    for step in (run / "checkpoints").glob("step-*"):
+        shutil.rmtree(step)  # moved to archive storage
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert main(_args(data, run, "train.max_steps=2", "train.checkpoint_every=1")) == 2
+    err = capsys.readouterr().err
+    assert "checkpoint step-000002 written" in err and "metrics.jsonl records 2 steps" in err, err
+    assert "starting it over" not in err
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before

@@ -7,6 +7,7 @@ checkpoints (training_state.pt) still load."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import pickle
 import shutil
@@ -80,6 +81,10 @@ def test_the_metadata_reader_refuses_anything_but_dcps_records(tmp_path):
             return (os.system, ("echo unpickled > " + str(tmp_path / "ran"),))
 
     metadata.write_bytes(pickle.dumps(Payload()))
+    with pytest.raises(checkpoint.CorruptCheckpoint, match="when it was written"):  # its recorded size, first
+        checkpoint.load(path)
+    record = path / checkpoint.TRAINER_STATE  # rewritten too (or a checkpoint from before the record): unpickled safely
+    record.write_text(json.dumps({k: v for k, v in json.loads(record.read_text()).items() if k != "files"}))
     with pytest.raises(checkpoint.CorruptCheckpoint, match=r"posix\.system is not part of a DCP checkpoint"):
         checkpoint.load(path)
     assert not (tmp_path / "ran").exists()
@@ -137,6 +142,8 @@ def test_the_trainer_resumes_an_older_checkpoint_as_it_resumes_a_sharded_one(tmp
     state = {"optimizer": resumed.optimizer.state_dict(), "scheduler": resumed.scheduler.state_dict(),
              "rng": checkpoint.rng_state(), "rank_rng": [checkpoint.rng_state()]}  # fmt: skip
     torch.save(state, old / checkpoint.TRAINING_STATE)
+    record = old / checkpoint.TRAINER_STATE  # that format recorded no file digests
+    record.write_text(json.dumps({k: v for k, v in json.loads(record.read_text()).items() if k != "files"}))
     legacy = build_trainer(cfg)
     legacy.resume(old)
     assert legacy.scheduler.last_epoch == resumed.scheduler.last_epoch == 2

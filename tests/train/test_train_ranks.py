@@ -288,6 +288,8 @@ def _rewrite_in_older_format(path: Path) -> None:
     assert set(state["optimizer"]["state"]) and all(isinstance(k, str) for k in state["optimizer"]["state"])
     torch.save(state, path / checkpoint.TRAINING_STATE)
     shutil.rmtree(path / checkpoint.STATE)
+    record = path / checkpoint.TRAINER_STATE  # that format recorded no file digests
+    record.write_text(json.dumps({k: v for k, v in json.loads(record.read_text()).items() if k != "files"}))
     assert checkpoint.is_legacy(path)
 
 

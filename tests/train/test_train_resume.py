@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import shutil
 from dataclasses import fields, is_dataclass
 from pathlib import Path
@@ -226,6 +227,8 @@ def test_a_newest_checkpoint_whose_weights_do_not_fit_the_model_falls_back(data,
     run_train(tiny_config(data, other, "model.tiny.width=64", "train.max_steps=1"))
     bad = run / "checkpoints" / "step-000002" / "model.safetensors"
     shutil.copy(other / "checkpoints" / "step-000001" / "model.safetensors", bad)
+    record = bad.parent / checkpoint.TRAINER_STATE  # as a checkpoint from before its files' record (else: its size)
+    record.write_text(json.dumps({k: v for k, v in json.loads(record.read_text()).items() if k != "files"}))
     with caplog.at_level(logging.WARNING, logger="sharpclip.train"):
         assert run_train(load_resume_config(run, [], ["train.max_steps=3"]), resume=run).step == 3
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -353,7 +356,7 @@ def test_resuming_a_finished_run_with_nothing_to_do_says_so_and_writes_nothing(t
     run = _copy(two_epochs, tmp_path / "run")
     target = run / "checkpoints" / "step-000004" if how == ["checkpoint"] else run
     overrides = [] if how == ["checkpoint"] else how
-    before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != "train.log"}
+    before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
     assert main(["train", "--resume", str(target), *overrides]) == 0
     out, err = capsys.readouterr()
     assert out.strip().splitlines() == [
@@ -361,8 +364,8 @@ def test_resuming_a_finished_run_with_nothing_to_do_says_so_and_writes_nothing(t
         "train.epochs or train.max_steps to train more"
     ]
     assert "eval after" not in err and "training " not in err
-    after = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != "train.log"}
-    assert after == before  # config.yaml, metrics.jsonl, resumes.jsonl, checkpoints: untouched
+    after = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert after == before  # config.yaml, metrics.jsonl, resumes.jsonl, checkpoints, train.log (matrix 6 A3)
 
 
 def _killed_at(point: tuple[str, int]):
@@ -427,3 +430,56 @@ def test_no_readable_checkpoint_is_refused_without_advising_a_command_that_delet
     with pytest.raises(checkpoint.CheckpointError, match="nothing was changed") as refused:
         run_train(load_resume_config(run, [], []), resume=run)
     assert "--overwrite" not in str(refused.value)
+
+
+def _damage_state(ckpt: Path, how: str) -> str:
+    """Matrix 6 C1 (random bytes of the same size), C2 (16 bytes flipped), C3 (the state of another checkpoint)."""
+    shard = ckpt / checkpoint.STATE / "__0_0.distcp"
+    if how == "random":
+        shard.write_bytes(bytes(random.Random(0).randrange(256) for _ in range(shard.stat().st_size)))
+    elif how == "flipped":
+        raw = bytearray(shard.read_bytes())
+        middle = len(raw) // 2
+        raw[middle : middle + 16] = bytes(b ^ 0x40 for b in raw[middle : middle + 16])
+        shard.write_bytes(bytes(raw))
+    else:
+        shutil.rmtree(ckpt / checkpoint.STATE)
+        shutil.copytree(ckpt.parent / "step-000001" / checkpoint.STATE, ckpt / checkpoint.STATE)
+    return f"{checkpoint.STATE}/"
+
+
+@pytest.mark.parametrize("how", ["random", "flipped", "swapped"])
+def test_a_damaged_or_swapped_sharded_state_falls_back_with_a_warning_naming_the_file(trained, tmp_path, caplog, how):
+    run = _copy(trained, tmp_path / "run")
+    named = _damage_state(run / "checkpoints" / "step-000002", how)
+    with caplog.at_level(logging.WARNING, logger="sharpclip.train"):
+        state = run_train(load_resume_config(run, [], ["train.max_steps=3"]), resume=run)
+    assert state.step == 3
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    bad = [w for w in warnings if "cannot resume from step-000002" in w and "falling back" in w]
+    assert bad and f"step-000002/{named}" in bad[0] and "sha256" in bad[0], warnings
+    assert json.loads((run / RESUMES).read_text().splitlines()[-1])["checkpoint"] == "step-000001"
+
+
+def test_a_checkpoint_of_another_run_is_not_resumed_as_this_ones(trained, tmp_path, caplog):
+    run = _copy(trained, tmp_path / "run")
+    path = run / "checkpoints" / "step-000002" / checkpoint.TRAINER_STATE
+    state = json.loads(path.read_text())
+    assert state["run_id"] and len(state["files"]) >= 4  # weights, run config, DCP metadata and shard
+    path.write_text(json.dumps({**state, "run_id": "0" * 32}))  # as if copied in from another run
+    with caplog.at_level(logging.WARNING, logger="sharpclip.train"):
+        run_train(load_resume_config(run, [], ["train.max_steps=3"]), resume=run)
+    assert any(str(path) in r.getMessage() and "written by another run" in r.getMessage() for r in caplog.records)
+    assert json.loads((run / RESUMES).read_text().splitlines()[-1])["checkpoint"] == "step-000001"
+
+
+def test_a_symlinked_checkpoint_is_named_at_resume_before_any_step_is_trained(trained, tmp_path, caplog):
+    """Matrix 6 C5: a link in place of the newest checkpoint was skipped without a word, two steps were trained,
+    then writing that step's checkpoint was refused."""
+    run = _copy(trained, tmp_path / "run")
+    outside = tmp_path / "elsewhere" / "step-000002"
+    shutil.move(run / "checkpoints" / "step-000002", outside.parent.mkdir() or outside)
+    (run / "checkpoints" / "step-000002").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(checkpoint.CheckpointError, match="step-000002 is a symbolic link"):
+        run_train(load_resume_config(run, [], ["train.max_steps=3"]), resume=run)
+    assert _steps(run) == [1, 2] and checkpoint.load(outside)  # nothing trained, the target untouched

@@ -7,6 +7,8 @@ cluster may stop and start again (requeue) any number of times.
 - a run directory with a complete checkpoint: `--resume` of that directory with the recipe and overrides layered
   over its saved config, with every refusal of `--resume RUN` (a changed model, data, objective, batch, ... is an
   error listing saved → new); a run that has already finished prints its one line and exits 0;
+- a run directory whose checkpoints are gone though it wrote some (its best.json, or a save in train.log: moved to
+  archive storage, deleted): refused, naming that evidence and the steps metrics.jsonl records; nothing is emptied;
 - a run directory with no complete checkpoint yet (the job stopped before its first one): started over
   (`--overwrite`, which deletes only what a run writes), after the same check of its saved config.yaml, if it has
   one, so a different experiment is refused rather than wiped;
@@ -18,15 +20,18 @@ group), so every rank decides the same.
 
 from __future__ import annotations
 
+import contextlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from sharpclip.config import Config, load_config
+from sharpclip.config import Config, ConfigError, load_config
 from sharpclip.train import checkpoint, run_dir
 from sharpclip.train import resume as resume_policy
 from sharpclip.train.logging import log
 
 AUTO = "auto"  # the --resume value that means "start or continue train.output_dir"
+SAVED = re.compile(r"checkpoint (step-\d+) (?:written|updated)")  # train.log's line for each save
 
 
 @dataclass
@@ -49,5 +54,29 @@ def decide(files: list[str], overrides: list[str]) -> Start:
         return Start(resume_policy.load_resume_config(directory, files, overrides), directory, False)
     if (directory / resume_policy.RESOLVED_CONFIG).is_file():
         resume_policy.reconcile(directory, fresh)  # a different experiment is refused, not wiped
+    if (lost := checkpoints_gone(directory)) is not None:
+        raise ConfigError(
+            f"--resume auto: {directory} has no checkpoint left in {directory / run_dir.CHECKPOINTS}, but the run "
+            f"wrote some ({lost}): they were moved or deleted. Put them back to continue it, or train into another "
+            "train.output_dir; nothing was changed (--overwrite would delete its metrics and logs)"
+        )
     log.warning("--resume auto: %s holds a run that stopped before its first checkpoint; starting it over", directory)
     return Start(fresh, None, True)
+
+
+def checkpoints_gone(directory: Path) -> str | None:
+    """The evidence that the run in `directory` wrote checkpoints (its best.json, or a save in train.log) and the
+    steps its metrics.jsonl records, in words; None when it never wrote one (it stopped before its first)."""
+    found = []
+    if (directory / run_dir.CHECKPOINTS / checkpoint.BEST).is_file():
+        found.append(f"{run_dir.CHECKPOINTS}/{checkpoint.BEST} is there")
+    with contextlib.suppress(OSError), open(directory / "train.log", encoding="utf-8", errors="replace") as log_file:
+        saves = [m.group(1) for line in log_file if (m := SAVED.search(line))]
+        if saves:
+            found.append(f"train.log: checkpoint {saves[-1]} written")
+    if not found:
+        return None
+    with contextlib.suppress(OSError), open(directory / "metrics.jsonl", encoding="utf-8", errors="replace") as f:
+        steps = sum(1 for line in f if '"loss"' in line)
+        found.append(f"metrics.jsonl records {steps} steps")
+    return "; ".join(found)

@@ -38,6 +38,7 @@ layout. `resolve_source` is how the commands that read a run (export, blend, eva
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import logging
@@ -48,6 +49,7 @@ import re
 import shutil
 import signal
 import time
+import uuid
 import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -76,6 +78,7 @@ except ImportError:  # torch < 2.5 kept it private
     from torch.distributed._tensor import DTensor
 
 from sharpclip.models.factory import CHECKPOINT_CONFIG, WEIGHTS, read_weights
+from sharpclip.train import run_dir
 
 _log = logging.getLogger("sharpclip.train")
 TRAINING_STATE = "training_state.pt"  # the optimiser, scheduler and RNG of checkpoints written before STATE
@@ -269,7 +272,8 @@ def begin_save(
     def files() -> None:
         if main:
             write_model(tmp)
-            (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=2))
+            manifest = {"files": file_digests(tmp), "id": uuid.uuid4().hex, "run_id": run_dir.run_id(directory.parent)}
+            (tmp / TRAINER_STATE).write_text(json.dumps({**trainer_state, **manifest}, indent=2))
 
     try:
         if asynchronous:
@@ -528,11 +532,50 @@ def load_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
         raise CorruptCheckpoint(path, str(err).removeprefix(f"{path}: ")) from None
 
 
+def file_digests(folder: Path) -> dict[str, list]:
+    """{relative path: [bytes, sha256]} of every file under `folder` but its trainer state (which records them)."""
+    found = sorted(p for p in folder.rglob("*") if p.is_file() and p != folder / TRAINER_STATE)
+    return {p.relative_to(folder).as_posix(): [p.stat().st_size, _sha256(p)] for p in found}
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def check_files(checkpoint: Path, trainer_state: dict[str, Any]) -> None:
+    """Every file `save` recorded in `trainer_state` (`file_digests`) as it was written: first every size (cheap),
+    then every sha256; and the run id the same as the run directory's. `CorruptCheckpoint` names the first file that
+    differs: a damaged shard, or the state or weights of another checkpoint or run. Checkpoints written before the
+    record are not checked."""
+    recorded = trainer_state.get("files")
+    if not isinstance(recorded, dict):
+        return
+    for name, (size, _) in sorted(recorded.items()):
+        path = checkpoint / name
+        actual = path.stat().st_size if path.is_file() and not path.is_symlink() else -1
+        if actual != size:
+            raise CorruptCheckpoint(path, "missing" if actual < 0 else f"{actual} bytes, {size} when it was written")
+    for name, (_, digest) in sorted(recorded.items()):
+        if _sha256(checkpoint / name) != digest:
+            raise CorruptCheckpoint(checkpoint / name, "its sha256 is not the one recorded when the checkpoint was "
+                                    "written (damaged, or another checkpoint's or run's file)")  # fmt: skip
+    this_run, saved = run_dir.run_id(checkpoint.parent.parent), trainer_state.get("run_id")
+    if this_run and saved and saved != this_run:
+        raise CorruptCheckpoint(checkpoint / TRAINER_STATE, f"written by another run (run id {saved}; this run's "
+                                f"{run_dir.MARKER} says {this_run})")  # fmt: skip
+
+
 def load(checkpoint: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
     """(weights, training state, trainer state) of `checkpoint`, each checked; `CorruptCheckpoint` names a bad file.
-    The training state of a sharded checkpoint is {} (its DCP metadata checked): `load_sharded` reads it into the
-    optimiser; an older checkpoint's is its training_state.pt."""
+    The training state of a sharded checkpoint is {} (its DCP metadata and every file's size and digest checked):
+    `load_sharded` reads it into the optimiser; an older checkpoint's is its training_state.pt."""
     trainer_state = load_trainer_state(checkpoint)
+    check_files(checkpoint, trainer_state)
+    trainer_state = {k: v for k, v in trainer_state.items() if k not in MANIFEST_KEYS}  # the trainer's own part
     if is_legacy(checkpoint):
         return load_weights(checkpoint), load_training_state(checkpoint), trainer_state
     _check_metadata(checkpoint / STATE)

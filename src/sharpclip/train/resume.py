@@ -167,11 +167,11 @@ def pick_checkpoint(run_dir: Path, named: Path | None, expected: dict[str, Any] 
     not fit `expected` (the model's state dict: names and shapes), falls back to the previous complete one with a
     warning naming the bad file. A named checkpoint never falls back."""
     if named is not None:
-        return named, _checked(named, checkpoint.load(named), expected)
+        return named, _checked(named, checkpoint.load(_not_passed_by_a_link(run_dir, named)), expected)
     candidates = checkpoint.all_checkpoints(run_dir / "checkpoints")
     for path in reversed(candidates):
         try:
-            return path, _checked(path, checkpoint.load(path), expected)
+            return path, _checked(path, checkpoint.load(_not_passed_by_a_link(run_dir, path)), expected)
         except checkpoint.CorruptCheckpoint as err:
             log.warning("cannot resume from %s: %s; falling back to the previous checkpoint", path.name, err)
     found = ", ".join(p.name for p in candidates) or "none"
@@ -180,6 +180,23 @@ def pick_checkpoint(run_dir: Path, named: Path | None, expected: dict[str, Any] 
         "damaged file is named above); nothing was changed: move the damaged checkpoints out of that folder, or "
         "start a new run from a checkpoint you trust (model.name=CHECKPOINT train.output_dir=NEW)"
     )
+
+
+def _not_passed_by_a_link(run_dir: Path, picked: Path) -> Path:
+    """`picked`, after naming every `checkpoints/step-*` entry that is a symbolic link (never read as the run's
+    checkpoint, never written through). One of a later step than `picked` is refused now: the run would train to
+    that step and then refuse to write its checkpoint there (matrix 6 C5)."""
+    links = sorted(p for p in (run_dir / "checkpoints").glob("step-*") if p.is_symlink())
+    later = [p for p in links if p.name > picked.name]
+    if later:
+        raise checkpoint.CheckpointError(
+            f"--resume {run_dir}: {later[0]} is a symbolic link, which sharpclip neither resumes from nor writes "
+            f"through, and this run would reach its step after resuming from {picked.name}; move it out of "
+            f"{run_dir / 'checkpoints'} (or put the folder itself there) and resume"
+        )
+    for link in links:
+        log.warning("%s is a symbolic link: not read as this run's checkpoint, and left in place", link)
+    return picked
 
 
 def _checked(path: Path, loaded: tuple, expected: dict[str, Any] | None) -> tuple:

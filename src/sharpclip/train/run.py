@@ -20,6 +20,7 @@ import contextlib
 import functools
 import json
 import logging
+import os
 import secrets
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -81,13 +82,21 @@ def _run_logging(directory: Path, ctx: ParallelContext) -> Iterator[None]:
         root.addHandler(handler)
     level = root.level
     root.setLevel(logging.INFO)  # setLevel, not `.level =`: it clears the loggers' cached isEnabledFor answers
+    log_file = directory / "train.log"
+    before = log_file.stat().st_size  # the FileHandler has created it
+    finished = False
     try:
         yield
+    except AlreadyFinished:
+        finished = True
+        raise
     finally:
         for handler in handlers:
             root.removeHandler(handler)
             handler.close()
         root.setLevel(level)
+        if finished:  # a requeued job of a finished run writes nothing: its start-up lines went to stderr only
+            os.truncate(log_file, before)
 
 
 def check_config(cfg: Config) -> Objective:
@@ -99,6 +108,18 @@ def check_config(cfg: Config) -> Objective:
         if fmt and fmt not in FORMATS:
             raise ConfigError(f"{key}: unknown format {fmt!r}; known: {', '.join(FORMATS)}")
     return objective
+
+
+def check_world(cfg: Config, objective: Objective, world: int, local: int) -> None:
+    """What training refuses about running on `world` ranks, `local` a node, before it builds anything, for
+    `sharpclip config --memory` to refuse as well: a batch that does not split over them, and a `train.layout`
+    their mesh cannot take (hybrid over ranks that are not whole nodes)."""
+    if cfg.train.batch_size % world:
+        raise ConfigError(f"train.batch_size ({cfg.train.batch_size}) must be divisible by the {world} processes")
+    check_batch_split(cfg.train.batch_size, cfg.train.micro_batch_size, cfg.train.accumulation, world,
+                      objective.per_sample)  # fmt: skip
+    if world > 1:
+        ParallelContext(world=world, local_world=local, layout=cfg.train.layout).mesh_shape()
 
 
 def checked_validation_samples(data: DataConfig, train_samples: list | None) -> list:
@@ -195,11 +216,8 @@ def build_trainer(cfg: Config, evaluate: Evaluate | None = None, ctx: ParallelCo
     """
     ctx = ctx if ctx is not None else ParallelContext.from_process_group(cfg.train.layout)
     world, rank = ctx.world, ctx.rank
-    if cfg.train.batch_size % world:
-        raise ConfigError(f"train.batch_size ({cfg.train.batch_size}) must be divisible by the {world} processes")
     objective = check_config(cfg)  # every input against the feature table, every parameter typed, formats known
-    check_batch_split(cfg.train.batch_size, cfg.train.micro_batch_size, cfg.train.accumulation, world,
-                      objective.per_sample)  # fmt: skip
+    check_world(cfg, objective, world, ctx.local_world)
     device = devices.resolve_device(cfg.train.device, "train.device")
     devices.check_precision(cfg.train.precision, device, "train.precision")  # before the model is built
     checkpoint.seed_rngs(cfg.train.seed)  # the same weights on every rank (then broadcast from rank 0 anyway)

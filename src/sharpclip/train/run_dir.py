@@ -29,6 +29,7 @@ import os
 import shutil
 import socket
 import time
+import uuid
 from pathlib import Path
 
 from sharpclip import owned_files
@@ -183,9 +184,20 @@ def _remove_run_folder(folder: Path) -> None:
 
 
 def write_marker(path: Path) -> None:
-    """Mark `path` as a sharpclip run directory (the evidence `is_run_dir` reads)."""
+    """Mark `path` as a sharpclip run directory (the evidence `is_run_dir` reads), with a new run id that every
+    checkpoint of the run records (train.checkpoint: a checkpoint of another run is never resumed as this one's)."""
     when = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    (path / MARKER).write_text(json.dumps({"created": when, "pid": os.getpid()}) + "\n")
+    record = {"created": when, "pid": os.getpid(), "run_id": uuid.uuid4().hex}
+    (path / MARKER).write_text(json.dumps(record) + "\n")
+
+
+def run_id(path: Path) -> str | None:
+    """The run id in `path`'s marker (None for a run started before markers held one, or without a marker)."""
+    try:
+        found = json.loads((path / MARKER).read_text()).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return found if isinstance(found, str) else None
 
 
 class RunLock:
