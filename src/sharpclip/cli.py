@@ -63,9 +63,10 @@ def _add_config(sub: argparse._SubParsersAction) -> None:
                    "`train` lists its keys) instead of the config; docs/config.md lists them all")  # fmt: skip
     p.add_argument("--memory", action="store_true", help="print the per-rank memory plan (parameters, gradients, "
                    "optimiser, activations per row) instead of the config; docs/gpus.md#memory-plan")  # fmt: skip
-    p.add_argument("--gpu-memory", metavar="SIZE", help="with --memory: the GPU's memory (80GiB, 141GB): prints the "
-                   "largest micro-batch that fits")  # fmt: skip
-    p.add_argument("--world-size", type=int, default=1, metavar="N", help="with --memory: the number of ranks")
+    p.add_argument("--gpu-memory", metavar="SIZE", help="with --memory (which each of these flags implies): the GPU's "
+                   "memory (80GiB, 141GB): prints the largest micro-batch that fits")  # fmt: skip
+    p.add_argument("--world-size", type=int, default=None, metavar="N", help="with --memory: the number of ranks "
+                   "(default 1)")  # fmt: skip
     p.add_argument("--gpus-per-node", type=int, default=0, metavar="N", help="with --memory: ranks per node, for "
                    "train.layout=hybrid (default: min(world size, 8))")  # fmt: skip
     p.add_argument("--arch", type=path_arg, default="", metavar="NAME",
@@ -82,14 +83,19 @@ def _add_config(sub: argparse._SubParsersAction) -> None:
             print(explain(args.explain), end="")
             return 0
         from sharpclip.config import to_yaml
-        from sharpclip.train.run import check_config
+        from sharpclip.train.run import check_config, check_world
 
         cfg = _load(args)
-        check_config(cfg)  # what `train` refuses before it builds anything, refused here too
-        if args.memory:
+        objective = check_config(cfg)  # what `train` refuses before it builds anything, refused here too
+        plan_flags = (args.gpu_memory, args.arch, args.measure, args.gpus_per_node, args.world_size is not None)
+        if args.memory or any(plan_flags):  # a plan's flag asks for the plan (matrix 6 M5)
             from sharpclip.train.memory_plan import print_plan
 
-            print_plan(cfg, args.arch, args.world_size, args.gpus_per_node, args.gpu_memory, args.measure)
+            world = 1 if args.world_size is None else args.world_size
+            per_node = args.gpus_per_node or min(world, 8)
+            if world >= 1 and per_node >= 1:  # (print_plan refuses the others in its own words)
+                check_world(cfg, objective, world, per_node)  # the plan refuses what training refuses (M4)
+            print_plan(cfg, args.arch, world, per_node, args.gpu_memory, args.measure)
             return 0
         print(to_yaml(cfg), end="")
         return 0
@@ -411,6 +417,10 @@ def _eval_plan(args: argparse.Namespace, name: str | None, label: str, model_sou
         if out is None:
             raise ValueError(f"--model {name}: not a run directory, so its report needs a folder: give --out DIR "
                              "(each model's report goes to DIR/<name>)")  # fmt: skip
+        if args.out:  # DIR/<name>: folders sharpclip names, never written through a link (matrix 6 V4)
+            from sharpclip.eval.report import check_report_folder
+
+            check_report_folder(out, Path(args.out))
     if run_out and not out:  # <run>/eval/<checkpoint>: folders sharpclip names, never written through a link
         from sharpclip.eval.report import check_report_folder
 
@@ -886,11 +896,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     debug = args.debug or os.environ.get("SHARPCLIP_DEBUG", "") not in ("", "0")
-    if args.command == "train":  # srun's tasks without torchrun: RANK from SLURM_PROCID before anything reads it
-        from sharpclip.train.slurm import adopt
-
-        adopt()
     try:
+        if args.command == "train":  # srun's tasks without torchrun: RANK from SLURM_PROCID before anything reads it
+            from sharpclip.train.slurm import adopt
+
+            adopt()  # and a rank that srun did not start is refused at once (train.slurm.check_step)
         with console_logging(getattr(args, "console_level", logging.INFO)):
             return args.handler(args)
     except own_errors() as err:

@@ -209,6 +209,9 @@ def _check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
 
 
 STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT")  # what train.stop_signals may name (train.stop)
+# the shortest hang check (3 s): a tiny CPU step takes about 1 s here, so a shorter timeout tells nothing of a hang;
+# the check itself is armed only once every rank has taken a step (train.heartbeat)
+HANG_FLOOR_MIN = 0.05
 
 
 def _check_signals(key: str, names: list[str]) -> None:
@@ -641,6 +644,11 @@ class TrainConfig:
         if self.guards and not self.eval_every:
             raise ConfigError("train.guards are evaluated with the validation: set train.eval_every >= 1")
         _check_signals("train.stop_signals", self.stop_signals)
+        if 0 < self.hang_timeout_min < HANG_FLOOR_MIN:
+            raise ConfigError(
+                f"train.hang_timeout_min: {self.hang_timeout_min:g} is shorter than a training step may take: every "
+                f"healthy run would stop as hung; give 0 (no hang check) or at least {HANG_FLOOR_MIN:g} (minutes)"
+            )
 
 
 # data options one suite reads itself, beside DataConfig's fields (eval.benchmarks): SPEC's subsets to score

@@ -11,8 +11,9 @@ their own record (models.export); both follow the same rule. The rule, one for a
 - **replace only that**: a path that does not exist may be written; one that is sharpclip's own may be replaced or
   deleted; anything else (the user's notes, another tool's `manifest.json`, a file edited since) is refused with
   one line naming the file and the flag that chooses another path (`NotOurs`, a `ValueError`).
-- **no symlinks**: a symbolic link at a path sharpclip writes or deletes, or at a folder it makes below the path
-  the user gave (`<page>_files`, an index's folder), is refused: nothing is written or deleted through one.
+- **no symlinks**: a symbolic link at a path sharpclip writes or deletes, at the folder it writes into (the user's
+  `--out` included), or at a folder it makes below the path the user gave (`<page>_files`, an index's folder,
+  `eval --out DIR`'s `DIR/<model>/`) is refused: nothing is written or deleted through one.
 - **atomic**: a file is written under a per-process temporary name in its own folder, then renamed into place, so
   a killed or failed write (a full disk) leaves the old file and no half-written one.
 
@@ -176,6 +177,8 @@ def check(paths: Iterable[str | Path], flag: str = "") -> None:
     folder not a file. Call before writing anything, so a refused command leaves everything as it was."""
     for path in map(Path, paths):
         parent = path.parent
+        if parent.is_symlink():  # the folder written into: never through a link, the user's --out included
+            raise NotOurs(f"{parent} is a symbolic link; sharpclip never writes through one: {_advice(flag)}")
         if parent.exists() and not parent.is_dir():
             raise NotOurs(f"{parent} is a file, not a folder; {_advice(flag)}")
         if reason := _refusal(path, flag):
@@ -183,10 +186,10 @@ def check(paths: Iterable[str | Path], flag: str = "") -> None:
 
 
 def folder(path: str | Path, flag: str = "", derived: bool = False) -> Path:
-    """Make folder `path` (and its parents) to write into. Refused: a file there, and, when sharpclip chose the name
-    (`derived`: `<page>_files`, an index folder), a symbolic link there. Returns `path`."""
+    """Make folder `path` (and its parents) to write into. Refused: a file there, and a symbolic link there, whether
+    sharpclip chose the name (`derived`: `<page>_files`, an index folder) or the user did. Returns `path`."""
     path = Path(path)
-    if derived and path.is_symlink():
+    if path.is_symlink():
         raise NotOurs(f"{path} is a symbolic link; sharpclip never writes through one: {_advice(flag)}")
     blocker = next((p for p in (path, *path.parents) if p.exists() or p.is_symlink()), None)
     if blocker is not None and not blocker.is_dir():

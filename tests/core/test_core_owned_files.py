@@ -118,3 +118,18 @@ def test_a_record_that_is_a_symlink_is_not_sharpclips_record(tmp_path: Path):
         of.write_text(tmp_path / "out" / "a.json", "{}", "--out")
     assert not (tmp_path / "out" / "a.json").exists()
     assert elsewhere.read_text() == '{"kind": "sharpclip written files", "files": {}}'
+
+
+def test_no_writer_follows_a_link_at_the_folder_it_writes_into(tmp_path: Path):
+    """Matrix 6 V5: `compare --out` a link to the user's folder wrote compare.html/.json/.png into it."""
+    from sharpclip.analysis.compare import check_outputs
+
+    users = tmp_path / "userdir"
+    users.mkdir()
+    (tmp_path / "link").symlink_to(users, target_is_directory=True)
+    for refused in (lambda: of.check([tmp_path / "link" / "report.json"], "--out"),
+                    lambda: of.folder(tmp_path / "link", "--out"),
+                    lambda: check_outputs(tmp_path / "link")):  # fmt: skip
+        with pytest.raises(of.NotOurs, match=f"{tmp_path / 'link'} is a symbolic link"):
+            refused()
+    assert list(users.iterdir()) == []

@@ -36,3 +36,18 @@ def test_a_link_at_a_folder_eval_names_in_a_run_is_refused(run_and_data, tmp_pat
         assert "symbolic link" in capsys.readouterr().err and list(mine.iterdir()) == []
     finally:
         (run / link).unlink()
+
+
+def test_a_link_below_the_out_folder_of_several_models_is_refused(run_and_data, tmp_path: Path, capsys) -> None:
+    """Matrix 6 V4: `eval --model x/run --model y/run --out OUT` with OUT/y a link to the user's folder wrote
+    OUT/y/run/ inside it. Each model's OUT/<name>/ is a folder sharpclip names: a link on the way is refused."""
+    run, data = run_and_data
+    users, out = tmp_path / "userdir", tmp_path / "out"
+    users.mkdir()
+    out.mkdir()
+    (out / "run").symlink_to(users, target_is_directory=True)
+    code = main(["eval", "--model", str(run), "--model", str(run.parent / "init"), "--out", str(out),
+                 "data.format=generic", f"data.root={data}", "data.eval_split=test", "--suite", "retrieval",
+                 "eval.progress=false", "eval.num_workers=0"])  # fmt: skip
+    assert code == 2 and "symbolic link" in capsys.readouterr().err
+    assert list(users.iterdir()) == [] and sorted(p.name for p in out.iterdir()) == ["run"]

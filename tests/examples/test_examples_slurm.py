@@ -198,3 +198,22 @@ def test_a_batch_script_signalled_preempted_and_requeued_ends_at_the_uninterrupt
     assert final.returncode == 0 and f"{run} already finished at step 8" in final.stdout
     assert _requeues(tmp_path) == [f"requeue {job}"] * 2  # neither later run asked for another
     _ends_at(run, expected)
+
+
+@pytest.mark.parametrize("step", [None, "1"])
+def test_a_rank_that_srun_did_not_start_says_so_at_once(tmp_path, monkeypatch, capsys, step):
+    """A user's sbatch without srun: the batch shell's own process looks like rank 0 of SLURM_NTASKS and would wait
+    train.dist_timeout_min (60 min) for peers that never start; it ends at once with one line naming srun."""
+    from sharpclip.cli import main
+
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_STEP_NUM_TASKS"):
+        monkeypatch.delenv(key, raising=False)
+    slurm = {"SLURM_JOB_ID": "6161", "SLURM_JOB_NODELIST": "localhost", "SLURM_NTASKS": "2", "SLURM_PROCID": "0",
+             "SLURM_LOCALID": "0", **({"SLURM_STEP_NUM_TASKS": step} if step else {})}  # fmt: skip
+    for key, value in slurm.items():
+        monkeypatch.setenv(key, value)
+    assert main(["train", "model.name=tiny-clip", f"train.output_dir={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "SLURM_NTASKS=2" in err[0] and "srun" in err[0], err
+    assert "RANK" not in os.environ and not (tmp_path / "run").exists()  # nothing started, nothing written
+    assert launch_env({**slurm, "SLURM_STEP_NUM_TASKS": "2"})["WORLD_SIZE"] == "2"  # an srun step's task: a rank

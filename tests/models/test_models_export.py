@@ -135,3 +135,22 @@ def test_the_exported_tokenizer_knows_the_stretched_context_and_pads_without_a_w
     assert batch["input_ids"].shape[1] < 77  # padded to the longest caption, not to a fixed length
     long = processor(text=["photo " * 300], truncation=True, return_tensors="pt")
     assert long["input_ids"].shape[1] == 248  # truncation stops at the model's own context
+
+
+def test_an_export_onto_a_full_disk_is_one_line_and_leaves_no_partial_folder(tmp_path, capsys, monkeypatch) -> None:
+    """Matrix 6 D2: safetensors reports a full disk as its own SafetensorError (a 20-line traceback before)."""
+    from safetensors import SafetensorError
+
+    _trained_checkpoint(tmp_path / "run", method="lora")
+    (tmp_path / "notes.txt").write_text("the user's")
+
+    def full(model, directory, vision_only):
+        directory.mkdir(parents=True)
+        (directory / "config.json").write_text("{}")  # what got written before the disk filled
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(export_mod, "_write", full)
+    assert main(["export", str(tmp_path / "run"), "--to", str(tmp_path / "exp")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"sharpclip export: cannot write the export to {tmp_path / 'exp'}: no space left on device"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "run"]  # no .exp.export-tmp, no exp

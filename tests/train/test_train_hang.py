@@ -55,7 +55,8 @@ def test_no_stall_is_published_before_the_first_step_nor_during_a_save(monkeypat
         now[0] += 10
         assert beat.check(store) is None  # a save is not a hang
     now[0] += 10
-    other.beat(3, arrived=True)  # rank 1 waits for rank 0 at step 4's agreement
+    other.beat(3)
+    other.beat(3, arrived=True)  # rank 1 took step 3 and waits for rank 0 at step 4's agreement
     now[0] += 0.1
     other.check(store)
     assert beat.check(store).startswith("rank 0 made no progress for 10 s after step 3")
@@ -88,3 +89,15 @@ def test_a_rank_that_sleeps_after_a_step_ends_every_rank_with_one_line_naming_it
         assert len(lines) == 1, f"rank {rank}: {err[-3000:]}"
         assert lines[0].startswith(f"sharpclip: rank {rank} stops: rank 1 made no progress for "), lines[0]
         assert "after step 3 while the others waited for it" in lines[0]
+
+
+def test_no_verdict_before_every_rank_has_taken_a_step_and_no_timeout_below_the_floor(tmp_path):
+    """Matrix 6 H3: hang_timeout_min=1e-9 stopped a healthy run as hung, "0 s after step None", naming a rank that
+    had not taken its first step. The floor refuses it at load; a rank with no step yet never gets a verdict."""
+    from sharpclip.config import ConfigError, load_config
+
+    assert verdict([_beat(None, -1, 0.0), _beat(2, 4, 9.0)], 3.0) is None
+    assert "after step 2" in verdict([_beat(2, 4, 0.0), _beat(2, 5, 9.0)], 3.0)
+    with pytest.raises(ConfigError, match=r"train.hang_timeout_min: 1e-09 is shorter than a training step"):
+        load_config(None, ["train.hang_timeout_min=1e-9"])
+    assert load_config(None, ["train.hang_timeout_min=0"]).train.hang_timeout_min == 0  # off

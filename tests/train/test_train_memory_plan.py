@@ -179,3 +179,17 @@ def test_the_logged_plan_takes_the_runs_ranks_per_node_not_the_environment(monke
     cfg = load_config(["configs/hnclip_docci.yaml"], ["train.layout=hybrid", "train.precision=fp32"])
     logged = mp.log_plan(cfg, toy_model(), torch.device("cpu"), world=4, local=2)
     assert logged.shard_ranks == 2 and mp.plan_for(cfg, world=4, model=toy_model()).shard_ranks == 4
+
+
+def test_the_plan_refuses_what_training_refuses_and_its_flags_ask_for_it(capsys):
+    """Matrix 6 M4 (a hybrid layout over 8 ranks of 3-GPU nodes was planned; training refuses it) and M5
+    (--gpu-memory without --memory printed the config, the flag ignored)."""
+    args = ["config", "configs/hnclip_docci.yaml", "--arch", "ViT-L-14", "--gpu-memory", "80GiB"]
+    assert main([*args, "--world-size", "8", "--gpus-per-node", "3", "train.layout=hybrid"]) == 2
+    err = capsys.readouterr().err
+    assert "hybrid shards within a node" in err and "a whole number of nodes of 3" in err
+    assert main([*args, "--world-size", "3", "train.batch_size=128"]) == 2
+    assert "must be divisible by the 3 processes" in capsys.readouterr().err
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "largest micro-batch about" in out and "\ntrain:\n" not in out

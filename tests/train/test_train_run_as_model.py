@@ -8,6 +8,7 @@ import json
 import logging
 from pathlib import Path
 
+import pytest
 import torch
 
 from _support.finetuned_run import finetuned_run, init_checkpoint
@@ -15,12 +16,13 @@ from _support.tiny_files import write_generic
 from sharpclip.cli import main
 from sharpclip.config import ModelConfig
 from sharpclip.models import create_model
-from sharpclip.models.factory import RUN_BEST, RUN_CHECKPOINTS, RUN_DIVERGED
-from sharpclip.train import checkpoint
+from sharpclip.models.factory import RUN_BEST, RUN_CHECKPOINTS, RUN_DIVERGED, RUN_MARKER
+from sharpclip.train import checkpoint, run_dir
 
 
 def test_factory_names_match_the_checkpoint_layout() -> None:
     assert (RUN_CHECKPOINTS, RUN_BEST, RUN_DIVERGED) == ("checkpoints", checkpoint.BEST, checkpoint.DIVERGED)
+    assert RUN_MARKER == run_dir.MARKER
 
 
 def test_model_name_run_directory_loads_its_newest_complete_checkpoint(tmp_path: Path, caplog) -> None:
@@ -38,9 +40,17 @@ def test_model_name_run_directory_loads_its_newest_complete_checkpoint(tmp_path:
         assert torch.equal(model.state_dict()[name], value), name
 
 
-def test_model_name_run_directory_without_a_checkpoint_is_one_line(tmp_path: Path, capsys) -> None:
+@pytest.mark.parametrize("started", ["checkpoints folder", "killed during start-up"])
+def test_model_name_run_directory_without_a_checkpoint_is_one_line(tmp_path: Path, capsys, started) -> None:
+    """Matrix 6 B8: a run killed during start-up (its marker and config.yaml, no checkpoints/) was read as a
+    transformers folder: "Unrecognized model ... Should have a `model_type` key"."""
     run = tmp_path / "empty_run"
-    (run / "checkpoints").mkdir(parents=True)
+    if started == "checkpoints folder":
+        (run / "checkpoints").mkdir(parents=True)
+    else:
+        run.mkdir()
+        run_dir.write_marker(run)
+        (run / "config.yaml").write_text("train:\n  lr: 0.001\n")
     data = write_generic(tmp_path / "d", n=8)
     out = tmp_path / "runs" / "from_run"
     args = ["train", f"model.name={run}", "data.format=generic", f"data.root={data}", f"train.output_dir={out}"]

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from torch import Tensor
 from transformers import AutoModel
 
@@ -191,9 +192,12 @@ def export_model(
         record = {"files": files, "max_abs_diff": report.max_abs_diff, "tolerance": TOLERANCE}
         (tmp / EXPORT_RECORD).write_text(json.dumps(record, indent=2) + "\n")
         _publish(tmp, directory)
-    except OSError:  # disk full, read-only target: no half-written folder stays behind
+    except (OSError, SafetensorError) as err:  # disk full, read-only target: no half-written folder stays behind
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        if isinstance(err, OSError):
+            raise
+        reason = "no space left on device" if "no space left" in str(err).lower() else " ".join(str(err).split())
+        raise OSError(f"cannot write the export to {directory}: {reason}") from None  # safetensors' own error type
     return report
 
 

@@ -68,6 +68,7 @@ WEIGHTS = "model.safetensors"
 MODEL_CLASSES: dict[str, type[PreTrainedModel]] = {"clip": CLIPModel, "siglip": SiglipModel, "siglip2": Siglip2Model}
 OPENAI_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors")
 RUN_CHECKPOINTS, RUN_BEST, RUN_DIVERGED = "checkpoints", "best.json", "diverged.json"  # train.checkpoint's layout
+RUN_MARKER = ".sharpclip-run"  # train.run_dir.MARKER: a run directory, even one with no checkpoint yet
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -88,7 +89,8 @@ def _load_base(cfg: ModelConfig) -> HFDualEncoder:
     path = Path(cfg.name).expanduser()
     if (path / CHECKPOINT_CONFIG).is_file():
         return load_checkpoint(path)
-    if (path / RUN_CHECKPOINTS).is_dir() and not (path / "config.json").is_file():
+    is_run = (path / RUN_CHECKPOINTS).is_dir() or (path / RUN_MARKER).is_file()  # a run before its first checkpoint too
+    if is_run and not (path / "config.json").is_file():
         return load_checkpoint(run_checkpoint(path, cfg.name))
     if open_clip.is_open_clip_folder(path) and (cfg.kind == "open_clip" or not (path / "config.json").is_file()):
         if cfg.open_clip_config:

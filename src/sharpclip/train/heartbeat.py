@@ -10,8 +10,9 @@ that stopped first: the others stalled later, waiting for it in a collective) is
 and every rank exits with status 1.
 
 Saves and validations are long, legitimate pauses in which no step is taken: `busy` marks them and they are bounded
-by `train.dist_timeout_min` instead. Detection is armed once this process has taken its first step (compilation and
-the first step's memory trials are not a hang).
+by `train.dist_timeout_min` instead. Detection is armed once every rank has taken its first step (compilation and
+the first step's memory trials are not a hang), and `train.hang_timeout_min` is 0 (off) or at least
+config.HANG_FLOOR_MIN (3 s): a shorter one would stop a healthy run between two steps.
 """
 
 from __future__ import annotations
@@ -81,9 +82,11 @@ class Heartbeat:
 
 
 def verdict(beats: list[dict], timeout_s: float) -> str | None:
-    """The line naming the rank(s) furthest behind, once some rank has stalled for `timeout_s` or more; else None."""
+    """The line naming the rank(s) furthest behind, once some rank has stalled for `timeout_s` or more; else None.
+    Not before every rank has taken its first step (start-up, compilation and the first step's memory trials are not
+    a hang, and a rank with no step yet has no step to name)."""
     stalled = max(b["stalled"] for b in beats)
-    if stalled < timeout_s:
+    if stalled < timeout_s or any(b["step"] is None for b in beats):
         return None
     low = min(b["progress"] for b in beats)
     behind = [r for r, b in enumerate(beats) if b["progress"] == low]

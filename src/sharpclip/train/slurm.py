@@ -43,10 +43,32 @@ def launch_env(environ: MutableMapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in found.items() if k not in environ}
 
 
+class NotAStepTask(ValueError):
+    """A process of a several-task SLURM allocation that srun did not start: its peers will never come."""
+
+
+def check_step(environ: MutableMapping[str, str]) -> None:
+    """Refuse, in one line naming srun, a process that SLURM's variables make one rank of several when no srun
+    step started it: the batch script's own process (SLURM_NTASKS > 1, no SLURM_STEP_NUM_TASKS) or a one-task step
+    of a larger allocation. It would otherwise wait train.dist_timeout_min (60 minutes) for ranks never started."""
+    if "RANK" in environ or "WORLD_SIZE" in environ or "SLURM_JOB_ID" not in environ:
+        return
+    tasks, step = environ.get("SLURM_NTASKS", ""), environ.get("SLURM_STEP_NUM_TASKS")
+    if not tasks.isdigit() or int(tasks) < 2 or (step is not None and step != "1"):
+        return
+    where = "outside any srun step (no SLURM_STEP_NUM_TASKS)" if step is None else "in a one-task srun step"
+    raise NotAStepTask(
+        f"SLURM_NTASKS={tasks} but this process runs {where}: its {int(tasks) - 1} other ranks will never start. "
+        "Start every rank with srun (`srun python -m sharpclip train ...`, as examples/slurm/train.sbatch does) or "
+        "one torchrun per node under srun; for one process, submit with --ntasks=1"
+    )
+
+
 def adopt(environ: MutableMapping[str, str] | None = None) -> bool:
     """Set torch's process-group variables from SLURM's when srun started this task without torchrun; whether any
-    was set."""
+    was set. A process srun did not start, in an allocation of several tasks, is refused (`check_step`)."""
     environ = os.environ if environ is None else environ
+    check_step(environ)
     found = launch_env(environ)
     environ.update(found)
     return bool(found)
