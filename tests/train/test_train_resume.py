@@ -118,6 +118,13 @@ def _corrupt(ckpt: Path, which: str) -> Path:
     return path
 
 
+def _resumed_to_step_3(run: Path, caplog) -> list[str]:
+    """Resume `run` to step 3; the warnings it logged."""
+    with caplog.at_level(logging.WARNING, logger="sharpclip.train"):
+        assert run_train(load_resume_config(run, [], ["train.max_steps=3"]), resume=run).step == 3
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
 @pytest.mark.parametrize(
     "which",
     [
@@ -130,10 +137,7 @@ def _corrupt(ckpt: Path, which: str) -> Path:
 def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(trained, tmp_path, caplog, which):
     run = _copy(trained, tmp_path / "run")
     bad = _corrupt(run / "checkpoints" / "step-000002", which)
-    with caplog.at_level(logging.WARNING, logger="sharpclip.train"):
-        state = run_train(load_resume_config(run, [], ["train.max_steps=3"]), resume=run)
-    assert state.step == 3
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    warnings = _resumed_to_step_3(run, caplog)
     assert any(str(bad) in w and "falling back" in w for w in warnings), warnings
     assert _steps(run) == [1, 2, 3]  # step 2, logged before the crash-like corruption, is not logged twice
 
@@ -452,10 +456,7 @@ def _damage_state(ckpt: Path, how: str) -> str:
 def test_a_damaged_or_swapped_sharded_state_falls_back_with_a_warning_naming_the_file(trained, tmp_path, caplog, how):
     run = _copy(trained, tmp_path / "run")
     named = _damage_state(run / "checkpoints" / "step-000002", how)
-    with caplog.at_level(logging.WARNING, logger="sharpclip.train"):
-        state = run_train(load_resume_config(run, [], ["train.max_steps=3"]), resume=run)
-    assert state.step == 3
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    warnings = _resumed_to_step_3(run, caplog)
     bad = [w for w in warnings if "cannot resume from step-000002" in w and "falling back" in w]
     assert bad and f"step-000002/{named}" in bad[0] and "sha256" in bad[0], warnings
     assert json.loads((run / RESUMES).read_text().splitlines()[-1])["checkpoint"] == "step-000001"
@@ -467,9 +468,8 @@ def test_a_checkpoint_of_another_run_is_not_resumed_as_this_ones(trained, tmp_pa
     state = json.loads(path.read_text())
     assert state["run_id"] and len(state["files"]) >= 4  # weights, run config, DCP metadata and shard
     path.write_text(json.dumps({**state, "run_id": "0" * 32}))  # as if copied in from another run
-    with caplog.at_level(logging.WARNING, logger="sharpclip.train"):
-        run_train(load_resume_config(run, [], ["train.max_steps=3"]), resume=run)
-    assert any(str(path) in r.getMessage() and "written by another run" in r.getMessage() for r in caplog.records)
+    warnings = _resumed_to_step_3(run, caplog)
+    assert any(str(path) in w and "written by another run" in w for w in warnings), warnings
     assert json.loads((run / RESUMES).read_text().splitlines()[-1])["checkpoint"] == "step-000001"
 
 
