@@ -12,7 +12,13 @@ Layout under `<run>/checkpoints/`:
 
 Every rank calls `save`: rank 0 prepares `.step-000120.tmp/`, every rank writes its part of `state/` into it, rank 0
 adds the model and the trainer state and renames the folder when complete, so a crash mid-write leaves only a
-temporary folder that `latest()` ignores and the next save removes. A checkpoint whose weights made every later step
+temporary folder that `latest()` ignores and the next save removes. Nothing complete is deleted before its
+replacement is in place: a stale copy of the same step is renamed aside first (`swap_in`), and the end of an epoch at
+a step already checkpointed replaces only that checkpoint's trainer state, by one atomic rename of a file
+(`update_trainer_state`): the step is never written twice. The trainer state records the size and sha256 of every
+other file (`file_digests`), an id of the checkpoint and the run's id (train.run_dir.run_id); `load` checks them
+(`check_files`), so a damaged shard, another checkpoint's state or another run's checkpoint is a `CorruptCheckpoint`
+naming the file, which resume falls back from. A checkpoint whose weights made every later step
 fail is marked with `diverged.json` and is no longer listed (resume falls back to the one before it).
 
 DCP reshards on load: the optimiser state is read into whatever layout the resuming run has (another world size,
