@@ -564,7 +564,7 @@ class TrainConfig:
     # (SIGTERM, SIGUSR1, SIGUSR2, SIGINT; [] keeps the default actions); a second SIGTERM ends the process at once
     stop_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
     # minutes a rank may make no progress within training before every rank stops with one line naming it (0: off;
-    # saves and validations are bounded by train.dist_timeout_min instead)
+    # at least 0.05; saves and validations are bounded by train.dist_timeout_min instead)
     hang_timeout_min: float = 10.0
     # CUDA only: a checkpoint's state is copied to CPU memory and written in the background (dcp.async_save) while
     # training goes on; the folder is renamed complete when the write is done (off, or on the CPU: written at once)
