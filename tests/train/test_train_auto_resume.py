@@ -90,3 +90,17 @@ def test_auto_refuses_a_run_whose_checkpoints_are_gone_and_never_empties_it(data
     assert "checkpoint step-000002 written" in err and "metrics.jsonl records 2 steps" in err, err
     assert "starting it over" not in err
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+def test_auto_refuses_a_run_whose_checkpoints_are_all_marked_diverged_naming_them(data, tmp_path, capsys):
+    """A run whose only checkpoint made training fail (marked diverged) was told its checkpoints "were moved or
+    deleted"; it is told which checkpoint is there and why it is not resumed, and nothing changes."""
+    run = tmp_path / "run"
+    assert main(_args(data, run, "train.max_steps=2", "train.checkpoint_every=2", "train.keep_last=1")) == 0
+    checkpoint.mark_diverged(run / "checkpoints" / "step-000002", "every step after the update of step 2 failed")
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert main(_args(data, run, "train.max_steps=2", "train.checkpoint_every=2", "train.keep_last=1")) == 2
+    err = capsys.readouterr().err
+    assert "step-000002 is marked diverged" in err and "moved or deleted" not in err, err
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before

@@ -7,6 +7,7 @@ cluster may stop and start again (requeue) any number of times.
 - a run directory with a complete checkpoint: `--resume` of that directory with the recipe and overrides layered
   over its saved config, with every refusal of `--resume RUN` (a changed model, data, objective, batch, ... is an
   error listing saved → new); a run that has already finished prints its one line and exits 0;
+- a run directory whose checkpoints are all unusable (marked diverged, symbolic links): refused, naming each;
 - a run directory whose checkpoints are gone though it wrote some (its best.json, or a save in train.log: moved to
   archive storage, deleted): refused, naming that evidence and the steps metrics.jsonl records; nothing is emptied;
 - a run directory with no complete checkpoint yet (the job stopped before its first one): started over
@@ -54,6 +55,11 @@ def decide(files: list[str], overrides: list[str]) -> Start:
         return Start(resume_policy.load_resume_config(directory, files, overrides), directory, False)
     if (directory / resume_policy.RESOLVED_CONFIG).is_file():
         resume_policy.reconcile(directory, fresh)  # a different experiment is refused, not wiped
+    if unusable := unusable_checkpoints(directory / run_dir.CHECKPOINTS):
+        raise ConfigError(
+            f"--resume auto: {directory} has no checkpoint to continue from: {unusable}. Nothing was changed: start "
+            "the run over with --overwrite (which deletes what it wrote), or train into another train.output_dir"
+        )
     if (lost := checkpoints_gone(directory)) is not None:
         raise ConfigError(
             f"--resume auto: {directory} has no checkpoint left in {directory / run_dir.CHECKPOINTS}, but the run "
@@ -62,6 +68,20 @@ def decide(files: list[str], overrides: list[str]) -> Start:
         )
     log.warning("--resume auto: %s holds a run that stopped before its first checkpoint; starting it over", directory)
     return Start(fresh, None, True)
+
+
+def unusable_checkpoints(folder: Path) -> str:
+    """Why each `step-*` entry of `folder` that resume does not read is not read (marked diverged, a symbolic link,
+    no trainer state), in words; "" when there is none. Such a run wrote checkpoints that are still there."""
+    why = []
+    for path in sorted(folder.glob("step-*")):
+        if path.is_symlink():
+            why.append(f"{path.name} is a symbolic link, which sharpclip neither resumes from nor writes through")
+        elif (path / checkpoint.DIVERGED).exists():
+            why.append(f"{path.name} is marked diverged (its {checkpoint.DIVERGED} says why)")
+        elif not (path / checkpoint.TRAINER_STATE).is_file():
+            why.append(f"{path.name} has no {checkpoint.TRAINER_STATE} (incomplete)")
+    return "; ".join(why)
 
 
 def checkpoints_gone(directory: Path) -> str | None:
