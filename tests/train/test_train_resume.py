@@ -483,3 +483,18 @@ def test_a_symlinked_checkpoint_is_named_at_resume_before_any_step_is_trained(tr
     with pytest.raises(checkpoint.CheckpointError, match="step-000002 is a symbolic link"):
         run_train(load_resume_config(run, [], ["train.max_steps=3"]), resume=run)
     assert _steps(run) == [1, 2] and checkpoint.load(outside)  # nothing trained, the target untouched
+
+
+def test_a_named_checkpoint_that_is_a_symbolic_link_is_refused_and_never_written_through(trained, tmp_path):
+    """`--resume RUN/checkpoints/step-N` with step-N a link was read through it (after a warning saying it was not),
+    and the end of its open epoch was then recorded in the link's target, the user's folder."""
+    run = _copy(trained, tmp_path / "run")
+    record = run / "checkpoints" / "step-000002" / checkpoint.TRAINER_STATE
+    record.write_text(json.dumps({**json.loads(record.read_text()), "epoch": 0, "epoch_open": True}))  # as a stop
+    outside = tmp_path / "elsewhere" / "step-000002"
+    shutil.move(run / "checkpoints" / "step-000002", outside.parent.mkdir() or outside)
+    (run / "checkpoints" / "step-000002").symlink_to(outside, target_is_directory=True)
+    before = {p: p.read_bytes() for p in outside.rglob("*") if p.is_file()}
+    with pytest.raises(checkpoint.CheckpointError, match="step-000002: a symbolic link"):
+        run_train(load_resume_config(run, [], ["train.max_steps=3"]), resume=run / "checkpoints" / "step-000002")
+    assert _steps(run) == [1, 2] and {p: p.read_bytes() for p in outside.rglob("*") if p.is_file()} == before

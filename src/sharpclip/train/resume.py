@@ -185,7 +185,13 @@ def pick_checkpoint(run_dir: Path, named: Path | None, expected: dict[str, Any] 
 def _not_passed_by_a_link(run_dir: Path, picked: Path) -> Path:
     """`picked`, after naming every `checkpoints/step-*` entry that is a symbolic link (never read as the run's
     checkpoint, never written through). One of a later step than `picked` is refused now: the run would train to
-    that step and then refuse to write its checkpoint there (matrix 6 C5)."""
+    that step and then refuse to write its checkpoint there (matrix 6 C5); `picked` itself a link (a named
+    checkpoint) is refused as well."""
+    if picked.is_symlink():  # named by the user: read through the link, its epoch's end would be written there
+        raise checkpoint.CheckpointError(
+            f"--resume {picked}: a symbolic link, which sharpclip neither resumes from nor writes through; put the "
+            f"folder itself in {run_dir / 'checkpoints'} and resume"
+        )
     links = sorted(p for p in (run_dir / "checkpoints").glob("step-*") if p.is_symlink())
     later = [p for p in links if p.name > picked.name]
     if later:
