@@ -57,8 +57,9 @@ def decide(files: list[str], overrides: list[str]) -> Start:
         resume_policy.reconcile(directory, fresh)  # a different experiment is refused, not wiped
     if unusable := unusable_checkpoints(directory / run_dir.CHECKPOINTS):
         raise ConfigError(
-            f"--resume auto: {directory} has no checkpoint to continue from: {unusable}. Nothing was changed: start "
-            "the run over with --overwrite (which deletes what it wrote), or train into another train.output_dir"
+            f"--resume auto: {directory} has no checkpoint to continue from: {unusable}. Nothing was changed: put a "
+            "linked checkpoint's folder itself in its place and resume, start the run over with --overwrite (which "
+            "deletes what it wrote), or train into another train.output_dir"
         )
     if (lost := checkpoints_gone(directory)) is not None:
         raise ConfigError(
