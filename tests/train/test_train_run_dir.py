@@ -20,6 +20,7 @@ import pytest
 
 from _support.tiny_files import tiny_config, write_generic
 from sharpclip.config import ConfigError, load_config
+from sharpclip.models.factory import CHECKPOINT_CONFIG, WEIGHTS, run_checkpoint
 from sharpclip.train import checkpoint
 from sharpclip.train.resume import load_resume_config
 from sharpclip.train.run import run_train
@@ -113,6 +114,20 @@ def test_prune_keeps_the_checkpoint_just_written_and_the_best_even_beside_higher
     checkpoint.mark_best(tmp_path, written, 0.9)
     checkpoint.prune(tmp_path, keep_last=1, keep=(written,))
     assert written.is_dir() and old_newest.is_dir() and not old_best.exists()
+
+
+def test_checkpoints_past_step_999999_are_the_newest_for_resume_pruning_and_model_name(tmp_path):
+    """Names are padded to 6 digits: step-1000000 sorted before step-999999 by name, so a resume would take the
+    older one as the newest (and cut the logs back to it), and pruning would delete the newer ones."""
+    older, newer = _fake_checkpoints(tmp_path / "checkpoints", (999_999, 1_000_000))
+    assert checkpoint.latest(tmp_path / "checkpoints") == newer
+    checkpoint.prune(tmp_path / "checkpoints", keep_last=1)
+    assert newer.is_dir() and not older.exists()
+    for folder in (newer, newer.with_name(checkpoint.checkpoint_name(999_998))):
+        folder.mkdir(exist_ok=True)
+        (folder / CHECKPOINT_CONFIG).write_text("{}")
+        (folder / WEIGHTS).write_bytes(b"")
+    assert run_checkpoint(tmp_path) == newer
 
 
 @pytest.mark.parametrize("keep_last", [0, -1])

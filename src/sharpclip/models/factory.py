@@ -71,6 +71,12 @@ RUN_CHECKPOINTS, RUN_BEST, RUN_DIVERGED = "checkpoints", "best.json", "diverged.
 RUN_MARKER = ".sharpclip-run"  # train.run_dir.MARKER: a run directory, even one with no checkpoint yet
 
 
+def step_order(path: Path) -> tuple[int, str]:
+    """The sort key of checkpoint folders, oldest first: names are padded to 6 digits only, so step-1000000 sorts
+    after step-999999 by its length first."""
+    return len(path.name), path.name
+
+
 class ModelNotFoundError(FileNotFoundError):
     """`model.name` is not a preset, not on disk and not in the local HF cache."""
 
@@ -111,7 +117,7 @@ def run_checkpoint(run: Path, name: str = "") -> Path:
     none marked diverged), logged with the one `best.json` names when that differs; a run with none is a
     `ModelNotFoundError` saying what to give instead."""
     name = name or str(run)
-    found = sorted(p for p in (run / RUN_CHECKPOINTS).glob("step-*") if _complete_checkpoint(p))
+    found = sorted((p for p in (run / RUN_CHECKPOINTS).glob("step-*") if _complete_checkpoint(p)), key=step_order)
     if not found:
         raise ModelNotFoundError(
             f"model.name={name!r}: a run directory without a complete checkpoint in {run / RUN_CHECKPOINTS} (a "

@@ -83,7 +83,7 @@ try:
 except ImportError:  # torch < 2.5 kept it private
     from torch.distributed._tensor import DTensor
 
-from sharpclip.models.factory import CHECKPOINT_CONFIG, WEIGHTS, read_weights
+from sharpclip.models.factory import CHECKPOINT_CONFIG, WEIGHTS, read_weights, step_order
 from sharpclip.train import run_dir
 
 _log = logging.getLogger("sharpclip.train")
@@ -620,7 +620,7 @@ def sharded_keys(checkpoint: Path) -> list[str]:
 def all_checkpoints(directory: Path) -> list[Path]:
     """Complete checkpoints, oldest first (interrupted .tmp writes, diverged checkpoints and entries that are not
     sharpclip's own folders, such as a symbolic link to one, are not listed: see `prune`)."""
-    return sorted(p for p in _complete(directory) if _own_entry(p))
+    return sorted((p for p in _complete(directory) if _own_entry(p)), key=step_order)
 
 
 def _complete(directory: Path) -> list[Path]:

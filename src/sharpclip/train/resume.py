@@ -193,7 +193,7 @@ def _not_passed_by_a_link(run_dir: Path, picked: Path) -> Path:
             f"folder itself in {run_dir / 'checkpoints'} and resume"
         )
     links = sorted(p for p in (run_dir / "checkpoints").glob("step-*") if p.is_symlink())
-    later = [p for p in links if p.name > picked.name]
+    later = [p for p in links if checkpoint.step_order(p) > checkpoint.step_order(picked)]
     if later:
         raise checkpoint.CheckpointError(
             f"--resume {run_dir}: {later[0]} is a symbolic link, which sharpclip neither resumes from nor writes "
