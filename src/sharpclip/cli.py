@@ -85,12 +85,13 @@ def _add_config(sub: argparse._SubParsersAction) -> None:
         from sharpclip.train.run import check_config
 
         cfg = _load(args)
-        check_config(cfg)  # what `train` refuses before it builds anything, refused here too
+        objective = check_config(cfg)  # what `train` refuses before it builds anything, refused here too
         if args.memory:
             from sharpclip.train.memory_plan import print_plan
 
             print_plan(cfg, args.arch, args.world_size, args.gpus_per_node, args.gpu_memory, args.measure)
             return 0
+        print(f"# objective: {objective!r}")  # the terms the loss sums, a merge made visible (YAML reads a comment)
         print(to_yaml(cfg), end="")
         return 0
 
