@@ -373,6 +373,7 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
                    "else eval-table")  # fmt: skip
 
     def run(args: argparse.Namespace) -> int:
+        from sharpclip.analysis.study_table import report_settings
         from sharpclip.eval.suite import run_eval
         from sharpclip.eval.table import check_tables, read_report, short_labels, write_tables
         from sharpclip.train.checkpoint import CheckpointError, model_source
@@ -384,14 +385,15 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
                 check_tables(table)  # a table file there sharpclip did not write: refused before evaluating
             plans = [_eval_plan(args, name, label, model_source) for name, label in
                      zip(args.model or [None], short_labels(args.model) or [""], strict=True)]  # fmt: skip
-            reports = []
+            reports, settings = [], []
             for label, cfg in plans:
                 paths = run_eval(cfg)
                 print(paths[1].read_text(), end="")
                 print("\n".join(f"wrote {p}" for p in paths))
                 reports.append((label, read_report(paths[0])))
+                settings.append(report_settings(paths[0]))
             if table:
-                written = write_tables(reports, table)
+                written = write_tables(reports, table, settings)
                 print(written[1].read_text(), end="")
                 print("\n".join(f"wrote {p}" for p in written))
         except (OSError, ValueError, CheckpointError) as err:  # no checkpoint, missing benchmark files, unknown suite
@@ -425,7 +427,9 @@ def _eval_plan(args: argparse.Namespace, name: str | None, label: str, model_sou
 
 def _add_eval_table(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval-table", help="one table across finished evaluations: a row per model, the suites' "
-                       "headline figures as columns (CSV + markdown), per-subset figures in a second")  # fmt: skip
+                       "headline figures as columns (CSV + markdown), per-subset figures in a second; a long CSV "
+                       "(a row per run, suite and metric, the run's settings as columns) and the runs grouped over "
+                       "seeds (mean ± std, n)")  # fmt: skip
     p.add_argument("reports", nargs="+", type=path_arg, metavar="REPORT",
                    help="an eval_report.json, the folder holding one, or a run directory (its newest evaluated "
                    "checkpoint's report, RUN/eval/step-N/)")  # fmt: skip
@@ -435,15 +439,17 @@ def _add_eval_table(sub: argparse._SubParsersAction) -> None:
                    "eval_table_detail.csv / .md (default eval-table)")  # fmt: skip
 
     def run(args: argparse.Namespace) -> int:
-        from sharpclip.eval.table import read_report, short_labels, write_tables
+        from sharpclip.analysis.study_table import report_settings
+        from sharpclip.eval.table import read_report, report_file, short_labels, write_tables
 
         if args.label and len(args.label) != len(args.reports):
             print(f"sharpclip eval-table: {len(args.label)} --label for {len(args.reports)} reports", file=sys.stderr)
             return 2
         names = [str(Path(r)).removesuffix("/eval_report.json") for r in args.reports]
         labels = args.label or short_labels(names)
-        written = write_tables([(label, read_report(r)) for label, r in zip(labels, args.reports, strict=True)],
-                               args.out)  # fmt: skip
+        files = [report_file(r) for r in args.reports]
+        reports = [(label, read_report(f)) for label, f in zip(labels, files, strict=True)]
+        written = write_tables(reports, args.out, [report_settings(f) for f in files])
         print(written[1].read_text(), end="")
         print("\n".join(f"wrote {p}" for p in written))
         return 0
