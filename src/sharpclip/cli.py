@@ -215,14 +215,22 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--vision-only", action="store_true", help="export the vision tower alone (CLIPVisionModel)")
     p.add_argument("--best", action="store_true", help="a run directory's best checkpoint (best.json), not its newest")
     p.add_argument("--force", action="store_true", help="empty a non-empty --to folder first")
+    p.add_argument("--license", default="", help="the model card's license (a Hub license id, e.g. mit); none if unset")
+    p.add_argument("--base-model", default="", metavar="HUB_ID", help="the model card's base_model: the Hub id of "
+                   "what the run fine-tuned (model.name is recorded as it is either way)")  # fmt: skip
+    p.add_argument("--dataset", action="append", default=[], metavar="HUB_ID", help="a Hub dataset id for the card's "
+                   "datasets (repeatable)")  # fmt: skip
 
     def run(args: argparse.Namespace) -> int:
+        from sharpclip.model_card import CardOptions, model_card
         from sharpclip.models.export import ExportError, export_model
         from sharpclip.train.checkpoint import CheckpointError, resolve_source
 
         try:
             source = resolve_source(args.source, args.best)
-            print(export_model(source, args.to, vision_only=args.vision_only, force=args.force))
+            options = CardOptions(args.license, args.base_model, args.dataset)
+            card = model_card(source, Path(args.to).name, options, args.vision_only)
+            print(export_model(source, args.to, vision_only=args.vision_only, force=args.force, card=card))
         except (ExportError, CheckpointError, OSError, ValueError) as err:  # 1: no run or checkpoint, or not faithful
             print(f"sharpclip export: {' '.join(str(err).split())}", file=sys.stderr)
             return 1 if isinstance(err, ExportError | CheckpointError) else 2
