@@ -122,6 +122,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
         files, overrides = split_args(args.config_args)
         resume, overwrite = args.resume, args.overwrite
+        if resume == "latest" and not Path(resume).exists():  # open_clip's spelling
+            print("sharpclip train: --resume latest is open_clip's spelling: use --resume auto (continue the run in "
+                  "train.output_dir, or start it) or --resume RUN", file=sys.stderr)  # fmt: skip
+            return 2
         if resume == AUTO:  # start train.output_dir or continue the run it holds (train.auto_resume)
             start = decide(files, overrides)
             cfg, resume, overwrite = start.cfg, start.resume, start.overwrite
@@ -846,7 +850,44 @@ def flag_hint(unknown: list[str], words: list[str], command: str) -> str:
 
 
 class _Console(logging.StreamHandler):
-    """sharpclip's log on stderr during one command (rank 0: INFO and up; other torchrun ranks: warnings)."""
+    """sharpclip's log on stderr during one command (rank 0: INFO and up; other ranks: errors, and the warnings
+    marked `extra={"rank_own": True}`, which only that rank can see). While a bar draws on the terminal a line is
+    written above it (tqdm.write, what tqdm's logging redirect does), never onto the bar's line."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from sharpclip.progress import showing
+
+        if not showing():
+            super().emit(record)
+            return
+        from tqdm import tqdm
+
+        try:
+            tqdm.write(self.format(record), file=self.stream)
+        except Exception:  # logging's own rule: a failing handler reports, never raises
+            self.handleError(record)
+
+
+class OtherRanks(logging.Filter):
+    """On ranks other than 0: drop the warnings that every rank raises alike (rank 0 prints them once); errors and
+    warnings marked `rank_own` pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR or getattr(record, "rank_own", False)
+
+
+def quiet_hub_bars() -> None:
+    """transformers' and huggingface_hub's own bars ("Loading weights") off when stderr is not a terminal: in a
+    redirected log they are streams of frames."""
+    from sharpclip.progress import on_terminal
+
+    if on_terminal():
+        return
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # read by both when they are imported
+    if "huggingface_hub" in sys.modules:
+        sys.modules["huggingface_hub"].utils.disable_progress_bars()
+    if "transformers" in sys.modules:
+        sys.modules["transformers"].utils.logging.disable_progress_bar()
 
 
 @contextlib.contextmanager
@@ -861,6 +902,8 @@ def console_logging(level: int = logging.INFO):
     handler.addFilter(TerminalOnly())  # training's progress lines stay off a terminal that shows the bar
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
     handler.setLevel(level if int(os.environ.get("RANK", 0)) == 0 else max(level, logging.WARNING))
+    if int(os.environ.get("RANK", 0)) != 0:
+        handler.addFilter(OtherRanks())
     level = root.level
     root.setLevel(logging.INFO)  # setLevel, not `.level =`: it clears the loggers' cached isEnabledFor answers
     root.addHandler(handler)
@@ -901,6 +944,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     debug = args.debug or os.environ.get("SHARPCLIP_DEBUG", "") not in ("", "0")
+    quiet_hub_bars()
     if args.command == "train":  # srun's tasks without torchrun: RANK from SLURM_PROCID before anything reads it
         from sharpclip.train.slurm import adopt
 
