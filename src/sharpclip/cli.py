@@ -148,6 +148,32 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
+def _add_sweep(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sweep", help="the tasks of a sweep file (fractions × objectives × seeds): list them, or print "
+                       "one task's overrides for a SLURM array task (examples/slurm/sweep.sbatch)")  # fmt: skip
+    p.add_argument("file", type=path_arg, metavar="SWEEP.yaml", help="root: and axes: (see examples/slurm/sweep.yaml)")
+    p.add_argument("--task", type=int, metavar="I", help="print task I's overrides, one a line (train.output_dir last)")
+
+    def run(args: argparse.Namespace) -> int:
+        from sharpclip.sweep import read_sweep, task
+
+        try:
+            if args.task is not None:
+                print("\n".join(task(args.file, args.task).overrides))
+                return 0
+            root, tasks = read_sweep(args.file)
+        except ValueError as err:
+            print(f"sharpclip sweep: {err}", file=sys.stderr)
+            return 2
+        for t in tasks:
+            print(f"{t.index}\t{t.name}\t{shlex.join(t.overrides)}")
+        print(f"{len(tasks)} tasks into {root}/: sbatch --array=0-{len(tasks) - 1} examples/slurm/sweep.sbatch "
+              f"{args.file} RECIPE.yaml ...")  # fmt: skip
+        return 0
+
+    p.set_defaults(handler=run)
+
+
 def _add_demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="the quickstart: every objective fine-tuned and compared on SynthDense, on CPU")
     p.add_argument(
@@ -771,6 +797,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_analyze,
         _add_search,
         _add_compare,
+        _add_sweep,
         _add_demo,
     ):
         add(sub)
