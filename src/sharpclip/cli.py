@@ -152,14 +152,25 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sweep", help="the tasks of a sweep file (fractions × objectives × seeds): list them, or print "
                        "one task's overrides for a SLURM array task (examples/slurm/sweep.sbatch)")  # fmt: skip
     p.add_argument("file", type=path_arg, metavar="SWEEP.yaml", help="root: and axes: (see examples/slurm/sweep.yaml)")
-    p.add_argument("--task", type=int, metavar="I", help="print task I's overrides, one a line (train.output_dir last)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--task", type=int, metavar="I", help="print task I's overrides, one a line (train.output_dir "
+                       "last)")  # fmt: skip
+    which.add_argument("--array-task", action="store_true", help="the same for the task $SLURM_ARRAY_TASK_ID names")
 
     def run(args: argparse.Namespace) -> int:
         from sharpclip.sweep import read_sweep, task
 
+        index = args.task
+        if args.array_task:
+            named = os.environ.get("SLURM_ARRAY_TASK_ID", "")
+            if not named.isdigit():
+                print(f"sharpclip sweep: --array-task: SLURM_ARRAY_TASK_ID is {named or 'not set'}: submit with "
+                      "sbatch --array=0-N", file=sys.stderr)  # fmt: skip
+                return 2
+            index = int(named)
         try:
-            if args.task is not None:
-                print("\n".join(task(args.file, args.task).overrides))
+            if index is not None:
+                print("\n".join(task(args.file, index).overrides))
                 return 0
             root, tasks = read_sweep(args.file)
         except ValueError as err:

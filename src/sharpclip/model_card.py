@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sharpclip.analysis.sample_efficiency import method_label
 from sharpclip.analysis.study_table import recipe_digest
 from sharpclip.config import Config, load_config, to_yaml
+from sharpclip.eval.table import headline, tables
 from sharpclip.train.resume import CHECKPOINT_RUN_CONFIG, RESOLVED_CONFIG, changes
 
 TASKS = {"retrieval": "image-text-retrieval", "zeroshot": "zero-shot-image-classification"}
@@ -49,8 +51,6 @@ def provenance(source: Path) -> dict[str, Any]:
         return {"source": str(source)}
     own = source / CHECKPOINT_RUN_CONFIG
     cfg: Config = load_config(own if own.is_file() else run / RESOLVED_CONFIG, saved=True)
-    from sharpclip.analysis.sample_efficiency import method_label
-
     diff = changes(load_config(), cfg)
     settings = [f"{k}={json.dumps(new) if not isinstance(new, str) else new}" for k, (_, new) in diff.items()]
     reports = run / "eval" / source.name
@@ -63,9 +63,7 @@ def provenance(source: Path) -> dict[str, Any]:
 
 
 def _eval_results(report: dict[str, Any] | None) -> list[Any]:
-    from huggingface_hub import EvalResult
-
-    from sharpclip.eval.table import headline
+    from huggingface_hub import EvalResult  # the card's library: imported by the export only
 
     out = []
     for suite, metrics in (report or {}).items():
@@ -91,8 +89,6 @@ def _body(name: str, record: dict[str, Any], vision_only: bool) -> str:
     if not record["eval"]:
         lines.append(f"Not evaluated at this step: `sharpclip eval --model {record['training_run']}` writes it.")
     else:
-        from sharpclip.eval.table import tables
-
         lines.append(tables([(f"step {record['step']}", record["eval"])])["eval_table.md"])
         datasets = (record["manifest"] or {}).get("datasets") or {}
         lines += ["Data read by the evaluation (eval_manifest.json):", "", "| suite | file | sha256 |", "|---|---|---|"]

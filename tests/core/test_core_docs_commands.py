@@ -248,7 +248,7 @@ def test_each_cluster_script_is_shown_whole_on_the_gpu_page() -> None:
     """examples/slurm/*.sbatch are the scripts docs/gpus.md shows, line for line, so the checks of the page's
     commands (torchrun's options, sharpclip's words) are checks of the files."""
     shown = {"\n".join(b.lines) for b in blocks(ROOT / "docs" / "gpus.md") if b.lines and b.lines[0].startswith("#!")}
-    assert [p.name for p in SLURM_SCRIPTS] == ["train.sbatch", "train_torchrun.sbatch"]
+    assert [p.name for p in SLURM_SCRIPTS] == ["sweep.sbatch", "train.sbatch", "train_torchrun.sbatch"]
     for path in SLURM_SCRIPTS:
         assert path.read_text(encoding="utf-8").rstrip("\n") in shown, f"{path.name} differs from docs/gpus.md"
 

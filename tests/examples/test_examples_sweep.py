@@ -21,7 +21,7 @@ EXAMPLE = ROOT / "examples" / "slurm" / "sweep.yaml"
 SRUN = '#!/bin/bash\n# srun stand-in: one task, the command as is\nwhile [[ "$1" == -* ]]; do shift; done\nexec "$@"\n'
 
 
-def test_the_sweep_file_maps_each_array_index_to_one_setting(tmp_path, capsys):
+def test_the_sweep_file_maps_each_array_index_to_one_setting(tmp_path, capsys, monkeypatch):
     root, tasks = read_sweep(EXAMPLE)
     assert root == Path("runs/sweep") and len(tasks) == 8
     assert [t.name for t in tasks[:3]] == ["infonce_f0.5_s0", "infonce_f0.5_s1", "infonce_f1.0_s0"]  # seed fastest
@@ -30,6 +30,9 @@ def test_the_sweep_file_maps_each_array_index_to_one_setting(tmp_path, capsys):
                                           "train.output_dir=runs/sweep/hn_f0.5_s1")  # fmt: skip
     assert main(["sweep", str(EXAMPLE), "--task", "8"]) == 2
     assert "task 8 of 8: submit with sbatch --array=0-7" in capsys.readouterr().err
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "5")
+    assert main(["sweep", "--array-task", str(EXAMPLE)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "train.output_dir=runs/sweep/hn_f0.5_s1"
     bad = tmp_path / "bad.yaml"
     bad.write_text("root: r\naxes:\n  seed:\n    s/0: [train.seed=0]\n")
     with pytest.raises(ValueError, match=r"seed\.s/0: a value's name is part of a folder name"):
