@@ -440,7 +440,7 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
                 print(paths[1].read_text(), end="")
                 print("\n".join(f"wrote {p}" for p in paths))
                 reports.append((label, read_report(paths[0])))
-                settings.append(report_settings(paths[0]))
+                settings.append(report_settings(paths[0]) if table else {})
             if table:
                 written = write_tables(reports, table, settings)
                 print(written[1].read_text(), end="")
