@@ -97,6 +97,7 @@ def _add_config(sub: argparse._SubParsersAction) -> None:
                 check_world(cfg, objective, world, per_node)  # the plan refuses what training refuses (M4)
             print_plan(cfg, args.arch, world, per_node, args.gpu_memory, args.measure)
             return 0
+        print(f"# objective: {objective!r}")  # the terms the loss sums, a merge made visible (YAML reads a comment)
         print(to_yaml(cfg), end="")
         return 0
 
@@ -127,6 +128,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
         files, overrides = split_args(args.config_args)
         resume, overwrite = args.resume, args.overwrite
+        if resume == "latest" and not Path(resume).exists():  # open_clip's spelling
+            print("sharpclip train: --resume latest is open_clip's spelling: use --resume auto (continue the run in "
+                  "train.output_dir, or start it) or --resume RUN", file=sys.stderr)  # fmt: skip
+            return 2
         if resume == AUTO:  # start train.output_dir or continue the run it holds (train.auto_resume)
             start = decide(files, overrides)
             cfg, resume, overwrite = start.cfg, start.resume, start.overwrite
@@ -144,6 +149,43 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
             summary = f"trained {state.step} steps ({state.seen} samples); run directory: {cfg.train.output_dir}"
         if int(os.environ.get("RANK", 0)) == 0:  # under torchrun: one summary, not one per rank
             print(summary)
+        return 0
+
+    p.set_defaults(handler=run)
+
+
+def _add_sweep(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sweep", help="the tasks of a sweep file (fractions × objectives × seeds): list them, or print "
+                       "one task's overrides for a SLURM array task (examples/slurm/sweep.sbatch)")  # fmt: skip
+    p.add_argument("file", type=path_arg, metavar="SWEEP.yaml", help="root: and axes: (see examples/slurm/sweep.yaml)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--task", type=int, metavar="I", help="print task I's overrides, one a line (train.output_dir "
+                       "last)")  # fmt: skip
+    which.add_argument("--array-task", action="store_true", help="the same for the task $SLURM_ARRAY_TASK_ID names")
+
+    def run(args: argparse.Namespace) -> int:
+        from sharpclip.sweep import read_sweep, task
+
+        index = args.task
+        if args.array_task:
+            named = os.environ.get("SLURM_ARRAY_TASK_ID", "")
+            if not named.isdigit():
+                print(f"sharpclip sweep: --array-task: SLURM_ARRAY_TASK_ID is {named or 'not set'}: submit with "
+                      "sbatch --array=0-N", file=sys.stderr)  # fmt: skip
+                return 2
+            index = int(named)
+        try:
+            if index is not None:
+                print("\n".join(task(args.file, index).overrides))
+                return 0
+            root, tasks = read_sweep(args.file)
+        except ValueError as err:
+            print(f"sharpclip sweep: {err}", file=sys.stderr)
+            return 2
+        for t in tasks:
+            print(f"{t.index}\t{t.name}\t{shlex.join(t.overrides)}")
+        print(f"{len(tasks)} tasks into {root}/: sbatch --array=0-{len(tasks) - 1} examples/slurm/sweep.sbatch "
+              f"{args.file} RECIPE.yaml ...")  # fmt: skip
         return 0
 
     p.set_defaults(handler=run)
@@ -220,14 +262,22 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--vision-only", action="store_true", help="export the vision tower alone (CLIPVisionModel)")
     p.add_argument("--best", action="store_true", help="a run directory's best checkpoint (best.json), not its newest")
     p.add_argument("--force", action="store_true", help="empty a non-empty --to folder first")
+    p.add_argument("--license", default="", help="the model card's license (a Hub license id, e.g. mit); none if unset")
+    p.add_argument("--base-model", default="", metavar="HUB_ID", help="the model card's base_model: the Hub id of "
+                   "what the run fine-tuned (model.name is recorded as it is either way)")  # fmt: skip
+    p.add_argument("--dataset", action="append", default=[], metavar="HUB_ID", help="a Hub dataset id for the card's "
+                   "datasets (repeatable)")  # fmt: skip
 
     def run(args: argparse.Namespace) -> int:
+        from sharpclip.model_card import CardOptions, model_card
         from sharpclip.models.export import ExportError, export_model
         from sharpclip.train.checkpoint import CheckpointError, resolve_source
 
         try:
             source = resolve_source(args.source, args.best)
-            print(export_model(source, args.to, vision_only=args.vision_only, force=args.force))
+            options = CardOptions(args.license, args.base_model, args.dataset)
+            card = model_card(source, Path(args.to).name, options, args.vision_only)
+            print(export_model(source, args.to, vision_only=args.vision_only, force=args.force, card=card))
         except (ExportError, CheckpointError, OSError, ValueError) as err:  # 1: no run or checkpoint, or not faithful
             print(f"sharpclip export: {' '.join(str(err).split())}", file=sys.stderr)
             return 1 if isinstance(err, ExportError | CheckpointError) else 2
@@ -378,6 +428,7 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
                    "else eval-table")  # fmt: skip
 
     def run(args: argparse.Namespace) -> int:
+        from sharpclip.analysis.study_table import report_settings
         from sharpclip.eval.suite import run_eval
         from sharpclip.eval.table import check_tables, read_report, short_labels, write_tables
         from sharpclip.train.checkpoint import CheckpointError, model_source
@@ -389,14 +440,15 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
                 check_tables(table)  # a table file there sharpclip did not write: refused before evaluating
             plans = [_eval_plan(args, name, label, model_source) for name, label in
                      zip(args.model or [None], short_labels(args.model) or [""], strict=True)]  # fmt: skip
-            reports = []
+            reports, settings = [], []
             for label, cfg in plans:
                 paths = run_eval(cfg)
                 print(paths[1].read_text(), end="")
                 print("\n".join(f"wrote {p}" for p in paths))
                 reports.append((label, read_report(paths[0])))
+                settings.append(report_settings(paths[0]) if table else {})
             if table:
-                written = write_tables(reports, table)
+                written = write_tables(reports, table, settings)
                 print(written[1].read_text(), end="")
                 print("\n".join(f"wrote {p}" for p in written))
         except (OSError, ValueError, CheckpointError) as err:  # no checkpoint, missing benchmark files, unknown suite
@@ -434,7 +486,9 @@ def _eval_plan(args: argparse.Namespace, name: str | None, label: str, model_sou
 
 def _add_eval_table(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval-table", help="one table across finished evaluations: a row per model, the suites' "
-                       "headline figures as columns (CSV + markdown), per-subset figures in a second")  # fmt: skip
+                       "headline figures as columns (CSV + markdown), per-subset figures in a second; a long CSV "
+                       "(a row per run, suite and metric, the run's settings as columns) and the runs grouped over "
+                       "seeds (mean ± std, n)")  # fmt: skip
     p.add_argument("reports", nargs="+", type=path_arg, metavar="REPORT",
                    help="an eval_report.json, the folder holding one, or a run directory (its newest evaluated "
                    "checkpoint's report, RUN/eval/step-N/)")  # fmt: skip
@@ -444,15 +498,17 @@ def _add_eval_table(sub: argparse._SubParsersAction) -> None:
                    "eval_table_detail.csv / .md (default eval-table)")  # fmt: skip
 
     def run(args: argparse.Namespace) -> int:
-        from sharpclip.eval.table import read_report, short_labels, write_tables
+        from sharpclip.analysis.study_table import report_settings
+        from sharpclip.eval.table import read_report, report_file, short_labels, write_tables
 
         if args.label and len(args.label) != len(args.reports):
             print(f"sharpclip eval-table: {len(args.label)} --label for {len(args.reports)} reports", file=sys.stderr)
             return 2
         names = [str(Path(r)).removesuffix("/eval_report.json") for r in args.reports]
         labels = args.label or short_labels(names)
-        written = write_tables([(label, read_report(r)) for label, r in zip(labels, args.reports, strict=True)],
-                               args.out)  # fmt: skip
+        files = [report_file(r) for r in args.reports]
+        reports = [(label, read_report(f)) for label, f in zip(labels, files, strict=True)]
+        written = write_tables(reports, args.out, [report_settings(f) for f in files])
         print(written[1].read_text(), end="")
         print("\n".join(f"wrote {p}" for p in written))
         return 0
@@ -762,6 +818,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_analyze,
         _add_search,
         _add_compare,
+        _add_sweep,
         _add_demo,
     ):
         add(sub)
@@ -841,7 +898,44 @@ def flag_hint(unknown: list[str], words: list[str], command: str) -> str:
 
 
 class _Console(logging.StreamHandler):
-    """sharpclip's log on stderr during one command (rank 0: INFO and up; other torchrun ranks: warnings)."""
+    """sharpclip's log on stderr during one command (rank 0: INFO and up; other ranks: errors, and the warnings
+    marked `extra={"rank_own": True}`, which only that rank can see). While a bar draws on the terminal a line is
+    written above it (tqdm.write, what tqdm's logging redirect does), never onto the bar's line."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from sharpclip.progress import showing
+
+        if not showing():
+            super().emit(record)
+            return
+        from tqdm import tqdm
+
+        try:
+            tqdm.write(self.format(record), file=self.stream)
+        except Exception:  # logging's own rule: a failing handler reports, never raises
+            self.handleError(record)
+
+
+class OtherRanks(logging.Filter):
+    """On ranks other than 0: drop the warnings that every rank raises alike (rank 0 prints them once); errors and
+    warnings marked `rank_own` pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR or getattr(record, "rank_own", False)
+
+
+def quiet_hub_bars() -> None:
+    """transformers' and huggingface_hub's own bars ("Loading weights") off when stderr is not a terminal: in a
+    redirected log they are streams of frames."""
+    from sharpclip.progress import on_terminal
+
+    if on_terminal():
+        return
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # read by both when they are imported
+    if "huggingface_hub" in sys.modules:
+        sys.modules["huggingface_hub"].utils.disable_progress_bars()
+    if "transformers" in sys.modules:
+        sys.modules["transformers"].utils.logging.disable_progress_bar()
 
 
 @contextlib.contextmanager
@@ -856,6 +950,8 @@ def console_logging(level: int = logging.INFO):
     handler.addFilter(TerminalOnly())  # training's progress lines stay off a terminal that shows the bar
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
     handler.setLevel(level if int(os.environ.get("RANK", 0)) == 0 else max(level, logging.WARNING))
+    if int(os.environ.get("RANK", 0)) != 0:
+        handler.addFilter(OtherRanks())
     level = root.level
     root.setLevel(logging.INFO)  # setLevel, not `.level =`: it clears the loggers' cached isEnabledFor answers
     root.addHandler(handler)
@@ -896,6 +992,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     debug = args.debug or os.environ.get("SHARPCLIP_DEBUG", "") not in ("", "0")
+    quiet_hub_bars()
     try:
         if args.command == "train":  # srun's tasks without torchrun: RANK from SLURM_PROCID before anything reads it
             from sharpclip.train.slurm import adopt

@@ -488,7 +488,9 @@ class TermConfig:
 
 @dataclass
 class LossConfig:
-    """The objective as named weighted terms (losses.build_objective), e.g. HN-CLIP eq. 3 or CLIP-IN eq. 8."""
+    """The objective as named weighted terms (losses.build_objective), e.g. HN-CLIP eq. 3 or CLIP-IN eq. 8. On the
+    command line `loss.terms:={…}` replaces a recipe's terms, `~loss.terms.NAME` deletes one, and `loss.terms={…}`
+    merges into them."""
 
     # Empty in the schema so that a recipe's terms replace the default instead of merging into it (OmegaConf merges
     # dict keys); `load_config` fills in DEFAULT_TERMS when no layer names any. A weight of 0 disables a term.
@@ -834,6 +836,8 @@ def _merge(base: Any, layer: Any, source: str, given: str = "") -> Any:
         if isinstance(err, ConfigKeyError) and key != "?":  # not a setting: the likely one, if any
             raise ConfigError(f"{source}: '{key}' is not a setting{_did_you_mean(key)}") from None
         reason = str(err).splitlines()[0]
+        if "is not Optional" in reason and given:  # `key=null` for a deletion
+            reason += f"; to delete an entry of a mapping write ~{given} (docs/config.md#overrides)"
         if is_path_key(key) and "'None'" in reason:  # `output_dir: ~` is YAML's null, not the home folder
             reason += "; a bare ~ is YAML's null: write the folder out, or quote it ('~')"
         raise ConfigError(f"{source}: key '{key}': {reason}") from None
@@ -864,12 +868,22 @@ def _not_a_mapping(file: Path) -> str | None:
     )
 
 
+SECTIONS = tuple(f.name for f in fields(Config))  # the top level: a `~` word naming one of these is a deletion
+
+
+def is_deletion(word: str) -> bool:
+    """Whether command-line `word` is a deletion override, `~section.key` (Hydra's spelling), rather than a file
+    under a home folder (`~/recipes/x.yaml`, `~user/x.yaml`)."""
+    return word.startswith("~") and "=" not in word and "/" not in word and word[1:].split(".")[0] in SECTIONS
+
+
 def split_args(args: list[str] | tuple[str, ...]) -> tuple[list[str], list[str]]:
-    """Command-line words -> (YAML files, key=value overrides): a word with '=' is an override; a file's `~` is the
-    home folder, also when the shell left it alone (quoted)."""
-    overrides = [a for a in args if "=" in a]
+    """Command-line words -> (YAML files, overrides): a word with '=' is an override (`key=value` merges,
+    `key:=value` replaces), and so is `~key` (deletes); a file's `~` is the home folder, also when the shell left it
+    alone (quoted)."""
+    overrides = [a for a in args if "=" in a or is_deletion(a)]
     check_typed_overrides(overrides)
-    return [os.path.expanduser(a) for a in args if "=" not in a], overrides
+    return [os.path.expanduser(a) for a in args if a not in overrides], overrides
 
 
 def check_typed_overrides(overrides: list[str] | tuple[str, ...]) -> None:
@@ -928,6 +942,59 @@ def parse_override(item: str) -> DictConfig:
         ) from None
 
 
+def apply_override(merged: DictConfig, item: str) -> DictConfig:
+    """One command-line override over the layers merged so far: `key=value` merges (a mapping value adds to the
+    mapping's entries), `key:=value` replaces the key's value wholesale, `~key` deletes a mapping's entry (a schema
+    setting goes back to its default)."""
+    if is_deletion(item):
+        _delete(merged, item[1:].strip(), f"override {item!r}")
+        return merged
+    if "=" not in item:
+        raise ConfigError(f"override {item!r}: expected key=value (e.g. train.lr=1e-4), key:=value or ~key")
+    key, _, value = item.partition("=")
+    key = key.strip()
+    if key.endswith(":"):  # key:=value, the replacing spelling
+        key = key[:-1].strip()
+        _delete(merged, key, f"override {item!r}", missing_ok=True)
+        return _merge(merged, parse_override(f"{key}={value}"), f"override {item!r}", key)
+    layer = parse_override(item)
+    _warn_merged(merged, layer, key, item)
+    return _merge(merged, layer, f"override {item!r}", key)
+
+
+def _delete(merged: DictConfig, key: str, source: str, missing_ok: bool = False) -> None:
+    """Delete dotted `key`: a mapping's entry goes, a schema setting gets its default back."""
+    parent_key, _, name = key.rpartition(".")
+    parent = OmegaConf.select(merged, parent_key) if parent_key else merged
+    if not isinstance(parent, DictConfig) or name not in parent:
+        if missing_ok and isinstance(parent, DictConfig):
+            return
+        if isinstance(parent, DictConfig):
+            held = f" ({parent_key or 'the config'} holds: {', '.join(map(str, parent)) or 'nothing'})"
+        else:
+            held = _did_you_mean(key)
+        raise ConfigError(f"{source}: there is no '{key}' to delete{held}")
+    schema = OmegaConf.get_type(parent)
+    if schema is dict or schema is None:
+        del parent[name]
+    else:  # a dataclass field: its default (a fresh node of the same type holds it)
+        parent[name] = OmegaConf.structured(schema)[name]
+
+
+def _warn_merged(merged: DictConfig, layer: DictConfig, key: str, item: str) -> None:
+    """Say so when a mapping value given with `=` keeps entries of the earlier layers (`loss.terms={clip: …}` over
+    a recipe trains the recipe's terms plus clip): the merge is OmegaConf's rule, a replacement is `:=`."""
+    given, before = OmegaConf.select(layer, key), OmegaConf.select(merged, key, default=None)
+    if not (isinstance(given, DictConfig) and isinstance(before, DictConfig)) or OmegaConf.get_type(before) is not dict:
+        return
+    kept = [str(k) for k in before if k not in given]
+    if kept:
+        logging.getLogger("sharpclip.config").warning(
+            "override %r merges into %s, which keeps %s from the earlier layers; to replace it write %s:=%s",
+            item, key, ", ".join(kept), key, item.partition("=")[2].strip(),
+        )  # fmt: skip
+
+
 def load_config(
     path: str | Path | list[str | Path] | None = None,
     overrides: list[str] | tuple[str, ...] = (),
@@ -958,9 +1025,7 @@ def load_config(
         merged = _merge(merged, layer, str(file))
         micro = _numeric_micro(merged, micro)
     for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r}: expected key=value (e.g. train.lr=1e-4)")
-        merged = _merge(merged, parse_override(item), f"override {item!r}", item.split("=", 1)[0].strip())
+        merged = apply_override(merged, item)
         micro = _numeric_micro(merged, micro)
     _auto_encode_passes(merged, micro)
     try:

@@ -162,6 +162,14 @@ def markdown() -> str:
         "This page is generated from the schema, `src/sharpclip/config.py`, where each description is the comment",
         f"beside its field: after changing a field, regenerate it with `{REGENERATE}` (a test fails while it is",
         "stale or while a key has no description).",
+        "",
+        "## Overrides",
+        "",
+        "`key=value` merges into the earlier layers (a mapping's entries are added to or updated: a warning says so",
+        "when entries of the earlier layers stay); `key:=value` replaces the key's whole value (`'loss.terms:={clip:",
+        "{loss: infonce}}'`: InfoNCE alone, whatever the recipe's terms); `~key` deletes an entry of a mapping",
+        "(`~loss.terms.tok`; a schema setting goes back to its default). Quote overrides that hold braces or `~` in a",
+        "shell. [Objectives](objectives.md#swapping-the-objective-on-the-command-line) has examples.",
     ]
     for section in sections():
         depth = "#" * (2 + section.name.count(".") - section.name.count("<name>."))

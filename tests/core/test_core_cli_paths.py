@@ -17,7 +17,7 @@ NOT_PATHS = {
     ("validate-data", "split"), ("eval", "suite"), ("eval-table", "label"), ("analyze dynamics", "metric"),
     ("analyze sample-efficiency", "metric"), ("analyze geometry", "suite"), ("analyze near-duplicates", "suite"),
     ("analyze feature-map", "text"), ("search", "suite"), ("search", "text"), ("compare", "suite"),
-    ("config", "gpu_memory"),
+    ("config", "gpu_memory"), ("export", "license"), ("export", "base_model"), ("export", "dataset"),  # Hub ids
 }  # fmt: skip
 # the least each command needs to parse (a path under test replaces its own word)
 MINIMAL = {

@@ -97,3 +97,46 @@ def test_a_removed_key_says_what_replaced_it(tmp_path):
     old.write_text("train:\n  diagnostics_every: 10\n  diagnostics_gamma: 0.5\n")
     with pytest.raises(ConfigError, match=rf"^{re.escape(str(old))}: key 'train\.diagnostics_gamma' is no longer"):
         load_config(old)
+
+
+HN_RECIPE = "loss:\n  terms:\n    hn: {loss: hn_clip, params: {gamma: 0.5}}\n    tok: {loss: filip, weight: 1.0}\n"
+
+
+def test_an_objective_is_replaced_with_colon_equals_and_a_term_deleted_with_tilde(tmp_path, caplog):
+    from sharpclip.config import split_args
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(HN_RECIPE)
+    with caplog.at_level("WARNING", logger="sharpclip.config"):  # `=` merges, and says what it kept
+        merged = load_config(recipe, ["loss.terms={clip: {loss: infonce}}"])
+    assert list(merged.loss.terms) == ["hn", "tok", "clip"]
+    assert "keeps hn, tok" in caplog.text and "loss.terms:={clip: {loss: infonce}}" in caplog.text
+    replaced = load_config(recipe, ["loss.terms:={clip: {loss: infonce}}"])
+    assert list(replaced.loss.terms) == ["clip"] and replaced.loss.terms["clip"].loss == "infonce"
+    files, overrides = split_args([str(recipe), "~loss.terms.tok", "~/r.yaml"])
+    assert overrides == ["~loss.terms.tok"] and files[0] == str(recipe) and not files[1].startswith("~")
+    assert list(load_config(recipe, overrides).loss.terms) == ["hn"]
+    term = load_config(recipe, ["loss.terms.hn:={loss: infonce}", "~loss.terms.tok"]).loss.terms  # an arm's term
+    assert list(term) == ["hn"] and term["hn"].loss == "infonce" and term["hn"].params == {}
+    cleared = load_config(recipe, ["~loss.terms.hn.params", "train.lr=0.5", "~train.lr"])  # a setting: its default
+    assert cleared.loss.terms["hn"].params == {} and cleared.train.lr == load_config().train.lr
+    assert list(load_config(recipe, ["~loss.terms"]).loss.terms) == ["contrastive"]  # none left: the default term
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [("~loss.terms.nope", r"no 'loss\.terms\.nope' to delete \(loss\.terms holds: hn, tok\)"),
+     ("loss.terms.tok=null", r"not Optional; to delete an entry of a mapping write ~loss\.terms\.tok")],
+)  # fmt: skip
+def test_a_deletion_that_cannot_be_made_says_what_to_write(tmp_path, override, message):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(HN_RECIPE)
+    with pytest.raises(ConfigError, match=message):
+        load_config(recipe, [override])
+
+
+def test_cli_config_prints_the_objectives_terms(capsys, tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(HN_RECIPE)
+    assert main(["config", str(recipe), "loss.terms.tok.weight=0.25"]) == 0
+    assert capsys.readouterr().out.startswith("# objective: 1·hn[hn_clip gamma=0.5] + 0.25·tok[filip]\n")

@@ -31,7 +31,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from sharpclip.cli import build_parser, parse_args
-from sharpclip.config import load_config, split_args
+from sharpclip.config import is_deletion, load_config, split_args
 from sharpclip.train.features import build_objective
 from sharpclip.train.run import check_config
 
@@ -154,7 +154,7 @@ def check(command: Command) -> None:
     if args is None:
         return
     if not command.template:
-        user = [w for w in args if USER_PATH.search(w)]
+        user = [w for w in args if USER_PATH.search(w) and not is_deletion(w)]
         assert not user, f"{where}: {user} are the user's paths; start the block with `{TEMPLATE} ...`"
     try:
         parsed = parse_args(build_parser(), args)  # exactly as `sharpclip` parses its command line
@@ -162,9 +162,11 @@ def check(command: Command) -> None:
         pytest.fail(f"{where}: the CLI's parser refuses it")
     files, overrides = split_args(config_words(parsed))
     for item in overrides:
-        key = item.split("=", 1)[0]
-        assert OVERRIDE_KEY.match(key), f"{where}: {item!r} is not a dotted key=value override"
-        OmegaConf.from_dotlist([item])
+        key, _, value = item.removeprefix("~").partition("=")  # ~key deletes, key:=value replaces
+        key = key.removesuffix(":")
+        assert OVERRIDE_KEY.match(key), f"{where}: {item!r} is not a dotted key=value, key:=value or ~key override"
+        if value or "=" in item:
+            OmegaConf.from_dotlist([f"{key}={value}"])
     if not command.template:
         check_config(load_config(files, overrides))  # what `sharpclip config` checks; ConfigError names the key
 
@@ -246,7 +248,7 @@ def test_each_cluster_script_is_shown_whole_on_the_gpu_page() -> None:
     """examples/slurm/*.sbatch are the scripts docs/gpus.md shows, line for line, so the checks of the page's
     commands (torchrun's options, sharpclip's words) are checks of the files."""
     shown = {"\n".join(b.lines) for b in blocks(ROOT / "docs" / "gpus.md") if b.lines and b.lines[0].startswith("#!")}
-    assert [p.name for p in SLURM_SCRIPTS] == ["train.sbatch", "train_torchrun.sbatch"]
+    assert [p.name for p in SLURM_SCRIPTS] == ["sweep.sbatch", "train.sbatch", "train_torchrun.sbatch"]
     for path in SLURM_SCRIPTS:
         assert path.read_text(encoding="utf-8").rstrip("\n") in shown, f"{path.name} differs from docs/gpus.md"
 

@@ -46,6 +46,7 @@ LAYERS = (
     ("train",),  # the loop, steps, checkpoints of a run (validation through eval)
     ("analysis",),  # figures and statistics of finished runs and checkpoints
     ("demo",),  # the embedded SynthDense experiment
+    ("sweep", "model_card"),  # a study's tasks (a sweep file); an export's card (the run, its reports, their labels)
     ("cli",),  # the command line
     ("__main__",),  # python -m sharpclip
 )

@@ -1,12 +1,15 @@
 """End to end: `sharpclip demo --quick` completes on CPU and its report has a row for every objective.
 
 This is the CI run of the demo (the quick sizes take about a minute on 2 cores, pre-training included); it asserts
-completion and the report's shape only, never the numbers, which a model of this size does not make meaningful.
+completion and the report's shape, and that the seed-0 figures are the pinned ones (tests/fixtures/demo_headline.json):
+not because they mean anything at this size, but so that a change of the demo's outcome is seen and the docs' figures
+rerun with it.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +18,29 @@ from sharpclip.cli import main
 from sharpclip.demo import DemoOptions, profile_for, select
 from sharpclip.demo.stages import ensure_init
 
+PINNED = Path(__file__).resolve().parents[1] / "fixtures" / "demo_headline.json"
+
+
+def check_pinned(report: dict) -> None:
+    """The quick demo's seed-0 figures are the pinned ones (tests/fixtures/demo_headline.json, within tolerances that
+    float noise does not cross): a change that moves them changes the demo's outcome, and the docs' figures with it."""
+    pinned = json.loads(PINNED.read_text())
+    quick, tol = pinned["quick"], pinned["quick"]["tolerance"]
+    rerun = f"the demo's outcome changed: {pinned['about'].split('. Then ', 1)[1]}"
+    got = {"stage_a_final_loss": report["meta"]["init"]["stage_a"]["final_loss"]}
+    want = {"stage_a_final_loss": quick["stage_a_final_loss"]}
+    for arm, figures in quick["figures"].items():
+        seed = report["results"][arm]["seeds"]["0"]
+        for key, value in figures.items():
+            got[f"{arm} {key}"] = seed["train" if key == "final_loss" else "test"][key]
+            want[f"{arm} {key}"] = value
+    for key, value in want.items():
+        if key.endswith("final_loss"):
+            close = got[key] == pytest.approx(value, rel=tol["final_loss_rel"])
+        else:
+            close = got[key] == pytest.approx(value, abs=tol["pairwise_sim_abs" if "sim" in key else "recall_abs"])
+        assert close, f"{key}: {got[key]!r}, pinned {value!r}; {rerun}"
+
 
 @pytest.mark.slow
 def test_demo_quick_writes_every_row(tmp_path, capsys):
@@ -22,7 +48,9 @@ def test_demo_quick_writes_every_row(tmp_path, capsys):
     assert main(["demo", "--quick", "--out", str(out), "--cache", str(cache), "--no-progress"]) == 0
     printed = capsys.readouterr().out
     assert "pre-training the strong initialisation" in printed
+    assert "  stage_a: training 24 steps" in printed and "  stage_a2: done in " in printed  # a line per stage
     report = json.loads((out / "report.json").read_text())
+    check_pinned(report)
     markdown = (out / "report.md").read_text()
     for arm in select(DemoOptions(quick=True)):  # both papers' objectives: InfoNCE, HN-CLIP, CLIP-IN
         assert arm.name in report["results"], arm.name

@@ -33,7 +33,8 @@ def test_tables_put_a_row_per_model_and_leave_missing_suites_empty(tmp_path: Pat
                                                                                    "i2t": {"R@1": 20.0}}})]  # fmt: skip
     written = write_tables(reports, tmp_path / "t")
     assert [p.name for p in written] == ["eval_table.csv", "eval_table.md", "eval_table_detail.csv",
-                                         "eval_table_detail.md"]  # fmt: skip
+                                         "eval_table_detail.md", "eval_long.csv", "eval_grouped.csv",
+                                         "eval_grouped.md"]  # fmt: skip
     rows = list(csv.DictReader(written[0].open()))
     assert [r["model"] for r in rows] == ["hn", "infonce"]
     assert float(rows[1]["docci mean R@1"]) == 15.0 and rows[1]["spec mean"] == "" and float(rows[0]["spec mean"]) == 35
@@ -90,3 +91,36 @@ def test_cli_eval_several_models_needs_a_folder_for_non_runs(tmp_path: Path, cap
     err = capsys.readouterr().err
     assert "--model tiny-clip: not a run directory, so its report needs a folder: give --out DIR" in err
     assert not any(tmp_path.iterdir())  # refused before anything was evaluated or written
+
+
+def _study_run(root: Path, name: str, overrides: list[str], r1: float) -> Path:
+    from sharpclip.config import load_config, to_yaml
+
+    run = root / name
+    (run / "eval" / "step-000004").mkdir(parents=True)
+    (run / "config.yaml").write_text(to_yaml(load_config(None, [*overrides, f"train.output_dir={run}"])))
+    report = {"docci": {**RETRIEVAL, "t2i": {"R@1": r1}, "i2t": {"R@1": r1 + 10.0}}}
+    (run / "eval" / "step-000004" / "eval_report.json").write_text(json.dumps(report))
+    return run
+
+
+def test_a_study_gives_one_long_table_with_the_runs_settings_that_pandas_pivots(tmp_path: Path) -> None:
+    pd = pytest.importorskip("pandas")  # the [dev] extra
+    hn = "loss.terms:={hn: {loss: hn_clip, params: {gamma: 0.5}}}"
+    runs = [_study_run(tmp_path, f"{arm}_s{seed}", [*over, f"train.seed={seed}", "data.train_fraction=0.5"], r1)
+            for arm, over, base in (("clip", [], 20.0), ("hn", [hn], 30.0))
+            for seed, r1 in ((0, base), (1, base + 2.0))]  # fmt: skip
+    assert main(["eval-table", *map(str, runs), "--out", str(tmp_path / "t")]) == 0
+    long = pd.read_csv(tmp_path / "t" / "eval_long.csv")
+    assert len(long) == 4 * 5  # a row per run, suite and metric: 3 headline figures + R@1 each way (the detail)
+    assert set(long.columns) >= {"run", "objective", "fraction", "seed", "step", "model", "data", "recipe_sha256",
+                                 "suite", "metric", "value"}  # fmt: skip
+    wide = long.pivot_table(index=["objective", "fraction"], columns="metric", values="value", aggfunc="mean")
+    assert wide.loc[("infonce", 0.5), "T→I R@1"] == 21.0 and wide.loc[("hn_clip γ=0.5", 0.5), "T→I R@1"] == 31.0
+    assert set(long["step"]) == {4} and set(long["seed"]) == {0, 1}
+    assert long.groupby("objective")["recipe_sha256"].nunique().tolist() == [1, 1]  # the seed is not in the digest
+    grouped = pd.read_csv(tmp_path / "t" / "eval_grouped.csv")
+    assert grouped["n"].tolist() == [2, 2] and grouped["seeds"].tolist() == ["0 1", "0 1"]
+    row = grouped.set_index("objective").loc["hn_clip γ=0.5"]
+    assert row["docci T→I R@1 mean"] == 31.0 and row["docci T→I R@1 std"] == pytest.approx(2**0.5)
+    assert "| 31.00 ± 1.41 |" in (tmp_path / "t" / "eval_grouped.md").read_text()

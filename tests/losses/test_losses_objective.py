@@ -212,3 +212,22 @@ def test_a_term_built_by_hand_checks_its_weight_and_parameters(weight, params):
 
     with pytest.raises(ValueError, match=r"^Term 'hn': (weight|gamma)=.* must be a finite number >= 0"):
         Term("hn", registry.get("hn_clip"), weight, params, {})
+
+
+def test_a_registered_loss_may_take_bool_and_str_hyperparameters(monkeypatch):
+    from sharpclip.losses import registry
+
+    def switched(image, text, logit_scale, *, symmetric: bool = True, mode: str = "mean", gamma: float = 0.5):
+        return infonce(image, text, logit_scale) * (2.0 if symmetric else 1.0) * (1.0 if mode == "mean" else 3.0)
+
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))  # the registration ends with the test
+    registry.register("switched_test")(switched)
+    params = {"symmetric": False, "mode": "sum", "gamma": 0.25}
+    objective = build_objective(LossConfig(terms={"s": TermConfig("switched_test", params=params)}))
+    feats = _feats()
+    expected = 3.0 * infonce(feats["image"], feats["text"], feats["logit_scale"])
+    assert torch.allclose(objective(feats)["loss"], expected)
+    with pytest.raises(ConfigError, match=r"^loss\.terms\.s\.params\.symmetric: expected bool, got 'yes'"):
+        build_objective(LossConfig(terms={"s": TermConfig("switched_test", params={"symmetric": "yes"})}))
+    with pytest.raises(ConfigError, match=r"^loss\.terms\.s\.params\.gamma: must be a finite number >= 0"):
+        build_objective(LossConfig(terms={"s": TermConfig("switched_test", params={"gamma": -1.0})}))

@@ -154,3 +154,37 @@ def test_an_export_onto_a_full_disk_is_one_line_and_leaves_no_partial_folder(tmp
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"sharpclip export: cannot write the export to {tmp_path / 'exp'}: no space left on device"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "run"]  # no .exp.export-tmp, no exp
+
+
+def test_an_export_of_a_run_carries_a_model_card_that_loads_back(tmp_path, capsys) -> None:
+    import json
+
+    from huggingface_hub import ModelCard
+
+    from sharpclip.config import load_config, to_yaml
+
+    run = tmp_path / "run"
+    _trained_checkpoint(run)
+    cfg = load_config(None, ["loss.terms:={hn: {loss: hn_clip, params: {gamma: 0.25}}}", "train.seed=3",
+                             f"train.output_dir={run}"])  # fmt: skip
+    (run / "config.yaml").write_text(to_yaml(cfg))
+    (run / "eval" / "step-000002").mkdir(parents=True)
+    report = {"docci": {"task": "retrieval", "t2i": {"R@1": 41.5}, "i2t": {"R@1": 43.5}}}
+    (run / "eval" / "step-000002" / "eval_report.json").write_text(json.dumps(report))
+    manifest = {"model": {"name": "x"}, "datasets": {"docci": {"files": [{"path": "/d/test.json", "sha256": "ab12"}]}}}
+    (run / "eval" / "step-000002" / "eval_manifest.json").write_text(json.dumps(manifest))
+    args = ["export", str(run), "--to", str(tmp_path / "hf"), "--license", "mit", "--base-model",
+            "openai/clip-vit-base-patch16", "--dataset", "google/docci"]  # fmt: skip
+    assert main(args) == 0
+    card = ModelCard.load(tmp_path / "hf" / "README.md")
+    assert card.data.library_name == "transformers" and card.data.pipeline_tag == "zero-shot-image-classification"
+    assert card.data.license == "mit" and card.data.base_model == "openai/clip-vit-base-patch16"
+    assert card.data.datasets == ["google/docci"] and "hn_clip" in card.data.tags
+    results = {r.metric_type: r.metric_value for r in card.data.eval_results}
+    assert results == {"T→I R@1": 41.5, "I→T R@1": 43.5, "mean R@1": 42.5}
+    assert "| step | `2` |" in card.text and "hn_clip γ=0.25" in card.text and "`ab12`" in card.text
+    assert "train.seed=3" in card.text  # the settings that differ from the defaults, as overrides
+    record = json.loads((tmp_path / "hf" / "sharpclip_export.json").read_text())
+    assert "README.md" in record["files"] and record["provenance"]["step"] == 2
+    assert record["provenance"]["objective"] == "hn_clip γ=0.25" and len(record["provenance"]["recipe_sha256"]) == 64
+    assert record["provenance"]["license"] == "mit" and record["provenance"]["eval"] == report

@@ -42,7 +42,7 @@ def test_a_non_empty_target_is_refused_and_force_replaces_only_an_earlier_export
     assert (target / "model.safetensors").read_bytes() == b"stale weights of an older export"  # left alone
     assert main(["export", str(ckpt), "--to", str(target), "--force"]) == 0
     assert (target / "model.safetensors").read_bytes() != b"stale weights of an older export"
-    assert sorted(p.name for p in target.iterdir()) == sorted(record["files"] + [EXPORT_RECORD])
+    assert sorted(p.name for p in target.iterdir()) == sorted([*record["files"], "README.md", EXPORT_RECORD])  # + card
 
 
 def _user_folder(folder: Path) -> None:

@@ -32,6 +32,7 @@ import hashlib
 import json
 import logging
 import math
+import threading
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -46,6 +47,7 @@ from sharpclip.demo.plan import Arm, Profile, term_overrides
 from sharpclip.eval.evaluator import Evaluate, retrieval_validator
 from sharpclip.models.base import DualEncoder
 from sharpclip.models.factory import save_checkpoint
+from sharpclip.progress import showing
 from sharpclip.train.logging import log
 from sharpclip.train.run import build_trainer
 from sharpclip.train.run_dir import open_run_dir
@@ -178,16 +180,51 @@ class Init:
         return Path(self.record["stage_a_dir"])
 
 
+HEARTBEAT_S = 60.0  # a pre-training stage prints where it is this often (the bar does it on a terminal)
+
+
+class _heartbeat:
+    """While a stage trains: a line every `every` seconds with its last logged step and loss (metrics.jsonl), so a
+    redirected first demo is not silent for the minutes its init takes; nothing while a bar shows."""
+
+    def __init__(self, name: str, metrics: Path, steps: int, every: float = HEARTBEAT_S):
+        self.name, self.metrics, self.steps, self.every = name, metrics, steps, every
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._beat, daemon=True, name=f"demo-heartbeat-{name}")
+
+    def _beat(self) -> None:
+        start = time.perf_counter()
+        while not self.stop.wait(self.every):
+            if showing():
+                continue
+            last = _last_step(self.metrics) if self.metrics.is_file() else {}
+            at = f"step {last['step']}/{self.steps}, loss {last['loss']:.3f}" if "step" in last else "starting"
+            print(f"  {self.name}: {at} ({time.perf_counter() - start:.0f} s)", flush=True)
+
+    def __enter__(self) -> None:
+        self.thread.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
 def _run_stage(cfg: Config, home: Path, steps: int) -> dict:
     """Train one stage into `home` (config.yaml, run/, model/); its record, written last as `home`/done.json."""
     done = home / "done.json"
     if done.is_file():  # an interrupted demo keeps a finished stage A
+        print(f"  {home.name}: kept from an earlier, interrupted demo", flush=True)
         return json.loads(done.read_text())
     start = time.perf_counter()
     home.mkdir(parents=True, exist_ok=True)
     (home / "config.yaml").write_text(to_yaml(cfg))
+    print(f"  {home.name}: training {steps} steps of {cfg.train.batch_size} rows (log: {home / 'run'})", flush=True)
     # the cache's own run folder: a stage A interrupted before init.json was written is redone from scratch
-    with open_run_dir(home / "run", "overwrite"), _file_log(home / "run" / "train.log"):
+    with (
+        open_run_dir(home / "run", "overwrite"),
+        _file_log(home / "run" / "train.log"),
+        _heartbeat(home.name, home / "run" / "metrics.jsonl", steps),
+    ):
         trainer = build_trainer(cfg)
         trainer.fit()
     save_checkpoint(trainer.model, home / "model", cfg.model)
@@ -195,6 +232,7 @@ def _run_stage(cfg: Config, home: Path, steps: int) -> dict:
     record = {"seconds": time.perf_counter() - start, "steps": steps, "final_loss": last.get("loss")}
     record["final_scale"] = last.get("logit_scale")
     done.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"  {home.name}: done in {record['seconds']:.0f} s, final loss {record['final_loss']:.3f}", flush=True)
     return record
 
 

@@ -11,8 +11,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 # The lowest value of each loss hyperparameter, wherever it is given (a config term's weight and params, a drop-in
-# loss's constructor); every value must also be a finite number. γ scales the margin added to the negatives (HN-CLIP
+# loss's constructor); every numeric value must also be finite. γ scales the margin added to the negatives (HN-CLIP
 # eq. 2): below 0 it eases them; a negative weight is gradient ascent on its term; FILIP's chunk_size counts rows.
+# A loss may also declare bool and str hyperparameters (a switch, a mode's name): their type is checked against the
+# annotation (losses.objective), never a range, except for the names above, which are numbers.
 HYPERPARAMETER_FLOOR = {"gamma": 0.0, "weight": 0.0, "chunk_size": 1}
 
 
@@ -24,6 +26,8 @@ def hyperparameter_problem(name: str, value: Any) -> str | None:
     if isinstance(value, Tensor) and value.numel() == 1:  # a 0-d tensor γ works as a number does
         value = value.item()
     low = HYPERPARAMETER_FLOOR.get(name)
+    if isinstance(value, bool | str) and low is None:  # a switch or a name: no range to check
+        return None
     number = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
     if number and (low is None or value >= low):
         return None

@@ -124,7 +124,11 @@ class Objective:
         return registry.get(loss).params[name]
 
     def __repr__(self) -> str:
-        return " + ".join(f"{t.weight:g}·{t.name}[{t.spec.name}]" for t in self.terms if not t.diagnostic)
+        """`1·hn[hn_clip gamma=0.5] + 1·tok[filip]`: every term that the loss sums, with its set parameters."""
+        return " + ".join(
+            f"{t.weight:g}·{t.name}[{' '.join([t.spec.name, *(f'{k}={v!r}' for k, v in t.params.items())])}]"
+            for t in self.terms if not t.diagnostic
+        )  # fmt: skip
 
 
 def _type_name(hint: Any) -> str:
@@ -177,7 +181,11 @@ def _build_term(name: str, cfg: TermConfig, features: Collection[str]) -> Term:
     for key, value in cfg.params.items():
         if key not in spec.params:
             known = ", ".join(spec.params) or "none"
-            raise ConfigError(f"{where}.params.{key}: '{cfg.loss}' has no such parameter; it takes: {known}")
+            raise ConfigError(
+                f"{where}.params.{key}: '{cfg.loss}' has no such parameter; it takes: {known} (a parameter of the "
+                f"term's earlier loss? replace the whole term, {where}:={{loss: {cfg.loss}}}, or delete the "
+                f"parameter, ~{where}.params.{key})"
+            )
         params[key] = _typed(f"{where}.params.{key}", value, spec.param_types[key])
     _check_values(where, cfg.weight, params)
     mapping = _bind(f"{where}.inputs", spec, cfg.inputs, features)

@@ -50,6 +50,7 @@ from sharpclip.models.preprocessing import model_image_size
 
 TOLERANCE = 1e-5
 EXPORT_RECORD = "sharpclip_export.json"  # written last into every export: the files it holds and the reload check
+CARD = "README.md"  # the model card (sharpclip.model_card), what the Hugging Face Hub shows
 
 
 class ExportError(RuntimeError):
@@ -154,6 +155,7 @@ def export_model(
     directory: str | Path,
     vision_only: bool = False,
     force: bool = False,
+    card: tuple[str, dict] | None = None,
 ) -> ExportReport:
     """Write DIR (see the module docstring) and return the reload check; raises ExportError above tolerance.
 
@@ -162,6 +164,7 @@ def export_model(
     force: replace an earlier sharpclip export at DIR (never anything else, a checkpoint folder, the source, or a
     folder holding it).
     The reference embeddings come from the model as loaded (adapters unmerged), so the check covers the merge too.
+    card: (README.md text, provenance record) from sharpclip.model_card, written into the folder and the record.
     """
     directory = Path(directory)
     source_path = None if isinstance(source, HFDualEncoder) else Path(source)
@@ -188,8 +191,11 @@ def export_model(
         report = ExportReport(directory, {k: _maxdiff(reference[k], got[k]) for k in reference})
         if not max(report.max_abs_diff.values()) <= TOLERANCE:  # also catches NaN
             raise ExportError(f"reloaded export differs from the model: {report}; left for inspection in {tmp}")
+        if card is not None:
+            (tmp / CARD).write_text(card[0], encoding="utf-8")
         files = sorted(p.name for p in tmp.iterdir())
         record = {"files": files, "max_abs_diff": report.max_abs_diff, "tolerance": TOLERANCE}
+        record.update({"provenance": card[1]} if card is not None else {})
         (tmp / EXPORT_RECORD).write_text(json.dumps(record, indent=2) + "\n")
         _publish(tmp, directory)
     except (OSError, SafetensorError) as err:  # disk full, read-only target: no half-written folder stays behind

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import json
 import logging
 import os
 import secrets
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -99,11 +101,28 @@ def _run_logging(directory: Path, ctx: ParallelContext) -> Iterator[None]:
             os.truncate(log_file, before)
 
 
+# the tracking extras: the module train.logging imports, and the package that provides it (checked at config load)
+TRACKERS = {"train.tensorboard": ("torch.utils.tensorboard", "tensorboard"), "train.wandb": ("wandb", "wandb")}
+
+
+def _importable(imported: str, package: str) -> bool:
+    """Whether `imported` is loaded already or `package` is installed (found without importing it)."""
+    if imported in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def check_config(cfg: Config) -> Objective:
     """What training refuses before it builds anything, for `sharpclip config` to refuse as well: the objective
     (every term's loss, parameters and inputs typed and checked against the feature table; returned) and the data
     formats."""
     objective = build_objective(cfg.loss)
+    for key, (imported, package) in TRACKERS.items():
+        if getattr(cfg.train, key.split(".")[1]) and not _importable(imported, package):
+            raise ConfigError(f"{key}: needs the {package} extra: pip install 'sharpclip[{package}]' (or {key}=false)")
     for fmt, key in ((cfg.data.format, "data.format"), (cfg.data.edits_format, "data.edits_format")):
         if fmt and fmt not in FORMATS:
             raise ConfigError(f"{key}: unknown format {fmt!r}; known: {', '.join(FORMATS)}")

@@ -90,7 +90,7 @@ class RunControl:
         if stop > 0 and not self.stopping:
             got = f"{self.received} reached this rank" if self.received else "another rank received a stop signal"
             log.warning("%s: every rank finishes this step, a checkpoint is written, then the run exits with status %d",
-                        got, STOPPED_EXIT)  # fmt: skip
+                        got, STOPPED_EXIT, extra={"rank_own": self.received is not None})  # fmt: skip
         self.stopping, self.save_now = stop > 0, stop > 0 or due > 0
 
     def saved(self) -> None:
