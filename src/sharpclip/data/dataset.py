@@ -51,6 +51,7 @@ from sharpclip.data.transforms import MemoTokenizer, TextTokenizer
 from sharpclip.data.workers import ignore_stop_signals
 
 ImageTransform = Callable[[Image.Image], Tensor]
+OWN_ROWS = {"rank_own": True}  # each rank reads its own rows: its bad samples are its own to report (cli.OtherRanks)
 
 
 @dataclass(frozen=True)
@@ -298,7 +299,7 @@ class SampleLoader(DataLoader):
             if not len(batch):
                 self.batches_skipped += 1
                 empty += 1
-                log.warning("data: skipped a batch whose %d samples were all bad", len(batch.skipped))
+                log.warning("data: skipped a batch whose %d samples were all bad", len(batch.skipped), extra=OWN_ROWS)
                 continue
             sizes.append(len(batch))
             shrunk += bool(batch.skipped)
@@ -306,7 +307,7 @@ class SampleLoader(DataLoader):
         self.consumed, self._yielding = 0, self.batch_sampler.epoch  # the sampler has moved on to the next epoch
         self._log_sizes(sizes, nominal, empty, shrunk)
         if new:
-            log.warning("data: %s", self.report.summary())
+            log.warning("data: %s", self.report.summary(), extra=OWN_ROWS)
 
     def _log_sizes(self, sizes: list[int], nominal: int, empty: int, shrunk: int) -> None:
         """Record this epoch's effective batch sizes; log them when skipped samples shrank (`shrunk` batches) or
@@ -318,5 +319,5 @@ class SampleLoader(DataLoader):
             log.warning(
                 "data: skipped samples shrank batches this epoch: effective batch size mean %.1f, smallest %d, of "
                 "%d rows; %d batches dropped entirely", self.epoch_sizes["mean"], self.epoch_sizes["smallest"], nominal,
-                empty,
+                empty, extra=OWN_ROWS,
             )  # fmt: skip
