@@ -145,10 +145,16 @@ class Engine:
             p.grad.copy_(value)
 
     def discard_unsynced(self) -> None:
-        """Drop gradients accumulated under `accumulating` without a last backward (a trial step) and reshard."""
+        """Drop every gradient accumulated under `accumulating` without a last backward (a trial step) and reshard,
+        leaving nothing for the next step's reduction: the registered `.grad`s and the gradient FSDP2 parks in
+        `FSDPParam.unsharded_accumulated_grad` when `reduce_dtype` differs from the compute dtype (bf16), which its
+        next reducing backward would otherwise add to that step's gradient."""
         self.model.zero_grad(set_to_none=True)  # the gathered parameters are the registered ones until resharded
         for module in self.modules:
             module.reshard()  # type: ignore[attr-defined]
+            for group in module._get_fsdp_state()._fsdp_param_groups:  # type: ignore[attr-defined]
+                for param in group.fsdp_params:
+                    param.unsharded_accumulated_grad = None
         self.model.zero_grad(set_to_none=True)
 
     def grad_norm(self, params: list[Tensor]) -> Tensor:
