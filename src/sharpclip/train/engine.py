@@ -31,17 +31,21 @@ reference text tower, a distillation teacher) are not wrapped: they hold no grad
 
 `train.precision=bf16` is FSDP's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): the sharded fp32
 parameters stay the master weights the optimiser updates (its state fp32 too), blocks compute on bf16 copies
-gathered as bf16, gradients are reduced in fp32. fp32 is exact (the CPU tests compare with one process).
+gathered as bf16, gradients are reduced in fp32. One process takes the same casting rules without FSDP2
+(`OneProcessCasts`), so bf16 is one model at every world size. fp32 is exact (the CPU tests compare with one process).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.autograd import Variable
+from torch.autograd.graph import register_multi_grad_hook
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -52,6 +56,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor
+from torch.utils._pytree import tree_leaves
 
 FORWARD_METHODS = ("encode_image", "encode_text")  # what the feature encoder and the validation call on the model
 MODEL_SCALARS = ("logit_scale", "logit_bias")  # 0-dim parameters that fully_shard refuses: reduced by hand
@@ -88,6 +93,88 @@ def local(tensor: Tensor) -> Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
+def units(model: nn.Module) -> list[nn.Module]:
+    """The engine's units, innermost first: every transformer block of each tower, then the tower, then the root."""
+    found: list[nn.Module] = []
+    for tower in towers(model):
+        found += [*transformer_blocks(tower), tower]
+    return [*found, model]
+
+
+def _cast(value: object, dtype: torch.dtype) -> object:
+    if isinstance(value, Tensor):
+        return value.to(dtype) if value.is_floating_point() else value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cast(v, dtype) for v in value)
+    if isinstance(value, dict):
+        return {k: _cast(v, dtype) for k, v in value.items()}
+    return value
+
+
+class OneProcessCasts:
+    """FSDP2's `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)` on one process, without FSDP2: the same
+    units as the engine (`units`), each casting its floating inputs to bf16 and computing on bf16 copies of the
+    parameters it owns (those of no inner unit; the model scalars excepted, as `ignored_params` are), the fp32
+    parameters staying the registered ones the optimiser updates; the copies' gradients reach them in fp32 through
+    the cast. So a bf16 run computes the same model on one process as on W ranks (the engine's numerics, not
+    autocast over fp32 weights alone); one process pays no FSDP2 hook or DTensor cost for it."""
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype = torch.bfloat16):
+        self.dtype = dtype
+        claimed = {id(p) for p in model_scalars(model)}
+        self.owned: dict[int, list[tuple[nn.Module, str, nn.Parameter]]] = {}
+        for unit in units(model):
+            mine = []
+            for module in unit.modules():
+                for name, p in module._parameters.items():
+                    if p is not None and id(p) not in claimed:
+                        claimed.add(id(p))
+                        mine.append((module, name, p))
+            self.owned[id(unit)] = mine
+            if unit is model:
+                for method in FORWARD_METHODS:
+                    if callable(getattr(model, method, None)):
+                        setattr(model, method, self._wrapped(model, getattr(model, method)))
+            unit.register_forward_pre_hook(self._pre, with_kwargs=True)
+            unit.register_forward_hook(self._post)
+
+    def _wrapped(self, model: nn.Module, method):
+        def run(*args, **kwargs):
+            args, kwargs = self._pre(model, args, kwargs)
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self._post(model, (), None)
+
+        return run
+
+    def _pre(self, unit: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        self._install(unit)
+        return _cast(args, self.dtype), _cast(kwargs, self.dtype)  # type: ignore[return-value]
+
+    def _post(self, unit: nn.Module, args: tuple, output: object) -> None:
+        """Drop the copies (the graph keeps what the backward needs); a unit whose backward recomputes its forward
+        (activation checkpointing) gets them again when its backward starts, until the backward ends, as FSDP2
+        gathers a resharded unit again before its backward."""
+        self._drop(unit)
+        needs = [t for t in tree_leaves(output) if isinstance(t, Tensor) and t.requires_grad]
+        if needs and torch.is_grad_enabled():
+            register_multi_grad_hook(needs, functools.partial(self._before_backward, unit), mode="any")
+
+    def _before_backward(self, unit: nn.Module, grad: Tensor) -> None:
+        with torch.enable_grad():  # as in the forward: a recomputation saves what the forward saved
+            self._install(unit)
+        Variable._execution_engine.queue_callback(functools.partial(self._drop, unit))  # at the backward's end
+
+    def _install(self, unit: nn.Module) -> None:
+        for module, name, p in self.owned[id(unit)]:
+            module.__dict__[name] = p.to(self.dtype)  # found before the registered parameter by attribute lookup
+
+    def _drop(self, unit: nn.Module) -> None:
+        for module, name, _ in self.owned[id(unit)]:
+            module.__dict__.pop(name, None)
+
+
 class Engine:
     """FSDP2 over `model` on `mesh` (see the module docstring); `shard_group`: the ranks one parameter is split over
     (None when it is not split: replicate), across which norms and maxima of local shards are summed or maxed."""
@@ -97,16 +184,10 @@ class Engine:
         bf16 = precision == "bf16"
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
         options = {"mesh": mesh, "reshard_after_forward": False, **({"mp_policy": policy} if policy else {})}
-        self.modules: list[nn.Module] = []
-        for tower in towers(model):
-            for block in transformer_blocks(tower):
-                fully_shard(block, **options)
-                self.modules.append(block)
-            fully_shard(tower, **options)
-            self.modules.append(tower)
+        self.modules = units(model)
         scalars = model_scalars(model)
-        fully_shard(model, ignored_params=set(scalars), **options)
-        self.modules.append(model)
+        for unit in self.modules:
+            fully_shard(unit, **options, **({"ignored_params": set(scalars)} if unit is model else {}))
         for name in FORWARD_METHODS:
             if callable(getattr(model, name, None)):
                 register_fsdp_forward_method(model, name)

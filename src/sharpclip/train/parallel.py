@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from sharpclip import collectives
 from sharpclip.config import ConfigError
 from sharpclip.train import distributed
-from sharpclip.train.engine import Engine
+from sharpclip.train.engine import Engine, OneProcessCasts
 from sharpclip.train.features import FEATURES
 
 T = TypeVar("T")
@@ -155,8 +155,11 @@ class ParallelContext:
         return (self.world, 1), ("replicate", "shard")
 
     def shard(self, model: nn.Module, device: torch.device, precision: str = "fp32") -> Engine | None:
-        """Put `model` under the engine for this layout (None on one process: the model is left as it is)."""
+        """Put `model` under the engine for this layout (None on one process, where bf16 takes the engine's casting
+        rules without it: train.engine.OneProcessCasts, so a bf16 run is one model at every world size)."""
         if not self.several:
+            if precision == "bf16":
+                OneProcessCasts(model)
             return None
         from torch.distributed.device_mesh import init_device_mesh
 
