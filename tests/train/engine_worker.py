@@ -87,6 +87,12 @@ def main(out: Path) -> None:
     losses[case], weights = train(out / "fused", "exact", "shard", rank, world, parallel_context("shard"))
     tensors |= {f"{case}/{k}": v for k, v in weights.items()}
     trainer_module.FUSED_ADAMW_DEVICES = ("cuda",)
+    # blocks kept gathered for the step, gradients reduced after its last backward only (train.keep_gathered)
+    for mode in MODES:
+        case = f"{mode}/shard, kept gathered"
+        losses[case], weights = train(out / f"kept-{mode}", mode, "shard", rank, world, parallel_context("shard"),
+                                      keep_gathered=True)  # fmt: skip
+        tensors |= {f"{case}/{k}": v for k, v in weights.items()}
     # bf16: FSDP2's mixed-precision policy (bf16 compute and all-gathers, fp32 reduction and master weights)
     losses["bf16"], _ = train(out / "bf16", "exact", "shard", rank, world, parallel_context("shard"), "bf16")
     # the gradient diagnostics of a sharded run (computed on a plain copy of the gathered weights)

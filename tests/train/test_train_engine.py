@@ -59,7 +59,7 @@ def test_ranks_train_the_weights_of_one_process_in_every_mode_and_layout(tmp_pat
                           env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     losses, weights = json.loads((tmp_path / "losses.json").read_text()), load_file(tmp_path / "weights.safetensors")
-    assert len(losses) == 10 and "exact/shard, fused AdamW" in losses
+    assert len(losses) == 12 and "exact/shard, fused AdamW" in losses and "exact/shard, kept gathered" in losses
     _bf16_is_one_model_at_every_world_size(losses, weights, world)
     got, expected = _diagnostics(tmp_path / "diagnostics"), _diagnostics(one_process("diagnostics", world)[2])
     assert [r["step"] for r in got] == [r["step"] for r in expected] == [0, 2]

@@ -2,8 +2,10 @@
 in step over ranks; nothing of sharpclip's own reduces a gradient.
 
     engine = Engine(model, mesh, precision)     fully_shard on every transformer block, each tower, then the root
-    with engine.accumulating(): backward()      every backward of a step but its last: no reduction, parameters
-                                                kept gathered (set_requires_gradient_sync / set_reshard_after_backward)
+    with engine.accumulating(): backward()      every backward of a step but its last: under replicate (or
+                                                keep_gathered) no reduction, parameters kept gathered
+                                                (set_requires_gradient_sync / set_reshard_after_backward); sharded
+                                                layouts reduce every backward (below)
     backward()                                  the last: each block's reduce-scatter starts as soon as its gradients
                                                 are in, while the backward still runs through earlier blocks
     engine.finish_step()                        the model-level scalars' gradients (below) averaged by hand
@@ -14,10 +16,14 @@ node): parameters, gradients and optimiser state sharded within a node, replicat
 mesh over all W ranks. The reduction averages over every rank in each layout, so each rank backpropagates W times its
 share of an exact step's loss (train.step) and the parameters end with ∂L/∂θ of the global batch.
 
-Parameters stay gathered for the whole step (`reshard_after_forward=False`): the exact step's no-grad pass, its
-replays and per-micro-batch passes all-gather each block once per step, not once per pass; every backward but the
-last keeps them gathered, and the last reshards block by block. The price is the gathered parameters' memory during
-a step (sharding still divides gradients, optimiser state and the fp32 master weights by the shard count).
+Under `hybrid` and `shard` each transformer block is gathered for each pass and freed after it
+(`reshard_after_forward=True`), and every backward reduce-scatters its gradients into the sharded fp32 gradient
+(FSDP2's and torchtitan's defaults): a rank holds its shards, the gathered towers' own parameters (embeddings, final
+norms, which the model also calls after a tower's forward) and the blocks in flight. `train.keep_gathered` keeps
+every block gathered for the whole step instead (each all-gathered once per step, not once per pass or replay) and
+reduces only after the step's last backward; the price is the whole model gathered during a step plus, under
+accumulation, an unsharded fp32 gradient of every block (FSDP2 upcasts a no-sync gradient to `reduce_dtype`).
+`replicate` splits nothing: its parameters stay whole and a step's backwards but the last skip the all-reduce.
 
 The logit scale and SigLIP's bias are 0-dim parameters, which `fully_shard` refuses ("Change scale to a 1D tensor").
 They are `ignored_params`: plain tensors on every rank, updated alike, their gradients all-reduced by hand in one
@@ -179,21 +185,29 @@ class Engine:
     """FSDP2 over `model` on `mesh` (see the module docstring); `shard_group`: the ranks one parameter is split over
     (None when it is not split: replicate), across which norms and maxima of local shards are summed or maxed."""
 
-    def __init__(self, model: nn.Module, mesh: DeviceMesh, precision: str = "fp32"):
+    def __init__(self, model: nn.Module, mesh: DeviceMesh, precision: str = "fp32", keep_gathered: bool = False):
         self.model, self.mesh = model, mesh
+        shards = mesh.size(mesh.mesh_dim_names.index("shard")) if "shard" in (mesh.mesh_dim_names or ()) else 1
+        self.shard_group = mesh.get_group("shard") if shards > 1 else None
+        # a split parameter is gathered for each pass and freed after it, its gradient reduced after every backward
+        # (FSDP2's and torchtitan's default); kept whole for the step on request, or when nothing is split
+        self.keep_gathered = keep_gathered or shards == 1
         bf16 = precision == "bf16"
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
-        options = {"mesh": mesh, "reshard_after_forward": False, **({"mp_policy": policy} if policy else {})}
+        options = {"mesh": mesh, **({"mp_policy": policy} if policy else {})}
         self.modules = units(model)
+        self.blocks = [b for tower in towers(model) for b in transformer_blocks(tower)]
         scalars = model_scalars(model)
         for unit in self.modules:
-            fully_shard(unit, **options, **({"ignored_params": set(scalars)} if unit is model else {}))
+            # towers and the root stay gathered from their forward to their backward: the model calls a tower's
+            # final norm or head after the tower's forward (train.engine module docstring)
+            resharded = not self.keep_gathered and any(unit is b for b in self.blocks)
+            fully_shard(unit, reshard_after_forward=resharded, **options,
+                        **({"ignored_params": set(scalars)} if unit is model else {}))  # fmt: skip
         for name in FORWARD_METHODS:
             if callable(getattr(model, name, None)):
                 register_fsdp_forward_method(model, name)
         self.scalars = [p for p in scalars if p.requires_grad]
-        shards = mesh.size(mesh.mesh_dim_names.index("shard")) if "shard" in (mesh.mesh_dim_names or ()) else 1
-        self.shard_group = mesh.get_group("shard") if shards > 1 else None
         self.world = dist.get_world_size()
 
     @property
@@ -202,7 +216,11 @@ class Engine:
 
     @contextlib.contextmanager
     def accumulating(self) -> Iterator[None]:
-        """Backward passes inside accumulate gradients locally and keep the parameters gathered."""
+        """Backward passes inside accumulate gradients locally and keep the parameters gathered, when the engine
+        keeps them gathered for the step (`keep_gathered`); otherwise every backward reduces its gradients."""
+        if not self.keep_gathered:
+            yield
+            return
         self.root.set_requires_gradient_sync(False)
         self.root.set_reshard_after_backward(False)
         try:

@@ -154,7 +154,9 @@ class ParallelContext:
             return (self.world // self.local_world, self.local_world), ("replicate", "shard")
         return (self.world, 1), ("replicate", "shard")
 
-    def shard(self, model: nn.Module, device: torch.device, precision: str = "fp32") -> Engine | None:
+    def shard(
+        self, model: nn.Module, device: torch.device, precision: str = "fp32", keep_gathered: bool = False
+    ) -> Engine | None:
         """Put `model` under the engine for this layout (None on one process, where bf16 takes the engine's casting
         rules without it: train.engine.OneProcessCasts, so a bf16 run is one model at every world size)."""
         if not self.several:
@@ -165,7 +167,7 @@ class ParallelContext:
 
         shape, names = self.mesh_shape()
         self.mesh = init_device_mesh(device.type, shape, mesh_dim_names=names)
-        self.engine = Engine(model, self.mesh, precision)  # type: ignore[arg-type]
+        self.engine = Engine(model, self.mesh, precision, keep_gathered)  # type: ignore[arg-type]
         return self.engine
 
     @contextlib.contextmanager

@@ -147,7 +147,7 @@ class Trainer:
         if cfg.compile:
             self._check_compile_replay()
             compile_blocks(model)
-        self.engine = self.ctx.shard(model, self.device, cfg.precision)  # None on one process
+        self.engine = self.ctx.shard(model, self.device, cfg.precision, cfg.keep_gathered)  # None on one process
         fused = self.device.type in FUSED_ADAMW_DEVICES  # AdamW in one fused kernel on CUDA, foreach elsewhere
         betas = (cfg.beta1, cfg.beta2)
         self.optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, cfg.module_lr, betas, cfg.eps, fused=fused)
