@@ -77,8 +77,8 @@ def test_measuring_leaves_every_random_generator_as_it_was():
 
 
 def test_layouts_divide_parameters_gradients_and_moments_by_their_ranks():
-    shape = mp.ModelShape(params=(((10, 4), 4, True), ((7,), 4, True), ((), 4, False)), largest_block=44,
-                          towers=(mp.Tower("text", 2, 8, 4),))  # fmt: skip
+    shape = mp.ModelShape(params=(((10, 4), 4, True), ((7,), 4, True), ((), 4, False)), largest_block=20,
+                          towers=(mp.Tower("text", 2, 8, 4),), block_params=40)  # fmt: skip
     whole = mp.plan(shape, "fp32", "replicate", world=16, local=8)
     assert whole.shard_ranks == 1 and whole.parameters == (40 + 7 + 1) * 4
     shard = mp.plan(shape, "fp32", "shard", world=16, local=8)  # dim-0 chunks, rounded up: rank 0's share
@@ -86,7 +86,12 @@ def test_layouts_divide_parameters_gradients_and_moments_by_their_ranks():
     assert shard.optimizer == 2 * shard.gradients + 2 * mp.STEP_BYTES
     hybrid = mp.plan(shape, "bf16", "hybrid", world=16, local=8)
     assert hybrid.shard_ranks == 8 and hybrid.parameters == (2 * 4 + 1 + 1) * 4
-    assert hybrid.compute_copies == mp.PREFETCHED_BLOCKS * 44 * 2  # two gathered blocks in bf16
+    # gathered in bf16: two blocks in flight and the 8 parameters outside blocks (the towers' and the root's own)
+    assert hybrid.compute_copies == (mp.PREFETCHED_BLOCKS * 20 + 8) * 2
+    kept = mp.plan(shape, "bf16", "hybrid", world=16, local=8, keep_gathered=True)
+    assert kept.compute_copies == 48 * 2  # every block gathered for the step
+    accumulating = mp.plan(shape, "bf16", "hybrid", world=16, local=8, keep_gathered=True, accumulating=True)
+    assert accumulating.compute_copies == 48 * 2 + 47 * 4  # and an fp32 unsharded gradient of every trainable one
     assert mp.plan(shape, "bf16", "replicate").compute_copies == 48 * 2  # every weight's bf16 copy
 
 

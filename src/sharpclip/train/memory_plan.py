@@ -6,9 +6,10 @@ Per rank, in bytes:
 - **gradients**: one fp32 gradient per trainable weight;
 - **optimiser**: AdamW's two fp32 moments per trainable weight, plus one fp32 step counter per trainable tensor;
 - **compute copies**: under `train.precision: bf16`, the bf16 weights the matmuls read (every weight on a
-  replicated rank, held for the backward; the gathered blocks on a sharded one), and on a sharded rank the
-  gathered blocks themselves: two of the largest transformer block at a time (the block computing and the next,
-  prefetched);
+  replicated rank, held for the backward); on a sharded rank what the engine holds gathered (`gathered_bytes`):
+  the towers' and the root's own parameters and two of the largest transformer block at a time (the block computing
+  and the next, prefetched), or with `train.keep_gathered` every parameter plus, under accumulation, an fp32
+  unsharded gradient of every trainable one;
 - **frozen reference tower**: HN-CLIP Table 3c's frozen copy of the initial text tower (`text_frozen`), replicated;
 - **activations per row**: what one row of a forward pass saves for its backward, per tower.
 
@@ -51,10 +52,10 @@ from sharpclip import devices
 from sharpclip.config import AUTO, Config, ConfigError
 from sharpclip.models import factory, open_clip
 from sharpclip.models.hf import wrap
+from sharpclip.train.layout import Layout
 from sharpclip.train.logging import log
 
 GIB = 1 << 30
-LAYOUTS = ("replicate", "hybrid", "shard")
 ADAMW_MOMENTS = 2  # exp_avg and exp_avg_sq, in the parameters' dtype (fp32)
 STEP_BYTES = 4  # AdamW's per-tensor step counter: a float32 scalar
 PREFETCHED_BLOCKS = 2  # a sharded rank holds the block computing and the next one gathered ahead
@@ -87,6 +88,7 @@ class ModelShape:
     largest_block: int
     towers: tuple[Tower, ...]
     frozen_reference: int = 0
+    block_params: int = 0  # every transformer block's parameters together (the rest: the towers' and the root's)
 
 
 @dataclass(frozen=True)
@@ -152,7 +154,7 @@ class Plan:
         return out + [f"  note: {n}" for n in self.notes]
 
     def _copies(self) -> str:
-        gathered = "gathered blocks" if self.shard_ranks > 1 else ""
+        gathered = "gathered units" if self.shard_ranks > 1 else ""
         return ", ".join(x for x in ("bf16" if self.precision == "bf16" else "", gathered) if x) or "none"
 
     def _fit_line(self, gpu_bytes: int) -> str:
@@ -203,10 +205,8 @@ def parse_size(text: str) -> int:
 
 # -- the arithmetic -----------------------------------------------------------------------------------------------
 def shard_ranks(layout: str, world: int, local: int) -> int:
-    """The ranks each tensor is divided over: 1 (replicate), the node's ranks (hybrid), every rank (shard)."""
-    if layout not in LAYOUTS:
-        raise ConfigError(f"train.layout: {layout!r} is not one of {', '.join(LAYOUTS)}")
-    return {"replicate": 1, "hybrid": max(1, min(local, world)), "shard": max(1, world)}[layout]
+    """The ranks each tensor is divided over (train.layout.Layout, the engine's own source)."""
+    return Layout(layout, world, local).shard_ranks
 
 
 def sharded_bytes(shape: tuple[int, ...], element: int, ranks: int) -> int:
@@ -225,25 +225,40 @@ def plan(
     source: str = "estimated",
     checkpointing: bool = False,
     rows_per_pass: int | None = None,
+    keep_gathered: bool = False,
+    accumulating: bool = False,
 ) -> Plan:
     """The per-rank plan for `shape` (pure: no tensor is allocated). `activations`: measured bytes per row by tower
-    (without checkpointing); None estimates them from the shapes."""
+    (without checkpointing); None estimates them from the shapes. `keep_gathered` (train.keep_gathered) and
+    `accumulating` (several backwards a step) say what a sharded rank holds gathered (`gathered_bytes`)."""
     ranks = shard_ranks(layout, world, local)
     params = sum(sharded_bytes(s, e, ranks) for s, e, _ in shape.params)
     trained = [(s, e) for s, e, t in shape.params if t]
     grads = sum(sharded_bytes(s, e, ranks) for s, e in trained)
     optimizer = ADAMW_MOMENTS * grads + STEP_BYTES * len(trained)
-    element = 2 if precision == "bf16" else 4
-    if ranks > 1:
-        copies = PREFETCHED_BLOCKS * shape.largest_block * element
-    else:
-        copies = sum(math.prod(s) for s, _, _ in shape.params) * 2 if precision == "bf16" else 0
+    copies = gathered_bytes(shape, precision, ranks, keep_gathered, accumulating)
     full = activations or estimate_activations(shape.towers, precision)
     per_row = {t.name: checkpointed(t, full[t.name]) if checkpointing else full[t.name] for t in shape.towers}
     total = sum(math.prod(s) for s, _, _ in shape.params)
     trainable = sum(math.prod(s) for s, _, t in shape.params if t)
     return Plan(layout, world, ranks, precision, params, grads, optimizer, copies, shape.frozen_reference, per_row,
                 source, checkpointing, rows_per_pass, total, trainable)  # fmt: skip
+
+
+def gathered_bytes(shape: ModelShape, precision: str, ranks: int, keep_gathered: bool, accumulating: bool) -> int:
+    """Bytes a rank holds gathered during a step, as the engine (train.engine) does. Replicated: the bf16 copy of
+    every weight under bf16 (none at fp32). Sharded: in the compute dtype, the towers' and the root's own parameters
+    (kept from their forward to their backward) and PREFETCHED_BLOCKS of the largest block; with `keep_gathered`
+    every parameter instead, and while `accumulating` an unsharded fp32 gradient of every trainable parameter
+    (FSDP2 upcasts a no-sync gradient to the reduction's dtype)."""
+    total = sum(math.prod(s) for s, _, _ in shape.params)
+    if ranks == 1:
+        return total * 2 if precision == "bf16" else 0
+    element = 2 if precision == "bf16" else 4
+    if not keep_gathered:
+        return (total - shape.block_params + PREFETCHED_BLOCKS * shape.largest_block) * element
+    trainable = sum(math.prod(s) for s, _, t in shape.params if t)
+    return total * element + (4 * trainable if accumulating else 0)
 
 
 def estimate_activations(towers: Iterable[Tower], precision: str) -> dict[str, int]:
@@ -268,7 +283,7 @@ def model_shape(model: nn.Module, frozen_reference: bool = False) -> ModelShape:
     if frozen_reference:  # the text tower and its projection, as FeatureEncoder copies them
         text = [*model.text_model.parameters(), *_text_projection(model)]
         reference = sum(p.numel() * p.element_size() for p in text)
-    return ModelShape(params, max(blocks, default=0), towers, reference)
+    return ModelShape(params, max(blocks, default=0), towers, reference, sum(blocks))
 
 
 def _blocks(model: nn.Module) -> list[nn.Module]:
@@ -394,8 +409,10 @@ def plan_for(
     model = model if model is not None else build_meta_model(cfg, arch)
     shape = model_shape(model, frozen_reference=uses_frozen_reference(cfg))
     t = cfg.train
-    result = plan(shape, t.precision, t.layout, world, local, activations, source, t.grad_checkpointing,
-                  rows_per_pass(cfg, world))  # fmt: skip
+    rows = rows_per_pass(cfg, world)
+    accumulating = rows is None or rows < t.batch_size // max(1, world)  # several backwards a step
+    result = plan(shape, t.precision, t.layout, world, local, activations, source, t.grad_checkpointing, rows,
+                  t.keep_gathered, accumulating)  # fmt: skip
     notes = ("the loss's tensors (logits, FILIP's token similarities, gathered features), communication buffers and "
              "the CUDA context are not in these figures",)  # fmt: skip
     return replace(result, notes=notes)
