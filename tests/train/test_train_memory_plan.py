@@ -15,7 +15,7 @@ from sharpclip.models.hf import wrap
 from sharpclip.train import memory_plan as mp
 from sharpclip.train.optim import build_optimizer
 
-ACTIVATION_TOLERANCE = 0.20  # the estimate (layers × tokens × width × factor) against the measured bytes per row
+ACTIVATION_TOLERANCE = 0.10  # the estimate (layers × tokens × width × factor) against the measured bytes per row
 
 
 def _step(model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -45,17 +45,19 @@ def test_the_plan_holds_the_bytes_a_real_optimiser_step_allocates():
     assert plan.trainable_params < plan.total_params and plan.compute_copies == 0
 
 
-def _clip(width: int = 128, layers: int = 3) -> torch.nn.Module:
+def _clip(width: int = 128, layers: int = 3, act: str = "quick_gelu") -> torch.nn.Module:
     text = dict(hidden_size=width, intermediate_size=4 * width, num_hidden_layers=layers, num_attention_heads=4,
-                max_position_embeddings=64, vocab_size=100, bos_token_id=0, eos_token_id=1, pad_token_id=1)  # fmt: skip
+                max_position_embeddings=64, vocab_size=100, bos_token_id=0, eos_token_id=1, pad_token_id=1,
+                hidden_act=act)  # fmt: skip
     vision = dict(hidden_size=width, intermediate_size=4 * width, num_hidden_layers=layers, num_attention_heads=4,
-                  image_size=64, patch_size=8)  # fmt: skip
+                  image_size=64, patch_size=8, hidden_act=act)  # fmt: skip
     return wrap(CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=width)))
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_estimated_activations_are_within_the_tolerance_of_a_measured_forward_and_backward(precision):
-    model = _clip()
+@pytest.mark.parametrize(("precision", "act"), [("fp32", "quick_gelu"), ("bf16", "quick_gelu"), ("fp32", "gelu"),
+                                                ("bf16", "gelu")])  # fmt: skip
+def test_estimated_activations_are_within_the_tolerance_of_a_measured_forward_and_backward(precision, act):
+    model = _clip(act=act)
     shape = mp.model_shape(model)
     assert [(t.name, t.layers, t.tokens, t.width) for t in shape.towers] == [("vision", 3, 65, 128),
                                                                               ("text", 3, 64, 128)]  # fmt: skip

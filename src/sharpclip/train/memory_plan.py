@@ -19,7 +19,8 @@ share, the figure given), `hybrid` over the ranks of one node (LOCAL_WORLD_SIZE,
 
 Activations come from one of two sources, and the plan says which:
 
-- **estimated** from the shapes: layers × tokens × width × `ACTIVATION_BYTES[precision]` per tower, the bytes per
+- **estimated** from the shapes: layers × tokens × width × `ACTIVATION_BYTES[precision]` per tower (QuickGELU;
+  `EXACT_GELU_BYTES` for exact GELU, whose MLP saves one tensor fewer), the bytes per
   (layer, token, channel) that a 4× MLP CLIP block saves for its backward (measured by `measure_activations` on the
   CPU, see docs/gpus.md); with `train.grad_checkpointing` each layer keeps only its fp32 input, plus one layer
   recomputed at a time;
@@ -62,7 +63,8 @@ PREFETCHED_BLOCKS = 2  # a sharded rank holds the block computing and the next o
 HIDDEN_BYTES = 4  # a layer's input (the fp32 residual stream), what gradient checkpointing keeps per layer
 # bytes saved for the backward per (layer, token, channel) of a CLIP block (4× MLP, SDPA attention); measured on
 # the CPU by measure_activations (tests/train/test_train_memory_plan.py and docs/gpus.md give the run)
-ACTIVATION_BYTES = {"fp32": 84.0, "bf16": 52.0}
+ACTIVATION_BYTES = {"fp32": 84.0, "bf16": 52.0}  # QuickGELU (OpenAI's weights): its sigmoid and product are saved
+EXACT_GELU_BYTES = {"fp32": 68.0, "bf16": 42.0}  # exact GELU (open_clip's ViT-L-14, ViT-bigG-14 ...): one MLP tensor
 CONTEXT_BYTES = int(1.5 * GIB)  # CUDA context, NCCL and communication buffers: assumed, not measured
 HEADROOM = 0.10  # share of the GPU's memory kept free for the allocator's fragmentation and the loss's tensors
 SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 1 << 10, "mib": 1 << 20,
@@ -77,6 +79,7 @@ class Tower:
     layers: int
     tokens: int
     width: int
+    activation: str = "quick_gelu"  # the MLP's (transformers' hidden_act): what a block saves depends on it
 
 
 @dataclass(frozen=True)
@@ -262,9 +265,10 @@ def gathered_bytes(shape: ModelShape, precision: str, ranks: int, keep_gathered:
 
 
 def estimate_activations(towers: Iterable[Tower], precision: str) -> dict[str, int]:
-    """Bytes per row by tower: layers × tokens × width × ACTIVATION_BYTES[precision]."""
-    factor = ACTIVATION_BYTES[precision]
-    return {t.name: int(t.layers * t.tokens * t.width * factor) for t in towers}
+    """Bytes per row by tower: layers × tokens × width × the bytes a block of that tower's activation saves
+    (ACTIVATION_BYTES for QuickGELU, EXACT_GELU_BYTES for exact GELU, by precision)."""
+    table = {t.name: EXACT_GELU_BYTES if t.activation.startswith("gelu") else ACTIVATION_BYTES for t in towers}
+    return {t.name: int(t.layers * t.tokens * t.width * table[t.name][precision]) for t in towers}
 
 
 def checkpointed(tower: Tower, full: int) -> int:
@@ -307,7 +311,7 @@ def _tower(name: str, tower: nn.Module | None, model: nn.Module | None = None) -
     else:
         table = getattr(getattr(tower, "embeddings", None), "position_embedding", None)
         tokens = int(table.num_embeddings) if isinstance(table, nn.Embedding) else _patches(tower.config)
-    return Tower(name, len(layers), tokens, width)
+    return Tower(name, len(layers), tokens, width, str(getattr(tower.config, "hidden_act", "quick_gelu")))
 
 
 def _patches(config: Any) -> int:
@@ -471,17 +475,18 @@ def clip_config(model_cfg: dict[str, Any]) -> Any:
     """The transformers CLIPConfig of an open_clip model config (shapes only: what the plan needs)."""
     vision, text = model_cfg["vision_cfg"], model_cfg["text_cfg"]
     vwidth, twidth = int(vision["width"]), int(text.get("width", 512))
+    act = "quick_gelu" if model_cfg.get("quick_gelu", False) else "gelu"  # as models.open_clip converts it
     return CLIPConfig(
         text_config=dict(
             vocab_size=int(text.get("vocab_size", 49408)), hidden_size=twidth,
             intermediate_size=round(twidth * float(text.get("mlp_ratio", 4.0))),
             num_hidden_layers=int(text.get("layers", 12)), num_attention_heads=int(text.get("heads", 8)),
-            max_position_embeddings=int(text.get("context_length", 77)),
+            max_position_embeddings=int(text.get("context_length", 77)), hidden_act=act,
         ),
         vision_config=dict(
             hidden_size=vwidth, intermediate_size=round(vwidth * float(vision.get("mlp_ratio", 4.0))),
             num_hidden_layers=int(vision["layers"]), num_attention_heads=vwidth // int(vision.get("head_width", 64)),
-            image_size=int(vision.get("image_size", 224)), patch_size=int(vision["patch_size"]),
+            image_size=int(vision.get("image_size", 224)), patch_size=int(vision["patch_size"]), hidden_act=act,
         ),
         projection_dim=int(model_cfg.get("embed_dim", 512)),
     )  # fmt: skip
