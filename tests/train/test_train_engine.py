@@ -212,3 +212,13 @@ def test_a_sharded_run_validates_and_checkpoints_as_one_process_does(tmp_path, v
     two = load_file(tmp_path / "two" / "checkpoints" / "step-000004" / "model.safetensors")
     scale = max(float(v.abs().max()) for v in one.values() if v.is_floating_point())  # as in the test above
     assert one.keys() == two.keys() and all(torch.allclose(two[k], one[k], rtol=1e-5, atol=1e-5 * scale) for k in one)
+
+
+def test_a_norm_over_no_gradient_is_a_zero_on_the_engines_device():
+    """A sharded run whose rank holds no DTensor gradient still all-reduces its sum of squares: on the mesh's device
+    (NCCL reduces only CUDA tensors), not the CPU."""
+    from sharpclip.train.engine import _sum_of_squares
+
+    zero = _sum_of_squares([], torch.device("meta"))
+    assert zero.device.type == "meta" and zero.shape == ()
+    assert float(_sum_of_squares([torch.ones(4), torch.ones(5)], torch.device("cpu"))) == 9.0

@@ -1,7 +1,8 @@
 """The multi-process engine: PyTorch's FSDP2 (`torch.distributed.fsdp.fully_shard`) keeps parameters and gradients
 in step over ranks; nothing of sharpclip's own reduces a gradient.
 
-    engine = Engine(model, mesh, precision)     fully_shard on every transformer block, each tower, then the root
+    engine = Engine(model, mesh, precision)     fully_shard on every transformer block (sharded layouts), each
+                                                tower, then the root
     with engine.accumulating(): backward()      every backward of a step but its last: under replicate (or
                                                 keep_gathered) no reduction, parameters kept gathered
                                                 (set_requires_gradient_sync / set_reshard_after_backward); sharded
@@ -95,8 +96,10 @@ def model_scalars(model: nn.Module) -> list[nn.Parameter]:
 
 
 def local(tensor: Tensor) -> Tensor:
-    """This rank's part of a sharded (DTensor) parameter or gradient; a plain tensor itself."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    """This rank's part of a sharded (DTensor) parameter or gradient; a plain tensor itself. Read directly, not
+    through `to_local()` (an autograd function a tensor, the largest per-tensor host cost of clipping and max |w|
+    over ~400 tensors a step): callers use it outside autograd, on the optimiser's tensors."""
+    return tensor._local_tensor if isinstance(tensor, DTensor) else tensor
 
 
 def units(model: nn.Module) -> list[nn.Module]:
@@ -195,7 +198,10 @@ class Engine:
         bf16 = precision == "bf16"
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
         options = {"mesh": mesh, **({"mp_policy": policy} if policy else {})}
-        self.modules = units(model)
+        # units: every block when parameters are split (each gathered and reduced on its own, overlapping the
+        # backward); replicated, only the towers and the root: FSDP2's per-unit hooks cost host time for every unit
+        # and pass (benchmarks/engine_overhead.py), for a finer overlap of the all-reduce with the backward
+        self.modules = units(model) if shards > 1 else [*towers(model), model]
         self.blocks = [b for tower in towers(model) for b in transformer_blocks(tower)]
         scalars = model_scalars(model)
         for unit in self.modules:
@@ -209,6 +215,8 @@ class Engine:
                 register_fsdp_forward_method(model, name)
         self.scalars = [p for p in scalars if p.requires_grad]
         self.world = dist.get_world_size()
+        cuda = mesh.device_type == "cuda"  # the current device, as the mesh's process groups use it
+        self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device(mesh.device_type)
 
     @property
     def root(self) -> FSDPModule:
@@ -261,10 +269,10 @@ class Engine:
         all-reduce over the shard group (none under replicate), plus the replicated scalars' once."""
         sharded = [local(p.grad) for p in params if p.grad is not None and isinstance(p.grad, DTensor)]
         plain = [p.grad for p in params if p.grad is not None and not isinstance(p.grad, DTensor)]
-        squares = _sum_of_squares(sharded)
+        squares = _sum_of_squares(sharded, self.device)
         if self.shard_group is not None:
             dist.all_reduce(squares, group=self.shard_group)
-        return (squares + _sum_of_squares(plain).to(squares)).sqrt()
+        return (squares + _sum_of_squares(plain, self.device).to(squares)).sqrt()
 
     def clip_grad_norm(self, params: list[Tensor], max_norm: float) -> Tensor:
         """`torch.nn.utils.clip_grad_norm_` over sharded gradients: the global norm, every local gradient scaled by
@@ -274,6 +282,12 @@ class Engine:
         if grads and max_norm != float("inf"):
             torch._foreach_mul_(grads, (max_norm / (norm + 1e-6)).clamp(max=1.0))
         return norm
+
+    def weights_max_abs(self, params: list[Tensor]) -> Tensor:
+        """max |w| over `params` on every rank's shards (a device tensor, not read)."""
+        from sharpclip.train.trainer import max_abs
+
+        return self.max_abs(max_abs([local(p) for p in params]))
 
     def max_abs(self, values: Tensor) -> Tensor:
         """The maximum over the shard group of this rank's max |w| (`values`, 0-dim); NaN travels as NaN."""
@@ -302,9 +316,10 @@ class Engine:
         set_optimizer_state_dict(self.model, optimizer, state, options=StateDictOptions(full_state_dict=True))
 
 
-def _sum_of_squares(grads: list[Tensor]) -> Tensor:
+def _sum_of_squares(grads: list[Tensor], device: torch.device) -> Tensor:
+    """Σ‖g‖² over `grads`; with none, a zero on `device` (the mesh's: NCCL reduces only CUDA tensors)."""
     if not grads:
-        return torch.zeros((), dtype=torch.float32)
+        return torch.zeros((), dtype=torch.float32, device=device)
     return torch.stack([n.float() for n in torch._foreach_norm(grads)]).square().sum()
 
 
