@@ -73,7 +73,8 @@ class Setup:
         self.encoder = FeatureEncoder(self.model, self.objective.feature_keys)
         self.ctx = ParallelContext.one_process()  # plain: this rank alone
         if engine and world == 1:  # the engine on a one-rank mesh: the hooks and DTensors, no peer
-            self.ctx = ParallelContext(engine=Engine(self.model, init_device_mesh("cpu", (1, 1), mesh_dim_names=MESH_NAMES)))
+            mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=MESH_NAMES)
+            self.ctx = ParallelContext(engine=Engine(self.model, mesh))
         elif engine:
             self.ctx = ParallelContext(rank=rank, world=world, local_world=world, layout="replicate")
             self.ctx.shard(self.model, torch.device("cpu"))
