@@ -22,14 +22,14 @@ def compile_blocks(model: DualEncoder, backend: str = "inductor") -> int:
     """`torch.compile` every transformer block of both towers in place (parameter names, hence checkpoints,
     unchanged), as torchtitan does; returns how many blocks were compiled.
 
-    Blocks, not whole towers: under the engine's sharded layouts (train.engine) each block is its own FSDP unit,
-    so its gradients' reduce-scatter starts as soon as its backward has run, block by block, instead of once per
-    tower when a whole tower's compiled backward returns; the blocks of a tower share one graph (same code, same
-    shapes), which also shortens the cold compile. Embeddings, pooling, projections, the losses and the cached-gradient bookkeeping stay
-    eager: they change shape with every batch layout and cost little. Compilation itself happens at the first step
-    (see `Trainer._run_step`). Blocks are compiled with dynamic shapes, so new caption widths, a short last
-    micro-batch, `encode_batch_size` passes and evaluation batches reuse graphs (at most COMPILE_GRAPH_BUDGET over
-    the trainer's shape mix per block frame, tested with backend="eager"); Dynamo's recompile limit is raised to
+    Blocks, not whole towers: under the engine's sharded layouts (train.engine) each block is its own FSDP unit, so its
+    gradients' reduce-scatter starts as soon as its backward has run, block by block, instead of once per tower when a
+    whole tower's compiled backward returns; the blocks of a tower share one graph (same code, same shapes), which also
+    shortens the cold compile. Embeddings, pooling, projections, the losses and the cached-gradient bookkeeping stay
+    eager: they change shape with every batch layout and cost little. Compilation itself happens at the first step (see
+    `Trainer._run_step`). Blocks are compiled with dynamic shapes, so new caption widths, a short last micro-batch,
+    `encode_batch_size` passes and evaluation batches reuse graphs (at most COMPILE_GRAPH_BUDGET over the trainer's
+    shape mix per block frame, tested with backend="eager"); Dynamo's recompile limit is raised to
     COMPILE_RECOMPILE_LIMIT, as the blocks of both towers share one frame.
     """
     import torch._dynamo  # torch imports Dynamo lazily
