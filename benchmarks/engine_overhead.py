@@ -34,12 +34,11 @@ from sharpclip.config import LossConfig, TermConfig
 from sharpclip.data.schema import Batch
 from sharpclip.models.hf import wrap
 from sharpclip.train import distributed
-from sharpclip.train.engine import Engine
+from sharpclip.train.engine import Engine, max_abs
 from sharpclip.train.features import FeatureEncoder, build_objective
 from sharpclip.train.optim import build_optimizer
 from sharpclip.train.parallel import ParallelContext
 from sharpclip.train.step import run_step
-from sharpclip.train.trainer import max_abs
 
 ROWS, WARMUP, CONTEXT, VOCAB = 16, 3, 16, 100
 MESH_NAMES = ("replicate", "shard")

@@ -54,7 +54,7 @@ from sharpclip.train import checkpoint, failures, micro_batch, reshard
 from sharpclip.train import resume as resume_policy
 from sharpclip.train.compile import compile_blocks, dropout_rate, is_compile_error
 from sharpclip.train.diagnostics import gradient_diagnostics
-from sharpclip.train.engine import by_name, load_named_optimizer_state, local
+from sharpclip.train.engine import by_name, load_named_optimizer_state, max_abs
 from sharpclip.train.features import FeatureEncoder
 from sharpclip.train.heartbeat import Heartbeat
 from sharpclip.train.log_lines import ProgressLines
@@ -71,22 +71,6 @@ FUSED_ADAMW_DEVICES = ("cuda",)  # AdamW's fused kernel on these devices (tests 
 
 class TrainingDiverged(RuntimeError):
     """Too many consecutive steps had a non-finite loss or gradient, or an update made the weights non-finite."""
-
-
-def max_abs(params: list[torch.Tensor], fused: bool | None = None) -> torch.Tensor:
-    """max |w| over `params` as a 0-dim tensor (inf or nan when any weight is), without a host read.
-
-    On a GPU one fused multi-tensor inf-norm (`torch._foreach_norm`: a handful of kernel launches, however many
-    parameter tensors; per-tensor reductions would launch ~2 per tensor, ~1,200 for ViT-L/14); on the CPU, where
-    nothing is launched, aminmax per tensor, the fastest exact reduction measured there (benchmarks/finite_check.py).
-    fused: force either form (None: by device).
-    """
-    params = [p.detach() for p in params if p.numel()]
-    if not params:
-        return torch.zeros(())
-    if not (params[0].device.type != "cpu" if fused is None else fused):
-        return torch.stack([torch.stack(torch.aminmax(p)) for p in params]).abs().max()
-    return torch.stack(torch._foreach_norm(params, float("inf"))).max()
 
 
 def largest_weight(params: list[torch.Tensor]) -> float:
@@ -457,8 +441,7 @@ class Trainer:
 
     def _max_abs(self) -> torch.Tensor:
         """max |w| over the trainable parameters, over every rank's shards (a device tensor, not read)."""
-        largest = max_abs([local(p) for p in self.params])
-        return self.engine.max_abs(largest) if self.engine is not None else largest
+        return self.engine.weights_max_abs(self.params) if self.engine is not None else max_abs(self.params)
 
     def _check_weights(self, lr: float, loss: float, grad_norm: float) -> float:
         """After an update: all weights finite (else stop now, nothing saved); remember how much they grew.
