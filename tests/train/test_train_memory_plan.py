@@ -186,3 +186,14 @@ def test_the_logged_plan_takes_the_runs_ranks_per_node_not_the_environment(monke
     cfg = load_config(["configs/hnclip_docci.yaml"], ["train.layout=hybrid", "train.precision=fp32"])
     logged = mp.log_plan(cfg, toy_model(), torch.device("cpu"), world=4, local=2)
     assert logged.shard_ranks == 2 and mp.plan_for(cfg, world=4, model=toy_model()).shard_ranks == 4
+
+
+def test_the_plan_counts_the_diagnostics_model_copy_on_several_ranks():
+    """The gradient diagnostics keep a plain fp32 copy of the model (and its gradients) on every rank of a run of
+    several: the plan's static part holds it there, and nothing on one process."""
+    cfg = load_config(None, ["model.name=tiny-clip", "train.diagnostics_every=50"])
+    one, eight = mp.plan_for(cfg, world=1), mp.plan_for(cfg, world=8)
+    assert one.diagnostics_copy == 0
+    assert eight.diagnostics_copy == (eight.total_params + eight.trainable_params) * 4 > 0
+    assert eight.static == one.static + eight.diagnostics_copy  # replicated: nothing else differs
+    assert any("diagnostics" in line for line in eight.lines())

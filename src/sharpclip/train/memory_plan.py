@@ -114,10 +114,12 @@ class Plan:
     total_params: int = 0
     trainable_params: int = 0
     notes: tuple[str, ...] = field(default_factory=tuple)
+    diagnostics_copy: int = 0  # the gradient diagnostics' plain copy of the model on several ranks (train.diagnostics)
 
     @property
     def static(self) -> int:
-        return self.parameters + self.gradients + self.optimizer + self.compute_copies + self.frozen_reference
+        parts = (self.parameters, self.gradients, self.optimizer, self.compute_copies, self.frozen_reference)
+        return sum(parts) + self.diagnostics_copy
 
     @property
     def per_row(self) -> int:
@@ -145,6 +147,8 @@ class Plan:
             out.append(_item(f"compute copies ({self._copies()})", self.compute_copies))
         if self.frozen_reference:
             out.append(_item("frozen reference text tower", self.frozen_reference))
+        if self.diagnostics_copy:
+            out.append(_item("gradient diagnostics' model copy", self.diagnostics_copy))
         out.append(_item("static", self.static))
         towers = ", ".join(f"{k} {size(v)}" for k, v in self.activations.items())
         ckpt = ", gradient checkpointing" if self.checkpointing else ""
@@ -419,7 +423,9 @@ def plan_for(
                   t.keep_gathered, accumulating)  # fmt: skip
     notes = ("the loss's tensors (logits, FILIP's token similarities, gathered features), communication buffers and "
              "the CUDA context are not in these figures",)  # fmt: skip
-    return replace(result, notes=notes)
+    # several ranks with train.diagnostics_every: a plain fp32 copy of the model and its gradients (train.trainer)
+    copy = (result.total_params + result.trainable_params) * 4 if t.diagnostics_every and world > 1 else 0
+    return replace(result, notes=notes, diagnostics_copy=copy)
 
 
 def rows_per_pass(cfg: Config, world: int) -> int | None:
