@@ -555,6 +555,7 @@ class TrainConfig:
     precision: str = "fp32"  # fp32 | bf16 (autocast on the towers; losses in fp32)
     tf32: bool = True  # TF32 matmuls on CUDA (fp32 accumulation); no effect on the CPU
     compile: bool = False  # torch.compile every transformer block (the first steps pay for compilation)
+    compile_fullgraph: bool = False  # under train.compile: a graph break in a block is an error, not a silent split
     grad_checkpointing: bool = False  # recompute each tower layer in backward (activation memory of one layer)
     checkpoint_every: int = 0  # optimiser steps between checkpoints (0: at the end of each epoch only)
     # minutes between checkpoints, by rank 0's clock (0: off), beside train.checkpoint_every: a job that stops keeps

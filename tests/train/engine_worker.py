@@ -5,6 +5,7 @@ weights; rank 0 writes every case's losses per step (JSON) and its whole weights
 python engine_worker.py OUT_DIR
 """
 
+import functools
 import json
 import sys
 from datetime import timedelta
@@ -22,6 +23,7 @@ from _support.tiny_run import ToyLoader, toy_model, train_config
 from sharpclip.config import LossConfig, TermConfig
 from sharpclip.train import distributed
 from sharpclip.train import trainer as trainer_module
+from sharpclip.train.compile import compile_blocks, compile_counts
 from sharpclip.train.features import FeatureEncoder, build_objective
 from sharpclip.train.parallel import ParallelContext
 from sharpclip.train.step import run_step
@@ -97,6 +99,14 @@ def main(out: Path) -> None:
     losses["bf16"], _ = train(out / "bf16", "exact", "shard", rank, world, parallel_context("shard"), "bf16")
     # the gradient diagnostics of a sharded run (computed on a plain copy of the gathered weights)
     train(out / "diagnostics", "exact", "shard", rank, world, parallel_context("shard"), diagnostics_every=2)
+    # the blocks compiled (Dynamo, eager backend) inside the engine's hooks: exact, and no graph break
+    trainer_module.compile_blocks = functools.partial(compile_blocks, backend="eager")
+    case = "exact/shard, compiled"
+    losses[case], weights = train(out / "compiled", "exact", "shard", rank, world, parallel_context("shard"),
+                                  compile=True)  # fmt: skip
+    tensors |= {f"{case}/{k}": v for k, v in weights.items()}
+    losses["compile graph breaks"] = [compile_counts()["graph_breaks"]]
+    trainer_module.compile_blocks = compile_blocks
     # one bf16 step's gradients on W ranks (FSDP2's casting rules, replicated and sharded)
     for layout in ("replicate", "shard"):
         losses[f"bf16 step/{layout}"], grads = bf16_step("bf16", rank, world, parallel_context(layout))

@@ -52,7 +52,7 @@ from sharpclip.losses.monitors import MATRICES_MONITOR, SATURATED_MONITOR
 from sharpclip.models.base import DualEncoder
 from sharpclip.train import checkpoint, failures, micro_batch, reshard
 from sharpclip.train import resume as resume_policy
-from sharpclip.train.compile import compile_blocks, dropout_rate, is_compile_error
+from sharpclip.train.compile import compile_blocks, compile_counts, dropout_rate, is_compile_error
 from sharpclip.train.diagnostics import gradient_diagnostics
 from sharpclip.train.engine import by_name, load_named_optimizer_state, max_abs
 from sharpclip.train.features import FeatureEncoder
@@ -130,7 +130,7 @@ class Trainer:
         self._compiling = cfg.compile  # until the first step has run compiled
         if cfg.compile:
             self._check_compile_replay()
-            compile_blocks(model)
+            compile_blocks(model, fullgraph=cfg.compile_fullgraph)
         self.engine = self.ctx.shard(model, self.device, cfg.precision, cfg.keep_gathered)  # None on one process
         fused = self.device.type in FUSED_ADAMW_DEVICES  # AdamW in one fused kernel on CUDA, foreach elsewhere
         betas = (cfg.beta1, cfg.beta2)
@@ -203,6 +203,8 @@ class Trainer:
         with self.heartbeat.busy("save"):  # a checkpoint still being written in the background
             self._finish_saving()
         bar.close()
+        if self.cfg.compile:
+            self._log_compile("the run")  # recompiles for new shapes since the first step, breaks included
         self.logger.close()
         report = getattr(self.loader, "report", None)  # data.SampleLoader: samples skipped under on_bad_sample: skip
         if report is not None and report.items:
@@ -416,7 +418,14 @@ class Trainer:
                 f"({type(err).__name__}: {reason}); train without it: train.compile=false"
             ) from err
         self._compiling = False
+        self._log_compile("the first step")
         return result
+
+    def _log_compile(self, when: str) -> None:
+        """train.log: Dynamo's graphs and graph breaks so far (a break splits a block's graph: a warning)."""
+        counts = compile_counts()
+        say = log.warning if counts["graph_breaks"] else log.info
+        say("train.compile after %s: %d graphs, %d graph breaks", when, counts["graphs"], counts["graph_breaks"])
 
     def _check_compile_replay(self) -> None:
         """Exact accumulation replays each micro-batch's forward with its recorded RNG state; a compiled no-grad
