@@ -211,6 +211,7 @@ class Engine:
         # a split parameter is gathered for each pass and freed after it, its gradient reduced after every backward
         # (FSDP2's and torchtitan's default); kept whole for the step on request, or when nothing is split
         self.keep_gathered = keep_gathered or shards == 1
+        self._gathered_step = False  # this step keeps its blocks gathered (`step`)
         bf16 = precision == "bf16"
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
         options = {"mesh": mesh, **({"mp_policy": policy} if policy else {})}
@@ -239,10 +240,30 @@ class Engine:
         return self.model  # type: ignore[return-value]
 
     @contextlib.contextmanager
+    def step(self, equal_passes: bool) -> Iterator[None]:
+        """One step. A block resharded after each pass is gathered again by the next, a collective every rank must
+        join: when the ranks make different numbers of passes (a rank holding a short batch), the blocks stay
+        gathered for this step and only its last backward reduces (as under `keep_gathered`), so every rank issues
+        the same collectives whatever its passes."""
+        if self.keep_gathered or equal_passes:
+            yield
+            return
+        self._gathered_step = True
+        for block in self.blocks:
+            block.set_reshard_after_forward(False, recurse=False)  # type: ignore[operator]
+        try:
+            yield
+        finally:
+            self._gathered_step = False
+            for block in self.blocks:
+                block.set_reshard_after_forward(True, recurse=False)  # type: ignore[operator]
+
+    @contextlib.contextmanager
     def accumulating(self) -> Iterator[None]:
         """Backward passes inside accumulate gradients locally and keep the parameters gathered, when the engine
-        keeps them gathered for the step (`keep_gathered`); otherwise every backward reduces its gradients."""
-        if not self.keep_gathered:
+        keeps them gathered for the step (`keep_gathered`, or a step of unequal passes); otherwise every backward
+        reduces its gradients."""
+        if not (self.keep_gathered or self._gathered_step):
             yield
             return
         self.root.set_requires_gradient_sync(False)
