@@ -552,7 +552,7 @@ class TrainConfig:
     # the step's last backward (fewer all-gathers and reductions under accumulation, for models whose gathered
     # blocks fit); the default frees each block after every pass and reduces every pass's gradients
     keep_gathered: bool = False
-    precision: str = "fp32"  # fp32 | bf16 (autocast on the towers; losses in fp32)
+    precision: str = "fp32"  # fp32 | bf16 (bf16 weight copies and autocast in the towers; losses in fp32)
     tf32: bool = True  # TF32 matmuls on CUDA (fp32 accumulation); no effect on the CPU
     compile: bool = False  # torch.compile every transformer block (the first steps pay for compilation)
     compile_fullgraph: bool = False  # under train.compile: a graph break in a block is an error, not a silent split
