@@ -231,7 +231,7 @@ class Engine:
             if callable(getattr(model, name, None)):
                 register_fsdp_forward_method(model, name)
         self.scalars = [p for p in scalars if p.requires_grad]
-        self.world = dist.get_world_size()
+        self.world = mesh.size()  # every rank of the mesh: the ranks a gradient is averaged over
         cuda = mesh.device_type == "cuda"  # the current device, as the mesh's process groups use it
         self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device(mesh.device_type)
 
