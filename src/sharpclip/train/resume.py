@@ -10,8 +10,9 @@ by its longest prefix in `APPLIED` or `REFUSED` (tests/train/test_train_resume.p
 
 - applied: the learning rate and its schedule (`train.lr`, `warmup_steps`, `schedule`, `min_lr_ratio`, `epochs`,
   `max_steps`), the evaluation and checkpoint cadence, clipping, diagnostics, progress and sinks, the device, TF32
-  and compilation, the process-group timeout, the parameters' layout over ranks (`train.layout`, `keep_gathered`: the optimiser state
-  is resharded by torch.distributed.checkpoint) and asynchronous saves, loader workers and prefetching, `eval.*`.
+  and compilation, the process-group timeout, the parameters' layout over ranks (`train.layout`, `keep_gathered`: the
+  optimiser state is resharded by torch.distributed.checkpoint) and asynchronous saves, loader workers and
+  prefetching, `eval.*`.
   The optimiser's moments are kept; the learning rate becomes the new config's schedule evaluated at the current
   step (`lr × lr_factor(step; warmup_steps, total steps, min_lr_ratio, schedule)`), as if the run had used that
   schedule from the start;
