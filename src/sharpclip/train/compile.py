@@ -22,7 +22,7 @@ def compile_blocks(model: DualEncoder, backend: str = "inductor", fullgraph: boo
     """`torch.compile` every transformer block of both towers in place (parameter names, hence checkpoints,
     unchanged), as torchtitan does; returns how many blocks were compiled.
 
-    Blocks, not whole towers: under the engine's sharded layouts (train.engine) each block is its own FSDP unit, so its
+    Blocks, not whole towers: under the engine (train.engine) each block is its own FSDP unit, so its
     gradients' reduce-scatter starts as soon as its backward has run, block by block, instead of once per tower when a
     whole tower's compiled backward returns; the blocks of a tower share one graph (same code, same shapes), which also
     shortens the cold compile. Embeddings, pooling, projections, the losses and the cached-gradient bookkeeping stay

@@ -1,8 +1,7 @@
 """The multi-process engine: PyTorch's FSDP2 (`torch.distributed.fsdp.fully_shard`) keeps parameters and gradients
 in step over ranks; nothing of sharpclip's own reduces a gradient.
 
-    engine = Engine(model, mesh, precision)     fully_shard on every transformer block (sharded layouts), each
-                                                tower, then the root
+    engine = Engine(model, mesh, precision)     fully_shard on every transformer block, each tower, then the root
     with engine.accumulating(): backward()      every backward of a step but its last: under replicate (or
                                                 keep_gathered) no reduction, parameters kept gathered
                                                 (set_requires_gradient_sync / set_reshard_after_backward); sharded
@@ -215,10 +214,7 @@ class Engine:
         bf16 = precision == "bf16"
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
         options = {"mesh": mesh, **({"mp_policy": policy} if policy else {})}
-        # units: every block when parameters are split (each gathered and reduced on its own, overlapping the
-        # backward); replicated, only the towers and the root: FSDP2's per-unit hooks cost host time for every unit
-        # and pass (benchmarks/engine_overhead.py), for a finer overlap of the all-reduce with the backward
-        self.modules = units(model) if shards > 1 else [*towers(model), model]
+        self.modules = units(model)
         self.blocks = [b for tower in towers(model) for b in transformer_blocks(tower)]
         scalars = model_scalars(model)
         for unit in self.modules:
