@@ -300,10 +300,27 @@ def sum_multi_gpu(rows: list[dict]) -> dict:
     out: dict = {"equal": bool(checks) and all(r["equal"] for r in checks)}
     for r in checks:
         out |= {f"{k}@{r['worlds'][1]}": r[k] for k in ("loss_rel_diff", "grad_digest_rel_diff") if k in r}
-    for r in rows:
-        if r.get("kind") == "speed":
-            layout = f"/{r['layout']}" if r["world"] > 1 else ""
-            out[f"img_per_s_per_gpu@{r['world']}{layout}"] = r["img_per_s_per_gpu"]
+    speeds = {(r["world"], r["layout"]): r for r in rows if r.get("kind") == "speed"}
+    for (world, layout), r in speeds.items():
+        out[f"img_per_s_per_gpu@{world}{f'/{layout}' if world > 1 else ''}"] = r["img_per_s_per_gpu"]
+    return out | layout_choice(speeds)
+
+
+def layout_choice(speeds: dict[tuple[int, str], dict]) -> dict:
+    """`hybrid` against `replicate` on the most GPUs measured (docs/gpus.md's open question): img/s and peak memory
+    as ratios, and the faster of the two."""
+    worlds = [w for w, layout in speeds if layout == "hybrid" and (w, "replicate") in speeds]
+    if not worlds:
+        return {}
+    world = max(worlds)
+    hybrid, replicate = speeds[world, "hybrid"], speeds[world, "replicate"]
+    out = {
+        f"hybrid_over_replicate_img_per_s@{world}": round(hybrid["img_per_s"] / replicate["img_per_s"], 3),
+        f"faster_layout@{world}": "hybrid" if hybrid["img_per_s"] > replicate["img_per_s"] else "replicate",
+    }
+    if replicate.get("peak_allocated_gib"):
+        ratio = hybrid.get("peak_allocated_gib", 0) / replicate["peak_allocated_gib"]
+        out[f"hybrid_over_replicate_peak_memory@{world}"] = round(ratio, 3)
     return out
 
 

@@ -128,7 +128,7 @@ def main() -> None:
     parser.add_argument("--model", default="l14", help="l14 | b16 (gpu_step.py's shapes)")
     parser.add_argument("--steps", type=int, default=10, help="steps of the speed phase")
     parser.add_argument("--dry-run", action="store_true", help="CPU, gloo, tiny CLIP, batch 16, fp32, 77 positions")
-    parser.add_argument("--layouts", default="replicate,shard", help="train.layout values of the speed phase")
+    parser.add_argument("--layouts", default="replicate,hybrid,shard", help="train.layout values of the speed phase")
     args = parser.parse_args()
     if args.dry_run:
         dry_run_settings()

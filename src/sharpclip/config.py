@@ -553,9 +553,14 @@ class TrainConfig:
     # how parameters are laid out over ranks: replicate (every rank holds all, DDP's semantics) | hybrid (sharded
     # within a node, replicated across nodes) | shard (sharded over all ranks)
     layout: str = "replicate"
-    precision: str = "fp32"  # fp32 | bf16 (autocast on the towers; losses in fp32)
+    # hybrid and shard: keep each block's parameters gathered for the whole step and reduce gradients once, after
+    # the step's last backward (fewer all-gathers and reductions under accumulation, for models whose gathered
+    # blocks fit); the default frees each block after every pass and reduces every pass's gradients
+    keep_gathered: bool = False
+    precision: str = "fp32"  # fp32 | bf16 (bf16 weight copies and autocast in the towers; losses in fp32)
     tf32: bool = True  # TF32 matmuls on CUDA (fp32 accumulation); no effect on the CPU
-    compile: bool = False  # torch.compile the two towers (the first steps pay for compilation)
+    compile: bool = False  # torch.compile every transformer block (the first steps pay for compilation)
+    compile_fullgraph: bool = False  # under train.compile: a graph break in a block is an error, not a silent split
     grad_checkpointing: bool = False  # recompute each tower layer in backward (activation memory of one layer)
     checkpoint_every: int = 0  # optimiser steps between checkpoints (0: at the end of each epoch only)
     # minutes between checkpoints, by rank 0's clock (0: off), beside train.checkpoint_every: a job that stops keeps

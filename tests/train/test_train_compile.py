@@ -27,13 +27,14 @@ TERMS = {"hn": TermConfig("hn_clip"), "tok": TermConfig("filip", weight=0.5)}
 
 
 @pytest.fixture
-def dynamo(monkeypatch):
-    """A fresh Dynamo whose recompile limit is a hard error; reset again afterwards (one process, many tests)."""
+def dynamo():
+    """A fresh Dynamo whose recompile limit is a hard error; reset again afterwards (one process, many tests). Dynamo's
+    own `config.patch` restores the settings (monkeypatch's undo would delete the aliased names from the module)."""
     torch._dynamo.reset()
     counters.clear()
-    monkeypatch.setattr(torch._dynamo.config, "fail_on_recompile_limit_hit", True)
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", torch._dynamo.config.recompile_limit)
-    yield
+    limit = torch._dynamo.config.recompile_limit
+    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True, recompile_limit=limit):
+        yield
     torch._dynamo.reset()
 
 
@@ -79,7 +80,7 @@ def test_the_blocks_stay_compiled_over_the_trainer_shape_mix(dynamo):
 
 
 def test_only_dynamo_and_inductor_errors_are_reported_as_compile_failures(tmp_path, monkeypatch):
-    def compile_then_oom(model, backend="inductor"):
+    def compile_then_oom(model, backend="inductor", fullgraph=False):
         def oom(*args, **kwargs):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
@@ -107,7 +108,7 @@ def test_an_error_raised_from_a_dynamo_error_counts_as_one():
 
 @pytest.mark.parametrize(("accumulation", "refused"), [("exact", True), ("per_micro_batch", False)])
 def test_compile_with_dropout_under_exact_accumulation_is_refused(tmp_path, accumulation, refused, monkeypatch):
-    monkeypatch.setattr(trainer_module, "compile_blocks", lambda model: None)  # the check comes first
+    monkeypatch.setattr(trainer_module, "compile_blocks", lambda model, **options: None)  # the check comes first
     model = toy_model(attention_dropout=0.1)
     cfg = train_config(str(tmp_path / "run"), compile=True, accumulation=accumulation)
     objective = build_objective(LossConfig(terms=TERMS))
@@ -117,3 +118,16 @@ def test_compile_with_dropout_under_exact_accumulation_is_refused(tmp_path, accu
             build()
     else:
         build()
+
+
+def test_fullgraph_compiles_each_block_whole_and_the_counts_say_so(dynamo):
+    """`train.compile_fullgraph`: every block is one graph or an error; the counts the trainer logs read Dynamo's."""
+    from sharpclip.train.compile import compile_counts
+
+    model = toy_model()
+    compile_blocks(model, backend="eager", fullgraph=True)
+    objective = build_objective(LossConfig(terms=TERMS))
+    encoder = FeatureEncoder(model, objective.feature_keys)
+    run_step(encoder, objective, next(iter(ToyLoader(model.tokenizer, batch_size=8))), 4, "exact")
+    counts = compile_counts()
+    assert counts["graph_breaks"] == 0 and counts["graphs"] >= 2  # both towers' blocks, no-grad and grad

@@ -4,7 +4,9 @@
   modes, every layout (replicate, shard over all ranks, hybrid with nodes of 2), in float32, every step clipped: the
   losses and global gradient norms of every step and every weight after the 3 steps equal one process's holding the
   ranks' rows in rank order (1e-5 relative), and so do the gradient diagnostics of a sharded run.
-  bf16 (FSDP2's mixed precision, sharded) trains within bf16 rounding of it. The step-level twin
+  Also blocks kept gathered (`train.keep_gathered`), fused AdamW, and blocks compiled under the engine's hooks
+  (Dynamo's eager backend: no graph break). bf16 (FSDP2's mixed precision, sharded) trains within bf16 rounding of
+  it, and one bf16 step on W ranks is within a tenth of bf16's distance from fp32 of one process's. The step-level twin
   (tests/train/test_train_distributed.py) covers LoRA, a frozen tower and SigLIP's bias under
   each layout in float64.
 - The step's agreement gives the gather every rank's feature shapes (no shape exchange inside a step), the mesh of
@@ -59,7 +61,9 @@ def test_ranks_train_the_weights_of_one_process_in_every_mode_and_layout(tmp_pat
                           env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     losses, weights = json.loads((tmp_path / "losses.json").read_text()), load_file(tmp_path / "weights.safetensors")
-    assert len(losses) == 8 and "exact/shard, fused AdamW" in losses
+    assert len(losses) == 14 and "exact/shard, fused AdamW" in losses and "exact/shard, kept gathered" in losses
+    assert losses.pop("compile graph breaks") == [0]  # compiled blocks under FSDP2's hooks (Dynamo, eager backend)
+    _bf16_is_one_model_at_every_world_size(losses, weights, world)
     got, expected = _diagnostics(tmp_path / "diagnostics"), _diagnostics(one_process("diagnostics", world)[2])
     assert [r["step"] for r in got] == [r["step"] for r in expected] == [0, 2]
     for mine, one in zip(got, expected, strict=True):
@@ -80,6 +84,27 @@ def test_ranks_train_the_weights_of_one_process_in_every_mode_and_layout(tmp_pat
         scale = max(float(v.abs().max()) for v in expected.values() if v.is_floating_point())
         for name, value in expected.items():
             assert torch.allclose(weights[f"{case}/{name}"], value, rtol=1e-5, atol=1e-5 * scale), (case, name)
+
+
+def _bf16_is_one_model_at_every_world_size(losses: dict, weights: dict, world: int) -> None:
+    """One bf16 step on W ranks (replicated and sharded) against one process holding their rows: the loss and the
+    gradients differ by at most a tenth of what separates bf16 from fp32 on one process (one process follows the
+    engine's casting rules, train.engine.OneProcessCasts)."""
+    from engine_worker import bf16_step
+
+    (loss, grads), (loss32, grads32) = bf16_step("bf16", world=world), bf16_step("fp32", world=world)
+    for layout in ("replicate", "shard"):
+        case = f"bf16 step/{layout}"
+        mine = {k[len(case) + 1 :]: v for k, v in weights.items() if k.startswith(f"{case}/")}
+        assert mine.keys() == grads.keys(), case
+        assert abs(losses.pop(case) - loss) <= 0.1 * abs(loss - loss32), case
+        assert _relative(mine, grads) <= 0.1 * _relative(grads, grads32), case
+
+
+def _relative(got: dict, expected: dict) -> float:
+    """The relative L2 distance of two sets of tensors, all taken as one vector."""
+    diff = sum(float((got[k].double() - v.double()).square().sum()) for k, v in expected.items())
+    return (diff / sum(float(v.double().square().sum()) for v in expected.values())) ** 0.5
 
 
 def _diagnostics(run: Path) -> list[dict]:
@@ -190,3 +215,13 @@ def test_a_sharded_run_validates_and_checkpoints_as_one_process_does(tmp_path, v
     two = load_file(tmp_path / "two" / "checkpoints" / "step-000004" / "model.safetensors")
     scale = max(float(v.abs().max()) for v in one.values() if v.is_floating_point())  # as in the test above
     assert one.keys() == two.keys() and all(torch.allclose(two[k], one[k], rtol=1e-5, atol=1e-5 * scale) for k in one)
+
+
+def test_a_norm_over_no_gradient_is_a_zero_on_the_engines_device():
+    """A sharded run whose rank holds no DTensor gradient still all-reduces its sum of squares: on the mesh's device
+    (NCCL reduces only CUDA tensors), not the CPU."""
+    from sharpclip.train.engine import _sum_of_squares
+
+    zero = _sum_of_squares([], torch.device("meta"))
+    assert zero.device.type == "meta" and zero.shape == ()
+    assert float(_sum_of_squares([torch.ones(4), torch.ones(5)], torch.device("cpu"))) == 9.0

@@ -63,13 +63,15 @@ def test_a_dry_run_writes_every_part_compile_first_and_a_flat_summary_last(tmp_p
     assert equality["equal"] and equality["worlds"] == [1, 2] and equality["steps"] == 2
     assert equality["loss_rel_diff"] < 1e-4 and equality["grad_digest_rel_diff"] < 1e-3
     speeds = {(r["world"], r["layout"]) for r in rows if r.get("kind") == "speed"}
-    assert speeds == {(1, "replicate"), (2, "replicate"), (2, "shard")}  # img/s per GPU for each layout
+    assert speeds == {(1, "replicate"), (2, "replicate"), (2, "hybrid"), (2, "shard")}  # img/s per GPU, each layout
     assert not any("grad_dots" in r for r in rows)  # the digest is compared, not written
     summary = rows[-1]
     assert all(not isinstance(v, dict) for v in summary.values())  # flat
     assert summary["compile.status"] == summary["multi_gpu.status"] == "ok" and summary["multi_gpu.equal"] is True
     assert summary["compile.recompile_limit_hits"] == 0 and summary["gpu_step.rows"] == 3
     assert {"multi_gpu.img_per_s_per_gpu@2/replicate", "multi_gpu.img_per_s_per_gpu@2/shard"} <= set(summary)
+    assert summary["multi_gpu.faster_layout@2"] in ("hybrid", "replicate")  # the layout question, measured
+    assert summary["multi_gpu.hybrid_over_replicate_img_per_s@2"] > 0
 
 
 def test_a_spent_budget_skips_every_part_with_its_reason(tmp_path):

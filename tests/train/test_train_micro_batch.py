@@ -123,6 +123,36 @@ def test_after_the_search_a_step_has_the_gradient_of_the_size_given_by_hand():
         assert torch.equal(grads[0][name], grad), name
 
 
+def test_bf16_trials_under_the_engine_leave_no_gradient_for_the_next_step():
+    """FSDP2 with bf16 compute and an fp32 reduction parks a no-sync backward's gradient outside `.grad`
+    (`unsharded_accumulated_grad`); a trial step must not leave it for the next reducing backward. The engine on a
+    one-rank mesh (the same hooks as on W ranks): after a trial of 8 rows, the step at 4 has the gradients of a fresh
+    model's step at 4, bit for bit."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from _support.process_group import one_rank_group
+    from sharpclip.train.engine import Engine
+
+    grads = []
+    with one_rank_group():
+        for trial in (True, False):
+            model = toy_model()
+            objective = build_objective(LossConfig(terms=LIGHT))
+            encoder = FeatureEncoder(model, objective.feature_keys, precision="bf16")
+            mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("replicate", "shard"))
+            ctx = ParallelContext(engine=Engine(model, mesh, "bf16"))
+            batch = next(iter(ToyLoader(model.tokenizer, batch_size=8)))
+            cfg = train_config("x", batch_size=8, micro_batch_size="auto", precision="bf16")
+            if trial:
+                assert Trials(encoder, objective, batch, cfg, ctx).fits(8) == 0
+            run_step(encoder, objective, batch, 4, ctx=ctx)
+            grads.append({n: p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad.clone()
+                          for n, p in model.named_parameters() if p.grad is not None})  # fmt: skip
+    assert grads[0].keys() == grads[1].keys() and len(grads[1]) > 10
+    for name, grad in grads[1].items():
+        assert torch.equal(grads[0][name], grad), name
+
+
 def test_auto_on_the_command_line_keeps_the_recipes_micro_batch_under_per_micro_batch(caplog):
     with caplog.at_level(logging.INFO, logger="sharpclip.config"):
         cfg = load_config("configs/hnclip_dci.yaml", ["train.micro_batch_size=auto"])
@@ -201,11 +231,13 @@ def test_on_cuda_the_choice_and_its_peak_memory_are_logged(tmp_path, caplog):
 
 
 @pytest.mark.slow
-def test_two_gloo_processes_size_without_collectives_and_train_as_given_by_hand(tmp_path):
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_two_gloo_processes_size_without_collectives_and_train_as_given_by_hand(tmp_path, precision):
     """2 processes under torchrun, dropout on, exact accumulation: each rank's trials run while the process group is
     live (any collective in them would pair with the other rank's and fail or hang), and the weights are those of
     the same run given the share, micro_batch_size=8, by hand (dropout masks depend on the micro-batch's shape, so
-    another size would not give them)."""
+    another size would not give them). bf16: FSDP2 keeps a trial's gradient outside `.grad` unless the engine clears
+    it (train.engine.Engine.discard_unsynced)."""
     import os
     import subprocess
     import sys
@@ -217,7 +249,7 @@ def test_two_gloo_processes_size_without_collectives_and_train_as_given_by_hand(
     weights = []
     for name, micro in (("auto", "auto"), ("hand", "8")):
         cmd = [*torchrun, str(worker), str(tmp_path / name), str(tmp_path / f"{name}.safetensors"), "dropout",
-               f"micro_batch_size={micro}", "max_steps=2", "epochs=1"]  # fmt: skip
+               f"micro_batch_size={micro}", "max_steps=2", "epochs=1", f"precision={precision}"]  # fmt: skip
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
                               env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-3000:]

@@ -18,27 +18,38 @@ COMPILE_RECOMPILE_LIMIT = 32  # Dynamo cache entries per frame; both towers run 
 COMPILE_GRAPH_BUDGET = 8  # graphs over a run's shape mix: (vision, text) × (no-grad, grad) × (train, eval)
 
 
-def compile_blocks(model: DualEncoder, backend: str = "inductor") -> int:
+def compile_blocks(model: DualEncoder, backend: str = "inductor", fullgraph: bool = False) -> int:
     """`torch.compile` every transformer block of both towers in place (parameter names, hence checkpoints,
     unchanged), as torchtitan does; returns how many blocks were compiled.
 
-    Blocks, not whole towers: under the engine (train.engine) each block is its own FSDP unit, so its gradients'
-    reduce-scatter starts as soon as its backward has run, block by block, instead of once per tower when a whole
-    tower's compiled backward returns; the blocks of a tower share one graph (same code, same shapes), which also
+    Blocks, not whole towers: under the engine (train.engine) each block is its own FSDP unit, so its
+    gradients' reduce-scatter starts as soon as its backward has run, block by block, instead of once per tower when a
+    whole tower's compiled backward returns; the blocks of a tower share one graph (same code, same shapes), which also
     shortens the cold compile. Embeddings, pooling, projections, the losses and the cached-gradient bookkeeping stay
-    eager: they change shape with every batch layout and cost little. Compilation itself happens at the first step
-    (see `Trainer._run_step`). Blocks are compiled with dynamic shapes, so new caption widths, a short last
-    micro-batch, `encode_batch_size` passes and evaluation batches reuse graphs (at most COMPILE_GRAPH_BUDGET over
-    the trainer's shape mix per block frame, tested with backend="eager"); Dynamo's recompile limit is raised to
-    COMPILE_RECOMPILE_LIMIT, as the blocks of both towers share one frame.
+    eager: they change shape with every batch layout and cost little. Compilation itself happens at the first step (see
+    `Trainer._run_step`). Blocks are compiled for static shapes first (the width specialised), and a dimension that
+    changes between calls (rows, tokens) turns dynamic at its first recompile (Dynamo's automatic dynamic shapes, as
+    torchtitan compiles), so new caption widths, a short last micro-batch, `encode_batch_size` passes and evaluation
+    batches reuse graphs (at most COMPILE_GRAPH_BUDGET over the trainer's shape mix per block frame, tested with
+    backend="eager"); Dynamo's recompile limit is raised to COMPILE_RECOMPILE_LIMIT, as the blocks of both towers
+    share one frame. `fullgraph` (train.compile_fullgraph): a graph break is an error instead of a silent split;
+    either way the trainer logs the graphs and breaks (`compile_counts`).
     """
     import torch._dynamo  # torch imports Dynamo lazily
 
     raise_recompile_limit(torch._dynamo.config, COMPILE_RECOMPILE_LIMIT)
     blocks = [block for tower in towers(model) for block in transformer_blocks(tower)]
     for block in blocks:
-        block.compile(backend=backend, dynamic=True)
+        block.compile(backend=backend, fullgraph=fullgraph)
     return len(blocks)
+
+
+def compile_counts() -> dict[str, int]:
+    """Dynamo's graphs compiled so far in this process (each block frame's first compile and every recompile) and its
+    graph breaks (0 is what the blocks should have)."""
+    from torch._dynamo.utils import counters
+
+    return {"graphs": int(counters["stats"]["unique_graphs"]), "graph_breaks": sum(counters["graph_break"].values())}
 
 
 def raise_recompile_limit(config: Any, at_least: int) -> str:

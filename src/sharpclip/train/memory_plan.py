@@ -6,9 +6,10 @@ Per rank, in bytes:
 - **gradients**: one fp32 gradient per trainable weight;
 - **optimiser**: AdamW's two fp32 moments per trainable weight, plus one fp32 step counter per trainable tensor;
 - **compute copies**: under `train.precision: bf16`, the bf16 weights the matmuls read (every weight on a
-  replicated rank, held for the backward; the gathered blocks on a sharded one), and on a sharded rank the
-  gathered blocks themselves: two of the largest transformer block at a time (the block computing and the next,
-  prefetched);
+  replicated rank, held for the backward); on a sharded rank what the engine holds gathered (`gathered_bytes`):
+  the towers' and the root's own parameters and two of the largest transformer block at a time (the block computing
+  and the next, prefetched), or with `train.keep_gathered` every parameter plus, under accumulation, an fp32
+  unsharded gradient of every trainable one;
 - **frozen reference tower**: HN-CLIP Table 3c's frozen copy of the initial text tower (`text_frozen`), replicated;
 - **activations per row**: what one row of a forward pass saves for its backward, per tower.
 
@@ -18,7 +19,8 @@ share, the figure given), `hybrid` over the ranks of one node (LOCAL_WORLD_SIZE,
 
 Activations come from one of two sources, and the plan says which:
 
-- **estimated** from the shapes: layers × tokens × width × `ACTIVATION_BYTES[precision]` per tower, the bytes per
+- **estimated** from the shapes: layers × tokens × width × `ACTIVATION_BYTES[precision]` per tower (QuickGELU;
+  `EXACT_GELU_BYTES` for exact GELU, whose MLP saves one tensor fewer), the bytes per
   (layer, token, channel) that a 4× MLP CLIP block saves for its backward (measured by `measure_activations` on the
   CPU, see docs/gpus.md); with `train.grad_checkpointing` each layer keeps only its fp32 input, plus one layer
   recomputed at a time;
@@ -51,17 +53,18 @@ from sharpclip import devices
 from sharpclip.config import AUTO, Config, ConfigError
 from sharpclip.models import factory, open_clip
 from sharpclip.models.hf import wrap
+from sharpclip.train.layout import Layout
 from sharpclip.train.logging import log
 
 GIB = 1 << 30
-LAYOUTS = ("replicate", "hybrid", "shard")
 ADAMW_MOMENTS = 2  # exp_avg and exp_avg_sq, in the parameters' dtype (fp32)
 STEP_BYTES = 4  # AdamW's per-tensor step counter: a float32 scalar
 PREFETCHED_BLOCKS = 2  # a sharded rank holds the block computing and the next one gathered ahead
 HIDDEN_BYTES = 4  # a layer's input (the fp32 residual stream), what gradient checkpointing keeps per layer
 # bytes saved for the backward per (layer, token, channel) of a CLIP block (4× MLP, SDPA attention); measured on
 # the CPU by measure_activations (tests/train/test_train_memory_plan.py and docs/gpus.md give the run)
-ACTIVATION_BYTES = {"fp32": 84.0, "bf16": 52.0}
+ACTIVATION_BYTES = {"fp32": 84.0, "bf16": 52.0}  # QuickGELU (OpenAI's weights): its sigmoid and product are saved
+EXACT_GELU_BYTES = {"fp32": 68.0, "bf16": 42.0}  # exact GELU (open_clip's ViT-L-14, ViT-bigG-14 ...): one MLP tensor
 CONTEXT_BYTES = int(1.5 * GIB)  # CUDA context, NCCL and communication buffers: assumed, not measured
 HEADROOM = 0.10  # share of the GPU's memory kept free for the allocator's fragmentation and the loss's tensors
 SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 1 << 10, "mib": 1 << 20,
@@ -76,6 +79,7 @@ class Tower:
     layers: int
     tokens: int
     width: int
+    activation: str = "quick_gelu"  # the MLP's (transformers' hidden_act): what a block saves depends on it
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,7 @@ class ModelShape:
     largest_block: int
     towers: tuple[Tower, ...]
     frozen_reference: int = 0
+    block_params: int = 0  # every transformer block's parameters together (the rest: the towers' and the root's)
 
 
 @dataclass(frozen=True)
@@ -109,10 +114,12 @@ class Plan:
     total_params: int = 0
     trainable_params: int = 0
     notes: tuple[str, ...] = field(default_factory=tuple)
+    diagnostics_copy: int = 0  # the gradient diagnostics' plain copy of the model on several ranks (train.diagnostics)
 
     @property
     def static(self) -> int:
-        return self.parameters + self.gradients + self.optimizer + self.compute_copies + self.frozen_reference
+        parts = (self.parameters, self.gradients, self.optimizer, self.compute_copies, self.frozen_reference)
+        return sum(parts) + self.diagnostics_copy
 
     @property
     def per_row(self) -> int:
@@ -140,6 +147,8 @@ class Plan:
             out.append(_item(f"compute copies ({self._copies()})", self.compute_copies))
         if self.frozen_reference:
             out.append(_item("frozen reference text tower", self.frozen_reference))
+        if self.diagnostics_copy:
+            out.append(_item("gradient diagnostics' model copy", self.diagnostics_copy))
         out.append(_item("static", self.static))
         towers = ", ".join(f"{k} {size(v)}" for k, v in self.activations.items())
         ckpt = ", gradient checkpointing" if self.checkpointing else ""
@@ -152,7 +161,7 @@ class Plan:
         return out + [f"  note: {n}" for n in self.notes]
 
     def _copies(self) -> str:
-        gathered = "gathered blocks" if self.shard_ranks > 1 else ""
+        gathered = "gathered units" if self.shard_ranks > 1 else ""
         return ", ".join(x for x in ("bf16" if self.precision == "bf16" else "", gathered) if x) or "none"
 
     def _fit_line(self, gpu_bytes: int) -> str:
@@ -203,10 +212,8 @@ def parse_size(text: str) -> int:
 
 # -- the arithmetic -----------------------------------------------------------------------------------------------
 def shard_ranks(layout: str, world: int, local: int) -> int:
-    """The ranks each tensor is divided over: 1 (replicate), the node's ranks (hybrid), every rank (shard)."""
-    if layout not in LAYOUTS:
-        raise ConfigError(f"train.layout: {layout!r} is not one of {', '.join(LAYOUTS)}")
-    return {"replicate": 1, "hybrid": max(1, min(local, world)), "shard": max(1, world)}[layout]
+    """The ranks each tensor is divided over (train.layout.Layout, the engine's own source)."""
+    return Layout(layout, world, local).shard_ranks
 
 
 def sharded_bytes(shape: tuple[int, ...], element: int, ranks: int) -> int:
@@ -225,19 +232,18 @@ def plan(
     source: str = "estimated",
     checkpointing: bool = False,
     rows_per_pass: int | None = None,
+    keep_gathered: bool = False,
+    accumulating: bool = False,
 ) -> Plan:
     """The per-rank plan for `shape` (pure: no tensor is allocated). `activations`: measured bytes per row by tower
-    (without checkpointing); None estimates them from the shapes."""
+    (without checkpointing); None estimates them from the shapes. `keep_gathered` (train.keep_gathered) and
+    `accumulating` (several backwards a step) say what a sharded rank holds gathered (`gathered_bytes`)."""
     ranks = shard_ranks(layout, world, local)
     params = sum(sharded_bytes(s, e, ranks) for s, e, _ in shape.params)
     trained = [(s, e) for s, e, t in shape.params if t]
     grads = sum(sharded_bytes(s, e, ranks) for s, e in trained)
     optimizer = ADAMW_MOMENTS * grads + STEP_BYTES * len(trained)
-    element = 2 if precision == "bf16" else 4
-    if ranks > 1:
-        copies = PREFETCHED_BLOCKS * shape.largest_block * element
-    else:
-        copies = sum(math.prod(s) for s, _, _ in shape.params) * 2 if precision == "bf16" else 0
+    copies = gathered_bytes(shape, precision, ranks, keep_gathered, accumulating)
     full = activations or estimate_activations(shape.towers, precision)
     per_row = {t.name: checkpointed(t, full[t.name]) if checkpointing else full[t.name] for t in shape.towers}
     total = sum(math.prod(s) for s, _, _ in shape.params)
@@ -246,10 +252,27 @@ def plan(
                 source, checkpointing, rows_per_pass, total, trainable)  # fmt: skip
 
 
+def gathered_bytes(shape: ModelShape, precision: str, ranks: int, keep_gathered: bool, accumulating: bool) -> int:
+    """Bytes a rank holds gathered during a step, as the engine (train.engine) does. Replicated: the bf16 copy of
+    every weight under bf16 (none at fp32). Sharded: in the compute dtype, the towers' and the root's own parameters
+    (kept from their forward to their backward) and PREFETCHED_BLOCKS of the largest block; with `keep_gathered`
+    every parameter instead, and while `accumulating` an unsharded fp32 gradient of every trainable parameter
+    (FSDP2 upcasts a no-sync gradient to the reduction's dtype)."""
+    total = sum(math.prod(s) for s, _, _ in shape.params)
+    if ranks == 1:
+        return total * 2 if precision == "bf16" else 0
+    element = 2 if precision == "bf16" else 4
+    if not keep_gathered:
+        return (total - shape.block_params + PREFETCHED_BLOCKS * shape.largest_block) * element
+    trainable = sum(math.prod(s) for s, _, t in shape.params if t)
+    return total * element + (4 * trainable if accumulating else 0)
+
+
 def estimate_activations(towers: Iterable[Tower], precision: str) -> dict[str, int]:
-    """Bytes per row by tower: layers × tokens × width × ACTIVATION_BYTES[precision]."""
-    factor = ACTIVATION_BYTES[precision]
-    return {t.name: int(t.layers * t.tokens * t.width * factor) for t in towers}
+    """Bytes per row by tower: layers × tokens × width × the bytes a block of that tower's activation saves
+    (ACTIVATION_BYTES for QuickGELU, EXACT_GELU_BYTES for exact GELU, by precision)."""
+    table = {t.name: EXACT_GELU_BYTES if t.activation.startswith("gelu") else ACTIVATION_BYTES for t in towers}
+    return {t.name: int(t.layers * t.tokens * t.width * table[t.name][precision]) for t in towers}
 
 
 def checkpointed(tower: Tower, full: int) -> int:
@@ -268,7 +291,7 @@ def model_shape(model: nn.Module, frozen_reference: bool = False) -> ModelShape:
     if frozen_reference:  # the text tower and its projection, as FeatureEncoder copies them
         text = [*model.text_model.parameters(), *_text_projection(model)]
         reference = sum(p.numel() * p.element_size() for p in text)
-    return ModelShape(params, max(blocks, default=0), towers, reference)
+    return ModelShape(params, max(blocks, default=0), towers, reference, sum(blocks))
 
 
 def _blocks(model: nn.Module) -> list[nn.Module]:
@@ -292,7 +315,7 @@ def _tower(name: str, tower: nn.Module | None, model: nn.Module | None = None) -
     else:
         table = getattr(getattr(tower, "embeddings", None), "position_embedding", None)
         tokens = int(table.num_embeddings) if isinstance(table, nn.Embedding) else _patches(tower.config)
-    return Tower(name, len(layers), tokens, width)
+    return Tower(name, len(layers), tokens, width, str(getattr(tower.config, "hidden_act", "quick_gelu")))
 
 
 def _patches(config: Any) -> int:
@@ -394,11 +417,15 @@ def plan_for(
     model = model if model is not None else build_meta_model(cfg, arch)
     shape = model_shape(model, frozen_reference=uses_frozen_reference(cfg))
     t = cfg.train
-    result = plan(shape, t.precision, t.layout, world, local, activations, source, t.grad_checkpointing,
-                  rows_per_pass(cfg, world))  # fmt: skip
+    rows = rows_per_pass(cfg, world)
+    accumulating = rows is None or rows < t.batch_size // max(1, world)  # several backwards a step
+    result = plan(shape, t.precision, t.layout, world, local, activations, source, t.grad_checkpointing, rows,
+                  t.keep_gathered, accumulating)  # fmt: skip
     notes = ("the loss's tensors (logits, FILIP's token similarities, gathered features), communication buffers and "
              "the CUDA context are not in these figures",)  # fmt: skip
-    return replace(result, notes=notes)
+    # several ranks with train.diagnostics_every: a plain fp32 copy of the model and its gradients (train.trainer)
+    copy = (result.total_params + result.trainable_params) * 4 if t.diagnostics_every and world > 1 else 0
+    return replace(result, notes=notes, diagnostics_copy=copy)
 
 
 def rows_per_pass(cfg: Config, world: int) -> int | None:
@@ -454,17 +481,18 @@ def clip_config(model_cfg: dict[str, Any]) -> Any:
     """The transformers CLIPConfig of an open_clip model config (shapes only: what the plan needs)."""
     vision, text = model_cfg["vision_cfg"], model_cfg["text_cfg"]
     vwidth, twidth = int(vision["width"]), int(text.get("width", 512))
+    act = "quick_gelu" if model_cfg.get("quick_gelu", False) else "gelu"  # as models.open_clip converts it
     return CLIPConfig(
         text_config=dict(
             vocab_size=int(text.get("vocab_size", 49408)), hidden_size=twidth,
             intermediate_size=round(twidth * float(text.get("mlp_ratio", 4.0))),
             num_hidden_layers=int(text.get("layers", 12)), num_attention_heads=int(text.get("heads", 8)),
-            max_position_embeddings=int(text.get("context_length", 77)),
+            max_position_embeddings=int(text.get("context_length", 77)), hidden_act=act,
         ),
         vision_config=dict(
             hidden_size=vwidth, intermediate_size=round(vwidth * float(vision.get("mlp_ratio", 4.0))),
             num_hidden_layers=int(vision["layers"]), num_attention_heads=vwidth // int(vision.get("head_width", 64)),
-            image_size=int(vision.get("image_size", 224)), patch_size=int(vision["patch_size"]),
+            image_size=int(vision.get("image_size", 224)), patch_size=int(vision["patch_size"]), hidden_act=act,
         ),
         projection_dim=int(model_cfg.get("embed_dim", 512)),
     )  # fmt: skip

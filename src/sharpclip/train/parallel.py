@@ -28,10 +28,10 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from sharpclip import collectives
-from sharpclip.config import ConfigError
 from sharpclip.train import distributed
-from sharpclip.train.engine import Engine
+from sharpclip.train.engine import Engine, OneProcessCasts
 from sharpclip.train.features import FEATURES
+from sharpclip.train.layout import Layout
 
 T = TypeVar("T")
 WIDTHS = tuple(sorted({f.width for f in FEATURES.values() if f.width}))  # batch fields whose width a feature takes
@@ -142,27 +142,29 @@ class ParallelContext:
         return self.rank == 0
 
     # -- the engine --------------------------------------------------------------------------------------------
-    def mesh_shape(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
-        """The device mesh of `layout`: replicate (W, 1), hybrid (W / local, local), shard (W,)."""
-        if self.layout == "shard":
-            return (self.world,), ("shard",)
-        if self.layout == "hybrid":
-            if self.world % self.local_world:
-                raise ConfigError(f"train.layout: hybrid shards within a node, but the {self.world} processes are not "
-                                  f"a whole number of nodes of {self.local_world}; use train.layout=shard or "
-                                  "replicate")  # fmt: skip
-            return (self.world // self.local_world, self.local_world), ("replicate", "shard")
-        return (self.world, 1), ("replicate", "shard")
+    @property
+    def parallel_layout(self) -> Layout:
+        """This run's layout over its ranks (train.layout): the mesh, the engine and the memory plan read it."""
+        return Layout(self.layout, self.world, self.local_world)
 
-    def shard(self, model: nn.Module, device: torch.device, precision: str = "fp32") -> Engine | None:
-        """Put `model` under the engine for this layout (None on one process: the model is left as it is)."""
+    def mesh_shape(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """The device mesh of `layout` (train.layout.Layout.mesh_shape)."""
+        return self.parallel_layout.mesh_shape()
+
+    def shard(
+        self, model: nn.Module, device: torch.device, precision: str = "fp32", keep_gathered: bool = False
+    ) -> Engine | None:
+        """Put `model` under the engine for this layout (None on one process, where bf16 takes the engine's casting
+        rules without it: train.engine.OneProcessCasts, so a bf16 run is one model at every world size)."""
         if not self.several:
+            if precision == "bf16":
+                OneProcessCasts(model)
             return None
         from torch.distributed.device_mesh import init_device_mesh
 
         shape, names = self.mesh_shape()
         self.mesh = init_device_mesh(device.type, shape, mesh_dim_names=names)
-        self.engine = Engine(model, self.mesh, precision)  # type: ignore[arg-type]
+        self.engine = Engine(model, self.mesh, precision, keep_gathered)  # type: ignore[arg-type]
         return self.engine
 
     @contextlib.contextmanager

@@ -10,8 +10,9 @@ by its longest prefix in `APPLIED` or `REFUSED` (tests/train/test_train_resume.p
 
 - applied: the learning rate and its schedule (`train.lr`, `warmup_steps`, `schedule`, `min_lr_ratio`, `epochs`,
   `max_steps`), the evaluation and checkpoint cadence, clipping, diagnostics, progress and sinks, the device, TF32
-  and compilation, the process-group timeout, the parameters' layout over ranks (`train.layout`: the optimiser state
-  is resharded by torch.distributed.checkpoint) and asynchronous saves, loader workers and prefetching, `eval.*`.
+  and compilation, the process-group timeout, the parameters' layout over ranks (`train.layout`, `keep_gathered`: the
+  optimiser state is resharded by torch.distributed.checkpoint) and asynchronous saves, loader workers and
+  prefetching, `eval.*`.
   The optimiser's moments are kept; the learning rate becomes the new config's schedule evaluated at the current
   step (`lr × lr_factor(step; warmup_steps, total steps, min_lr_ratio, schedule)`), as if the run had used that
   schedule from the start;
@@ -52,7 +53,8 @@ APPLIED = (
     "train.tensorboard", "train.wandb", "train.wandb_project", "train.wandb_name", "train.device", "train.tf32",
     "train.dist_timeout_min", "train.layout", "train.checkpoint_every_min", "train.stop_signals",
     "train.hang_timeout_min", "train.log_every", "train.async_checkpoint",
-    "train.compile", "train.encode_batch_size", "data.num_workers", "data.prefetch_factor", "data.preload", "eval",
+    "train.compile", "train.compile_fullgraph", "train.keep_gathered", "train.encode_batch_size", "data.num_workers",
+    "data.prefetch_factor", "data.preload", "eval",
 )  # fmt: skip
 REFUSED = (
     "model", "data", "loss", "train.seed", "train.batch_size", "train.micro_batch_size", "train.accumulation",

@@ -331,10 +331,13 @@ def run_step(
     if ctx.several:
         ctx.agreed(batch)
     batch = encoder.to_device(batch)  # once for the whole step, before the micro-batches are cut
-    if accumulation == "exact":
-        matrix = exact_step(encoder, objective, batch, split_rows(batch, micro_batch_size), ctx)
-    else:
-        matrices = per_micro_batch_step(encoder, objective, batch, micro_batch_size, encode_batch_size, ctx)
+    rows_a_pass = micro_batch_size if accumulation == "exact" else max(encode_batch_size, micro_batch_size)
+    passes = {-(-n // rows_a_pass) for n in (ctx.agreement.rows if ctx.several else [len(batch)])}
+    with ctx.engine.step(len(passes) == 1) if ctx.engine is not None else contextlib.nullcontext():
+        if accumulation == "exact":
+            matrix = exact_step(encoder, objective, batch, split_rows(batch, micro_batch_size), ctx)
+        else:
+            matrices = per_micro_batch_step(encoder, objective, batch, micro_batch_size, encode_batch_size, ctx)
     ctx.finish_step()
     if accumulation == "exact":
         return _exact_summary(objective, matrix, encoder.device, ctx)

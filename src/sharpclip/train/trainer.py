@@ -52,9 +52,9 @@ from sharpclip.losses.monitors import MATRICES_MONITOR, SATURATED_MONITOR
 from sharpclip.models.base import DualEncoder
 from sharpclip.train import checkpoint, failures, micro_batch, reshard
 from sharpclip.train import resume as resume_policy
-from sharpclip.train.compile import compile_blocks, dropout_rate, is_compile_error
+from sharpclip.train.compile import compile_blocks, compile_counts, dropout_rate, is_compile_error
 from sharpclip.train.diagnostics import gradient_diagnostics
-from sharpclip.train.engine import by_name, load_named_optimizer_state, local
+from sharpclip.train.engine import by_name, load_named_optimizer_state, max_abs
 from sharpclip.train.features import FeatureEncoder
 from sharpclip.train.heartbeat import Heartbeat
 from sharpclip.train.log_lines import ProgressLines
@@ -71,22 +71,6 @@ FUSED_ADAMW_DEVICES = ("cuda",)  # AdamW's fused kernel on these devices (tests 
 
 class TrainingDiverged(RuntimeError):
     """Too many consecutive steps had a non-finite loss or gradient, or an update made the weights non-finite."""
-
-
-def max_abs(params: list[torch.Tensor], fused: bool | None = None) -> torch.Tensor:
-    """max |w| over `params` as a 0-dim tensor (inf or nan when any weight is), without a host read.
-
-    On a GPU one fused multi-tensor inf-norm (`torch._foreach_norm`: a handful of kernel launches, however many
-    parameter tensors; per-tensor reductions would launch ~2 per tensor, ~1,200 for ViT-L/14); on the CPU, where
-    nothing is launched, aminmax per tensor, the fastest exact reduction measured there (benchmarks/finite_check.py).
-    fused: force either form (None: by device).
-    """
-    params = [p.detach() for p in params if p.numel()]
-    if not params:
-        return torch.zeros(())
-    if not (params[0].device.type != "cpu" if fused is None else fused):
-        return torch.stack([torch.stack(torch.aminmax(p)) for p in params]).abs().max()
-    return torch.stack(torch._foreach_norm(params, float("inf"))).max()
 
 
 def largest_weight(params: list[torch.Tensor]) -> float:
@@ -146,8 +130,8 @@ class Trainer:
         self._compiling = cfg.compile  # until the first step has run compiled
         if cfg.compile:
             self._check_compile_replay()
-            compile_blocks(model)
-        self.engine = self.ctx.shard(model, self.device, cfg.precision)  # None on one process
+            compile_blocks(model, fullgraph=cfg.compile_fullgraph)
+        self.engine = self.ctx.shard(model, self.device, cfg.precision, cfg.keep_gathered)  # None on one process
         fused = self.device.type in FUSED_ADAMW_DEVICES  # AdamW in one fused kernel on CUDA, foreach elsewhere
         betas = (cfg.beta1, cfg.beta2)
         self.optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, cfg.module_lr, betas, cfg.eps, fused=fused)
@@ -220,6 +204,8 @@ class Trainer:
         with self.heartbeat.busy("save"):  # a checkpoint still being written in the background
             self._finish_saving()
         bar.close()
+        if self.cfg.compile:
+            self._log_compile("the run")  # recompiles for new shapes since the first step, breaks included
         self.logger.close()
         report = getattr(self.loader, "report", None)  # data.SampleLoader: samples skipped under on_bad_sample: skip
         if report is not None and report.items:
@@ -434,7 +420,14 @@ class Trainer:
                 f"({type(err).__name__}: {reason}); train without it: train.compile=false"
             ) from err
         self._compiling = False
+        self._log_compile("the first step")
         return result
+
+    def _log_compile(self, when: str) -> None:
+        """train.log: Dynamo's graphs and graph breaks so far (a break splits a block's graph: a warning)."""
+        counts = compile_counts()
+        say = log.warning if counts["graph_breaks"] else log.info
+        say("train.compile after %s: %d graphs, %d graph breaks", when, counts["graphs"], counts["graph_breaks"])
 
     def _check_compile_replay(self) -> None:
         """Exact accumulation replays each micro-batch's forward with its recorded RNG state; a compiled no-grad
@@ -459,8 +452,7 @@ class Trainer:
 
     def _max_abs(self) -> torch.Tensor:
         """max |w| over the trainable parameters, over every rank's shards (a device tensor, not read)."""
-        largest = max_abs([local(p) for p in self.params])
-        return self.engine.max_abs(largest) if self.engine is not None else largest
+        return self.engine.weights_max_abs(self.params) if self.engine is not None else max_abs(self.params)
 
     def _check_weights(self, lr: float, loss: float, grad_norm: float) -> float:
         """After an update: all weights finite (else stop now, nothing saved); remember how much they grew.
