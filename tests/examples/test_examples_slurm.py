@@ -168,9 +168,7 @@ def _ends_at(run: Path, expected: dict) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("script", ["train.sbatch", "train_torchrun.sbatch"])
-def test_a_batch_script_signalled_preempted_and_requeued_ends_at_the_uninterrupted_weights(
-    reference, tmp_path, script
-):
+def test_a_batch_script_signalled_preempted_and_requeued_ends_at_the_uninterrupted_weights(reference, tmp_path, script):
     data, expected = reference
     run, job = tmp_path / "run", _job_id()
     torchrun = script == "train_torchrun.sbatch"
@@ -183,8 +181,12 @@ def test_a_batch_script_signalled_preempted_and_requeued_ends_at_the_uninterrupt
     assert code == (1 if torchrun else 75) and _requeues(tmp_path) == [f"requeue {job}"]
     assert not (ckpts / "step-000004").exists()
     # the requeued job, preempted: SIGTERM to every process, loader workers included (they ignore it)
-    code, out, err = _stopped_job(_args(script, data, run, "data.num_workers=1"),
-                                  {**env, "SHARPCLIP_DELAY": "step:4:5"}, ckpts / "step-000004", whole_job=True)
+    code, out, err = _stopped_job(
+        _args(script, data, run, "data.num_workers=1"),
+        {**env, "SHARPCLIP_DELAY": "step:4:5"},
+        ckpts / "step-000004",
+        whole_job=True,
+    )
     # the stop is agreed at the epoch's end after step 4, or in step 5's agreement: a checkpoint of that step
     assert re.search(r"stopped by a signal after step ([45]); checkpoint step-00000\1 written", out), err[-3000:]
     assert "CheckpointException" not in err and "killed by signal" not in err

@@ -237,8 +237,9 @@ class StreamLoader(DataLoader):
     def __init__(self, stream: ShardStream, length: int, counts: list[int], num_workers: int = 0,
                  pin_memory: bool = False):  # fmt: skip
         # no persistent workers: each epoch's shard order and start positions are set on the stream in this process
-        super().__init__(stream, batch_size=None, num_workers=num_workers, pin_memory=pin_memory,
-                         worker_init_fn=ignore_stop_signals)  # the rank decides on a stop (data.workers)
+        super().__init__(
+            stream, batch_size=None, num_workers=num_workers, pin_memory=pin_memory, worker_init_fn=ignore_stop_signals
+        )  # the rank decides on a stop (data.workers)
         self.stream, self.length, self.counts, self.workers = stream, length, counts, max(num_workers, 1)
         self.native = (length, num_workers)  # this run's own epoch length and workers (see _read_in)
         self.report = BadSampleReport("skip")
