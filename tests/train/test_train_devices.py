@@ -323,7 +323,7 @@ def test_a_compile_failure_says_which_key_turns_it_off(tmp_path, monkeypatch):
 
     import sharpclip.train.trainer as trainer_module
 
-    def broken_compile(model):  # what a missing compiler does: the first call of the compiled tower raises
+    def broken_compile(model, **options):  # what a missing compiler does: the first call of the compiled tower raises
         def fail(*args, **kwargs):
             raise InductorError(RuntimeError("no working C++ compiler found\nlong traceback"), None)
 
