@@ -44,7 +44,6 @@ layout. `resolve_source` is how the commands that read a run (export, blend, eva
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import json
 import logging
@@ -83,6 +82,7 @@ try:
 except ImportError:  # torch < 2.5 kept it private
     from torch.distributed._tensor import DTensor
 
+from sharpclip.eval.manifest import sha256_file
 from sharpclip.models.factory import CHECKPOINT_CONFIG, WEIGHTS, read_weights, step_order
 from sharpclip.train import run_dir
 
@@ -93,6 +93,7 @@ TRAINER_STATE = "trainer_state.json"
 BEST = "best.json"
 DIVERGED = "diverged.json"
 MANIFEST_KEYS = ("files", "id", "run_id")  # what a checkpoint's trainer_state.json records about its own files
+DIGEST_BLOCK = 1 << 22  # bytes read at a time when a checkpoint's files are hashed
 LOW_SPACE = 1 << 20  # bytes free below which a failed write is put down to a full disk
 # DCP warns at every save and load without a process group (also from its background thread, where a local
 # catch_warnings cannot reach); one process is a run sharpclip supports, so that one message is silenced
@@ -541,15 +542,7 @@ def load_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
 def file_digests(folder: Path) -> dict[str, list]:
     """{relative path: [bytes, sha256]} of every file under `folder` but its trainer state (which records them)."""
     found = sorted(p for p in folder.rglob("*") if p.is_file() and p != folder / TRAINER_STATE)
-    return {p.relative_to(folder).as_posix(): [p.stat().st_size, _sha256(p)] for p in found}
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return {p.relative_to(folder).as_posix(): [p.stat().st_size, sha256_file(p, DIGEST_BLOCK)] for p in found}
 
 
 def check_files(checkpoint: Path, trainer_state: dict[str, Any]) -> None:
@@ -566,7 +559,7 @@ def check_files(checkpoint: Path, trainer_state: dict[str, Any]) -> None:
         if actual != size:
             raise CorruptCheckpoint(path, "missing" if actual < 0 else f"{actual} bytes, {size} when it was written")
     for name, (_, digest) in sorted(recorded.items()):
-        if _sha256(checkpoint / name) != digest:
+        if sha256_file(checkpoint / name, DIGEST_BLOCK) != digest:
             raise CorruptCheckpoint(checkpoint / name, "its sha256 is not the one recorded when the checkpoint was "
                                     "written (damaged, or another checkpoint's or run's file)")  # fmt: skip
     this_run, saved = run_dir.run_id(checkpoint.parent.parent), trainer_state.get("run_id")
