@@ -101,7 +101,7 @@ def local(tensor: Tensor) -> Tensor:
     return tensor._local_tensor if isinstance(tensor, DTensor) else tensor
 
 
-def max_abs(params: list[torch.Tensor], fused: bool | None = None) -> torch.Tensor:
+def max_abs(params: list[torch.Tensor], fused: bool | None = None, device: torch.device | None = None) -> torch.Tensor:
     """max |w| over `params` as a 0-dim tensor (inf or nan when any weight is), without a host read.
 
     On a GPU one fused multi-tensor inf-norm (`torch._foreach_norm`: a handful of kernel launches, however many
@@ -111,7 +111,7 @@ def max_abs(params: list[torch.Tensor], fused: bool | None = None) -> torch.Tens
     """
     params = [p.detach() for p in params if p.numel()]
     if not params:
-        return torch.zeros(())
+        return torch.zeros((), device=device)  # on the device the shard group reduces on
     if not (params[0].device.type != "cpu" if fused is None else fused):
         return torch.stack([torch.stack(torch.aminmax(p)) for p in params]).abs().max()
     return torch.stack(torch._foreach_norm(params, float("inf"))).max()
@@ -318,9 +318,9 @@ class Engine:
 
     def weights_max_abs(self, params: list[Tensor]) -> Tensor:
         """max |w| over `params` on every rank's shards (a device tensor, not read)."""
-        return self.max_abs(max_abs([local(p) for p in params]))
+        return self.max_over_shards(max_abs([local(p) for p in params], device=self.device))
 
-    def max_abs(self, values: Tensor) -> Tensor:
+    def max_over_shards(self, values: Tensor) -> Tensor:
         """The maximum over the shard group of this rank's max |w| (`values`, 0-dim); NaN travels as NaN."""
         if self.shard_group is None:
             return values
